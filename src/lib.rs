@@ -1,0 +1,17 @@
+//! # rankwise
+//!
+//! Rank-based learning for image retrieval and few-shot classification, reimplementing and
+//! reproducing Smooth-AP (Brown et al., ECCV 2020), FastAP (Cakir et al., CVPR 2019), RaMBO
+//! (Rolínek et al., CVPR 2020), HAPPIER (Ramzi et al., ECCV 2022) and SSR (Shen et al.,
+//! NeurIPS 2021).
+//!
+//! The data flows top to bottom through the modules: [`hierarchy`] holds the labels and the
+//! relevance functions, [`metrics`] scores one ranked list, and [`retrieval`] ranks every query
+//! against the references exactly, in chunks, and accumulates the metrics.
+
+pub mod error;
+pub mod hierarchy;
+pub mod losses;
+
+pub use error::{Error, Result};
+pub use hierarchy::{Labels, Relevance};

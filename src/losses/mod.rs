@@ -1,0 +1,106 @@
+//! Rank losses and the baselines of the papers' tables.
+//!
+//! Every loss is a plain struct with public, documented hyperparameters whose `Default` is the
+//! paper's setting, implementing [`RankLoss`]. Smooth-rank losses are built from the pieces of
+//! the authors' unified SupRank code: a step *surrogate* (how `H(s_j − s_k)` is smoothed), a
+//! *ranker* (which pairs are smoothed and how ranks are summed) and a per-metric *score*.
+//!
+//! Memory: pairwise losses work on chunks of queries so the working set is `O(chunk × B)`
+//! (or `O(chunk × B × B)` where the formula needs it) instead of `O(B³)`, with values and
+//! gradients identical to the unchunked formula.
+
+use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
+use candle_core::{DType, Tensor};
+
+/// A loss over a batch of embeddings and their (hierarchical) labels.
+pub trait RankLoss {
+    /// Scalar loss for a batch of embeddings (`B × D`) and their labels (`B` rows).
+    ///
+    /// Each implementation documents whether it L2-normalises the embeddings itself and whether
+    /// the query takes part in its own retrieval set (the authors' code includes it; the papers'
+    /// formulas do not).
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor>;
+}
+
+/// Checks that `embeddings` is a finite `B × D` float matrix with one label row per item.
+///
+/// Shared by every loss so that bad input fails with the same clear message instead of a NaN
+/// loss several steps later.
+pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
+    let dims = embeddings.dims();
+    if dims.len() != 2 {
+        return Err(Error::Shape(format!(
+            "embeddings must be a B × D matrix, got shape {dims:?}"
+        )));
+    }
+    if dims[0] != labels.len() {
+        return Err(Error::Shape(format!(
+            "{} embeddings but {} label rows",
+            dims[0],
+            labels.len()
+        )));
+    }
+    if !matches!(
+        embeddings.dtype(),
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+    ) {
+        return Err(Error::invalid(
+            "embeddings",
+            format!("expected a float tensor, got {:?}", embeddings.dtype()),
+        ));
+    }
+    let finite = embeddings
+        .to_dtype(DType::F64)?
+        .abs()?
+        .max_keepdim(1)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    if let Some(row) = finite.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid(
+            "embeddings",
+            format!("row {row} contains NaN or infinity"),
+        ));
+    }
+    Ok(())
+}
+
+/// The `B × B` matrix of levels of match inside a batch (`levels[q][j]`, diagonal = L), as
+/// `u8` row-major. The losses turn it into masks and relevances.
+pub fn batch_levels(labels: &Labels) -> Vec<u8> {
+    let b = labels.len();
+    let mut out = Vec::with_capacity(b * b);
+    for q in 0..b {
+        for j in 0..b {
+            out.push(labels.level(q, j));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn check_batch_names_the_problem() {
+        let y = Labels::from_fine(&[0, 0, 1]).unwrap();
+        let ok = Tensor::new(&[[1f32, 0.], [0., 1.], [1., 1.]], &Device::Cpu).unwrap();
+        assert!(check_batch(&ok, &y).is_ok());
+        let nan = Tensor::new(&[[1f32, 0.], [0., f32::NAN], [1., 1.]], &Device::Cpu).unwrap();
+        let e = check_batch(&nan, &y).unwrap_err().to_string();
+        assert!(e.contains("row 1"), "{e}");
+        let short = Tensor::new(&[[1f32, 0.], [0., 1.]], &Device::Cpu).unwrap();
+        let e = check_batch(&short, &y).unwrap_err().to_string();
+        assert!(e.contains("2 embeddings but 3 label rows"), "{e}");
+        let flat = Tensor::new(&[1f32, 0., 2.], &Device::Cpu).unwrap();
+        assert!(check_batch(&flat, &y).is_err());
+    }
+
+    #[test]
+    fn batch_levels_has_l_on_the_diagonal() {
+        let y = Labels::new(vec![vec![0, 5], vec![1, 5], vec![2, 6]]).unwrap();
+        assert_eq!(batch_levels(&y), vec![2, 1, 0, 1, 2, 0, 0, 0, 2]);
+    }
+}
