@@ -11,7 +11,9 @@
 
 pub mod error;
 pub mod hierarchy;
+pub mod io;
 pub mod losses;
+pub mod synthetic_embeddings;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};

@@ -1,0 +1,246 @@
+//! Evaluation results as JSON or CSV, written atomically.
+//!
+//! Values are written with Rust's shortest round-trip formatting, so reading a file back gives
+//! the very `f64` that was computed: results can be compared to the last digit.
+
+use crate::error::{Error, Result};
+use crate::io::embeddings::extension;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+/// One metric value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultRow {
+    /// Metric name: "mAP", "mAP@R", "R-precision", "R@1", "P@1", "H-AP", "ASI", "NDCG", …
+    pub metric: String,
+    /// Label level (column, 0 = finest) that defines the positives of a binary metric; `None` for
+    /// the hierarchical metrics, which use every level.
+    pub level: Option<usize>,
+    /// The name of that level (its column name in the label file).
+    pub level_name: Option<String>,
+    /// The metric averaged over the counted queries.
+    pub value: f64,
+    /// Number of queries averaged.
+    pub queries: usize,
+    /// Queries skipped because they have no positive among the references.
+    pub skipped: usize,
+}
+
+/// A whole evaluation: the metric rows and the settings that produced them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResultTable {
+    /// Number of queries evaluated.
+    pub num_queries: usize,
+    /// Inputs and options (file names, relevance, …), for the record.
+    pub settings: BTreeMap<String, String>,
+    /// One row per metric (and level).
+    pub rows: Vec<ResultRow>,
+}
+
+/// Output format of a results file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultFormat {
+    /// The whole [`ResultTable`] as pretty-printed JSON.
+    Json,
+    /// The rows only, with a header: `metric,level,level_name,value,queries,skipped`.
+    Csv,
+}
+
+impl ResultFormat {
+    /// The format named by the extension of `path` (`.json` or `.csv`).
+    pub fn from_path(path: &Path) -> Result<Self> {
+        match extension(path).as_deref() {
+            Some("json") => Ok(ResultFormat::Json),
+            Some("csv") => Ok(ResultFormat::Csv),
+            _ => Err(Error::invalid(
+                "output",
+                format!(
+                    "{}: unknown results format; use a .json or .csv file name",
+                    path.display()
+                ),
+            )),
+        }
+    }
+}
+
+/// Writes `table` to `path` in the format of its extension, atomically.
+///
+/// A non-finite value is an error (JSON cannot hold it, and a NaN metric is never a result to
+/// file silently); the message names the metric.
+pub fn write_results(path: &Path, table: &ResultTable) -> Result<()> {
+    let format = ResultFormat::from_path(path)?;
+    if let Some(row) = table.rows.iter().find(|r| !r.value.is_finite()) {
+        return Err(Error::invalid(
+            "results",
+            format!(
+                "{} (level {}) is {}; refusing to write {}",
+                row.metric,
+                row.level_name.as_deref().unwrap_or("all"),
+                row.value,
+                path.display()
+            ),
+        ));
+    }
+    match format {
+        ResultFormat::Json => {
+            let text = serde_json::to_string_pretty(table)
+                .map_err(|e| Error::file(path, format!("cannot encode results: {e}")))?;
+            write_atomically(path, |w| writeln!(w, "{text}"))
+        }
+        ResultFormat::Csv => write_atomically(path, |w| write_csv_rows(w, &table.rows)),
+    }
+}
+
+fn write_csv_rows(w: &mut dyn Write, rows: &[ResultRow]) -> std::io::Result<()> {
+    let mut out = csv::Writer::from_writer(w);
+    out.write_record([
+        "metric",
+        "level",
+        "level_name",
+        "value",
+        "queries",
+        "skipped",
+    ])?;
+    for r in rows {
+        out.write_record([
+            r.metric.clone(),
+            r.level.map(|l| l.to_string()).unwrap_or_default(),
+            r.level_name.clone().unwrap_or_default(),
+            // `{}` on f64 is the shortest string that parses back to the same value.
+            format!("{}", r.value),
+            r.queries.to_string(),
+            r.skipped.to_string(),
+        ])?;
+    }
+    out.flush()
+}
+
+/// Writes a file atomically: `write` fills a temporary file in the same folder, which is flushed
+/// to disk and then renamed over `path`. Readers never see a half-written file, and a failure
+/// leaves any previous `path` untouched (the temporary file is removed).
+pub fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| Error::file(path, "not a file name"))?
+        .to_string_lossy();
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    #[cfg(unix)]
+    {
+        // tempfile creates 0600 files; a results file should get the usual permissions (the
+        // process umask still applies).
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let tmp = builder.tempfile_in(dir).map_err(|e| Error::io(dir, e))?;
+    {
+        let mut w = std::io::BufWriter::new(tmp.as_file());
+        write(&mut w).map_err(|e| Error::io(path, e))?;
+        w.flush().map_err(|e| Error::io(path, e))?;
+    }
+    tmp.as_file().sync_all().map_err(|e| Error::io(path, e))?;
+    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> ResultTable {
+        ResultTable {
+            num_queries: 3,
+            settings: BTreeMap::from([("relevance".to_string(), "pop".to_string())]),
+            rows: vec![
+                ResultRow {
+                    metric: "R@1".into(),
+                    level: Some(0),
+                    level_name: Some("class_id".into()),
+                    value: 2.0 / 3.0,
+                    queries: 3,
+                    skipped: 0,
+                },
+                ResultRow {
+                    metric: "H-AP".into(),
+                    level: None,
+                    level_name: None,
+                    value: 0.1 + 0.2,
+                    queries: 2,
+                    skipped: 1,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn json_round_trips_exactly() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.json");
+        write_results(&p, &table()).unwrap();
+        let back: ResultTable =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, table());
+    }
+
+    #[test]
+    fn csv_values_parse_back_to_the_same_f64() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("r.csv");
+        write_results(&p, &table()).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some("metric,level,level_name,value,queries,skipped")
+        );
+        let r1: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(r1[..3], ["R@1", "0", "class_id"]);
+        assert_eq!(r1[3].parse::<f64>().unwrap(), 2.0 / 3.0);
+        let hap: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(hap[1], "");
+        assert_eq!(hap[3].parse::<f64>().unwrap(), 0.1 + 0.2);
+        assert_eq!(hap[4..], ["2", "1"]);
+    }
+
+    #[test]
+    fn refuses_unknown_formats_and_nan() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = write_results(&dir.path().join("r.txt"), &table()).unwrap_err();
+        assert!(e.to_string().contains(".json or .csv"), "{e}");
+        let mut t = table();
+        t.rows[1].value = f64::NAN;
+        let p = dir.path().join("r.json");
+        let e = write_results(&p, &t).unwrap_err().to_string();
+        assert!(e.contains("H-AP") && e.contains("NaN"), "{e}");
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn atomic_write_replaces_whole_files_and_cleans_up_on_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("out.txt");
+        write_atomically(&p, |w| w.write_all(b"first")).unwrap();
+        write_atomically(&p, |w| w.write_all(b"second")).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "second");
+        let e = write_atomically(&p, |w| {
+            w.write_all(b"partial")?;
+            Err(std::io::Error::other("disk full"))
+        });
+        assert!(e.is_err());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "second");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "temporary file left behind: {names:?}");
+        let e = write_atomically(&dir.path().join("no/such/dir/x"), |w| w.write_all(b"x"));
+        assert!(e.unwrap_err().to_string().contains("no/such/dir"));
+    }
+}
