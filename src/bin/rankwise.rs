@@ -1,1 +1,509 @@
-fn main() {}
+//! `rankwise`: evaluate retrieval embeddings from the command line.
+//!
+//! ```text
+//! rankwise eval --example                        # a synthetic SOP-like set, in memory
+//! rankwise gen-embeddings --preset small --out-dir demo
+//! rankwise eval --embeddings demo/embeddings.npy --labels demo/labels.csv --out results.json
+//! rankwise eval --queries q.npy --references r.npy \
+//!               --query-labels q.csv --reference-labels r.csv
+//! ```
+//!
+//! The binary only parses arguments, calls the library and prints; every computation is a library
+//! function. Errors print as `error: …` with their causes, and exit with status 1.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{Device, Tensor};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use rankwise::io::{
+    check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
+    ResultFormat, ResultRow, ResultTable,
+};
+use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch};
+use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
+use rankwise::Relevance;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rankwise",
+    version,
+    about = "Exact retrieval metrics (mAP, mAP@R, R@k, H-AP, ASI, NDCG) for embeddings with \
+             hierarchical labels"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Rank every query against the references and report the metrics.
+    Eval(Box<EvalArgs>),
+    /// Write a synthetic SOP-shaped set (embeddings.npy + labels.csv) to show the file formats.
+    GenEmbeddings(GenArgs),
+}
+
+#[derive(Args, Debug)]
+struct EvalArgs {
+    /// Embeddings of one set ranked against itself (each item is a query, itself excluded):
+    /// a 2-D .npy (float32/float64) or .safetensors file, one row per item.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["queries", "references"])]
+    embeddings: Option<PathBuf>,
+    /// Query embeddings, ranked against --references.
+    #[arg(long, value_name = "FILE", requires = "references")]
+    queries: Option<PathBuf>,
+    /// Reference (gallery) embeddings.
+    #[arg(long, value_name = "FILE", requires = "queries")]
+    references: Option<PathBuf>,
+    /// Labels of --embeddings: .csv with a header (one integer column per level, finest first)
+    /// or .parquet (integer columns).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["query_labels", "reference_labels"])]
+    labels: Option<PathBuf>,
+    /// Labels of --queries.
+    #[arg(long, value_name = "FILE", requires = "reference_labels")]
+    query_labels: Option<PathBuf>,
+    /// Labels of --references.
+    #[arg(long, value_name = "FILE", requires = "query_labels")]
+    reference_labels: Option<PathBuf>,
+    /// Label columns to use, finest first (default: every column, in file order).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    label_columns: Vec<String>,
+    /// Tensor to read from .safetensors files holding several (default: the only one, or
+    /// 'embeddings').
+    #[arg(long, value_name = "NAME")]
+    tensor: Option<String>,
+    /// The k of R@k (SOP: 1,10,100,1000; CUB/Cars: 1,2,4,8; iNat: 1,4,16,32).
+    #[arg(
+        long,
+        value_name = "K,…",
+        value_delimiter = ',',
+        default_value = "1,10,100,1000"
+    )]
+    recall_at: Vec<usize>,
+    /// Skip the hierarchical metrics (H-AP, ASI, NDCG): faster, binary metrics only.
+    #[arg(long)]
+    no_hierarchical: bool,
+    /// Also report the binary metrics at every coarser label level.
+    #[arg(long)]
+    per_level: bool,
+    /// Relevance of H-AP and NDCG: pop (HAPPIER Eq. 4), wap (ΣwAP, HAPPIER supp. A.2, needs
+    /// --wap-weights) or level (raw level weights, HAPPIER Fig. 3).
+    #[arg(long, value_enum, default_value_t = RelevanceKind::Pop)]
+    relevance: RelevanceKind,
+    /// Exponent α of the pop and level relevances.
+    #[arg(long, default_value_t = 1.0)]
+    alpha: f64,
+    /// pop relevance: count the query in the population of its own fine class, as the HAPPIER
+    /// code that produced the published numbers does (default).
+    #[arg(long, overrides_with = "no_count_query")]
+    count_query: bool,
+    /// pop relevance: do not count the query (the paper's Eq. 4).
+    #[arg(long, overrides_with = "count_query")]
+    no_count_query: bool,
+    /// ΣwAP weights w_1..w_L, one per level, coarsest match first (w_L = same fine class).
+    #[arg(long, value_name = "W,…", value_delimiter = ',')]
+    wap_weights: Vec<f64>,
+    /// How the query is kept out of its own ranking: auto (same-index for --embeddings, none for
+    /// --queries/--references), none, same-index, or drop-first (pytorch-metric-learning's
+    /// ref_includes_query: drop the top hit).
+    #[arg(long, value_enum, default_value_t = SelfMatchArg::Auto)]
+    self_match: SelfMatchArg,
+    /// Queries ranked per chunk (memory: chunk × references scores); default: the engine's.
+    #[arg(long, value_name = "N")]
+    chunk_size: Option<usize>,
+    /// Write the results to FILE: .json (rows and settings) or .csv (rows), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Evaluate a synthetic SOP-shaped set generated in memory (small: 600 items; sop: 60,502).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "PRESET",
+        num_args = 0..=1,
+        default_missing_value = "small",
+        conflicts_with_all = ["embeddings", "queries", "references", "labels", "query_labels", "reference_labels"]
+    )]
+    example: Option<PresetArg>,
+    /// Seed of the --example set.
+    #[arg(long, default_value_t = 0, requires = "example")]
+    seed: u64,
+    /// Device: cpu, cuda or cuda:N (cuda needs a build with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// No progress bar and no information lines on stderr (the table is still printed).
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct GenArgs {
+    /// Size of the set: small (600 items, D = 64) or sop (60,502 items, D = 512).
+    #[arg(long, value_enum, default_value_t = PresetArg::Small)]
+    preset: PresetArg,
+    /// Folder to write embeddings.npy and labels.csv into (created if needed).
+    #[arg(long, value_name = "DIR")]
+    out_dir: PathBuf,
+    /// Seed of the generator.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum RelevanceKind {
+    Pop,
+    Wap,
+    Level,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SelfMatchArg {
+    Auto,
+    None,
+    SameIndex,
+    DropFirst,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum PresetArg {
+    Small,
+    Sop,
+}
+
+impl From<PresetArg> for Preset {
+    fn from(p: PresetArg) -> Self {
+        match p {
+            PresetArg::Small => Preset::Small,
+            PresetArg::Sop => Preset::Sop,
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Eval(args) => eval(&args),
+        Command::GenEmbeddings(args) => gen_embeddings(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The inputs of one evaluation, loaded and checked.
+struct Inputs {
+    queries: LabelledEmbeddings,
+    /// `None`: the queries are ranked against themselves.
+    references: Option<LabelledEmbeddings>,
+    /// What was read, for the results' settings.
+    sources: BTreeMap<String, String>,
+}
+
+fn eval(args: &EvalArgs) -> Result<()> {
+    let started = Instant::now();
+    let inputs = load_inputs(args)?;
+    let device = parse_device(&args.device)?;
+    let num_levels = inputs.queries.labels.num_levels();
+    let relevance = relevance(args)?;
+    relevance
+        .validate(num_levels)
+        .context("the relevance options do not fit the labels")?;
+    if let Some(k) = args.recall_at.iter().find(|&&k| k == 0) {
+        bail!("--recall-at: k must be at least 1, got {k}");
+    }
+    let self_match = match (args.self_match, inputs.references.is_some()) {
+        (SelfMatchArg::Auto, false) => SelfMatch::SameIndex,
+        (SelfMatchArg::Auto, true) => SelfMatch::None,
+        (SelfMatchArg::None, _) => SelfMatch::None,
+        (SelfMatchArg::SameIndex, _) => SelfMatch::SameIndex,
+        (SelfMatchArg::DropFirst, _) => SelfMatch::DropFirst,
+    };
+    let defaults = EvalOptions::default();
+    let opts = EvalOptions {
+        recall_ks: args.recall_at.clone(),
+        relevance,
+        chunk_size: args.chunk_size.unwrap_or(defaults.chunk_size),
+        self_match,
+        progress: !args.quiet,
+        hierarchical: !args.no_hierarchical,
+        per_level: args.per_level,
+    };
+    if opts.chunk_size == 0 {
+        bail!("--chunk-size must be at least 1");
+    }
+    let q = inputs.queries.embeddings.to_device(&device)?;
+    let r: Option<(Tensor, &rankwise::Labels)> = match &inputs.references {
+        Some(set) => Some((set.embeddings.to_device(&device)?, &set.labels)),
+        None => None,
+    };
+    if !args.quiet {
+        let n_ref = inputs.references.as_ref().unwrap_or(&inputs.queries).len();
+        eprintln!(
+            "ranking {} queries against {} references ({} dims, {} label level(s): {}) on {}",
+            inputs.queries.len(),
+            n_ref,
+            inputs.queries.dim()?,
+            num_levels,
+            inputs.queries.level_names.join(", "),
+            args.device
+        );
+    }
+    let report = evaluate(
+        &q,
+        &inputs.queries.labels,
+        r.as_ref().map(|(t, l)| (t, *l)),
+        &opts,
+    )
+    .context("evaluation failed")?;
+    let table = result_table(&report, &inputs, &opts, args);
+    print_table(&table);
+    if let Some(out) = &args.out {
+        write_results(out, &table)?;
+        if !args.quiet {
+            eprintln!("wrote {}", out.display());
+        }
+    }
+    if !args.quiet {
+        eprintln!("done in {:.2} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Reads (or, with --example, generates) the embeddings and labels, checking every shape before
+/// the ranking starts.
+fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
+    if let Some(out) = &args.out {
+        // Fail on a bad output name now, not after a long evaluation.
+        ResultFormat::from_path(out)?;
+    }
+    let columns = (!args.label_columns.is_empty()).then_some(args.label_columns.as_slice());
+    let tensor = args.tensor.as_deref();
+    let mut sources = BTreeMap::new();
+    if let Some(preset) = args.example {
+        let preset = Preset::from(preset);
+        let spec = SyntheticSpec::preset(preset).with_seed(args.seed);
+        if !args.quiet {
+            eprintln!(
+                "generating the synthetic '{preset}' set: {} items, {} classes in {} coarse \
+                 classes, D = {} (seed {})",
+                spec.num_items, spec.num_fine_classes, spec.num_coarse_classes, spec.dim, spec.seed
+            );
+        }
+        let set = spec.generate()?;
+        sources.insert("example".into(), format!("{preset} (seed {})", args.seed));
+        return Ok(Inputs {
+            queries: LabelledEmbeddings {
+                embeddings: set.embeddings,
+                labels: set.labels,
+                level_names: set.level_names,
+            },
+            references: None,
+            sources,
+        });
+    }
+    match (
+        (&args.embeddings, &args.labels),
+        (&args.queries, &args.references),
+        (&args.query_labels, &args.reference_labels),
+    ) {
+        ((Some(e), Some(l)), (None, None), (None, None)) => {
+            let set = LabelledEmbeddings::read(e, l, columns, tensor)?;
+            sources.insert("embeddings".into(), e.display().to_string());
+            sources.insert("labels".into(), l.display().to_string());
+            Ok(Inputs {
+                queries: set,
+                references: None,
+                sources,
+            })
+        }
+        ((None, None), (Some(q), Some(r)), (Some(ql), Some(rl))) => {
+            let queries = LabelledEmbeddings::read(q, ql, columns, tensor)?;
+            let references = LabelledEmbeddings::read(r, rl, columns, tensor)?;
+            check_compatible_sets(&queries, q, &references, r)?;
+            for (key, path) in [
+                ("queries", q),
+                ("references", r),
+                ("query_labels", ql),
+                ("reference_labels", rl),
+            ] {
+                sources.insert(key.into(), path.display().to_string());
+            }
+            Ok(Inputs {
+                queries,
+                references: Some(references),
+                sources,
+            })
+        }
+        ((Some(_), None), _, _) => bail!("--embeddings needs --labels"),
+        ((None, Some(_)), _, _) => bail!("--labels goes with --embeddings"),
+        (_, (Some(_), Some(_)), _) => {
+            bail!("--queries/--references need --query-labels and --reference-labels")
+        }
+        (_, _, (Some(_), Some(_))) => {
+            bail!("--query-labels/--reference-labels go with --queries and --references")
+        }
+        _ => bail!(
+            "nothing to evaluate: give --embeddings and --labels, or --queries, --references, \
+             --query-labels and --reference-labels, or --example"
+        ),
+    }
+}
+
+fn relevance(args: &EvalArgs) -> Result<Relevance> {
+    if !args.wap_weights.is_empty() && args.relevance != RelevanceKind::Wap {
+        bail!("--wap-weights only applies to --relevance wap");
+    }
+    Ok(match args.relevance {
+        RelevanceKind::Pop => Relevance::Pop {
+            alpha: args.alpha,
+            count_query: !args.no_count_query,
+        },
+        RelevanceKind::Level => Relevance::Level { alpha: args.alpha },
+        RelevanceKind::Wap => {
+            if args.wap_weights.is_empty() {
+                bail!("--relevance wap needs --wap-weights w1,…,wL (one per label level)");
+            }
+            Relevance::WeightedAp {
+                weights: args.wap_weights.clone(),
+            }
+        }
+    })
+}
+
+fn parse_device(name: &str) -> Result<Device> {
+    match name {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::new_cuda(0)?),
+        other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(i)) => Ok(Device::new_cuda(i)?),
+            _ => bail!("--device: '{other}' is not cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+fn result_table(
+    report: &EvalReport,
+    inputs: &Inputs,
+    opts: &EvalOptions,
+    args: &EvalArgs,
+) -> ResultTable {
+    let names = &inputs.queries.level_names;
+    let rows = report
+        .rows
+        .iter()
+        .map(|r| ResultRow {
+            metric: r.metric.clone(),
+            level: r.level,
+            level_name: r.level.and_then(|l| names.get(l).cloned()),
+            value: r.value,
+            queries: r.queries,
+            skipped: r.skipped,
+        })
+        .collect();
+    let mut settings = inputs.sources.clone();
+    settings.insert("label_levels".into(), names.join(","));
+    settings.insert("relevance".into(), format!("{:?}", opts.relevance));
+    settings.insert("self_match".into(), format!("{:?}", opts.self_match));
+    settings.insert(
+        "recall_at".into(),
+        opts.recall_ks
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    );
+    settings.insert("hierarchical".into(), opts.hierarchical.to_string());
+    settings.insert("per_level".into(), opts.per_level.to_string());
+    settings.insert("device".into(), args.device.clone());
+    settings.insert(
+        "rankwise_version".into(),
+        env!("CARGO_PKG_VERSION").to_string(),
+    );
+    ResultTable {
+        num_queries: report.num_queries,
+        settings,
+        rows,
+    }
+}
+
+/// Prints the rows as an aligned table; values in full (shortest round-trip) precision.
+fn print_table(table: &ResultTable) {
+    let cells: Vec<[String; 5]> = table
+        .rows
+        .iter()
+        .map(|r| {
+            [
+                r.metric.clone(),
+                r.level_name
+                    .clone()
+                    .unwrap_or_else(|| "(all levels)".into()),
+                format!("{}", r.value),
+                r.queries.to_string(),
+                r.skipped.to_string(),
+            ]
+        })
+        .collect();
+    let header = ["metric", "level", "value", "queries", "skipped"].map(String::from);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&cells) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i >= 2 {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+fn gen_embeddings(args: &GenArgs) -> Result<()> {
+    let preset = Preset::from(args.preset);
+    let spec = SyntheticSpec::preset(preset).with_seed(args.seed);
+    let set = spec.generate()?;
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("cannot create {}", args.out_dir.display()))?;
+    let embeddings = args.out_dir.join("embeddings.npy");
+    let labels = args.out_dir.join("labels.csv");
+    write_npy(&embeddings, &set.embeddings)?;
+    write_labels_csv(&labels, &set.labels, &set.level_names)?;
+    let (n, d) = set.embeddings.dims2()?;
+    println!(
+        "wrote {} ({n} × {d} float32, rows of unit norm) and {} ({n} lines: {})",
+        embeddings.display(),
+        labels.display(),
+        set.level_names.join(",")
+    );
+    println!(
+        "evaluate with: rankwise eval --embeddings {} --labels {}",
+        quote(&embeddings),
+        quote(&labels)
+    );
+    Ok(())
+}
+
+/// A path as a shell word (quoted when it holds spaces).
+fn quote(path: &Path) -> String {
+    let s = path.display().to_string();
+    if s.contains(char::is_whitespace) {
+        format!("'{s}'")
+    } else {
+        s
+    }
+}

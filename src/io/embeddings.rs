@@ -558,11 +558,7 @@ fn read_values<R: Read>(
 }
 
 /// Decodes whole elements of `bytes` (its length is a multiple of the element size).
-fn decode_block(
-    bytes: &[u8],
-    dtype: NpyFloat,
-    big_endian: bool,
-) -> Decoded {
+fn decode_block(bytes: &[u8], dtype: NpyFloat, big_endian: bool) -> Decoded {
     match dtype {
         NpyFloat::F32 => {
             let v: Vec<f32> = bytes

@@ -10,7 +10,6 @@ use crate::hierarchy::{ClassId, Labels};
 use crate::io::embeddings::extension;
 use crate::io::results::write_atomically;
 use polars::prelude::{DataType, ParquetReader, SerReader};
-use std::fs::File;
 use std::path::Path;
 
 /// Labels with the names of their levels.
@@ -44,15 +43,16 @@ pub fn read_labels(path: &Path, columns: Option<&[String]>) -> Result<LabelTable
 /// selected column (naming the column). Labels that do not form a hierarchy are rejected as by
 /// [`Labels::new`].
 pub fn read_labels_csv(path: &Path, columns: Option<&[String]>) -> Result<LabelTable> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    // The whole file is kept: line numbers are computed from byte offsets (see `line_at`).
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let mut reader = csv::ReaderBuilder::new()
         .has_headers(true)
         .flexible(true)
         .trim(csv::Trim::All)
-        .from_reader(std::io::BufReader::new(file));
+        .from_reader(bytes.as_slice());
     let header: Vec<String> = reader
         .headers()
-        .map_err(|e| csv_error(path, e))?
+        .map_err(|e| csv_error(path, &bytes, e))?
         .iter()
         .map(str::to_string)
         .collect();
@@ -66,7 +66,7 @@ pub fn read_labels_csv(path: &Path, columns: Option<&[String]>) -> Result<LabelT
     if header.iter().all(|h| h.parse::<ClassId>().is_ok()) {
         return Err(Error::line(
             path,
-            1,
+            line_at(&bytes, 0),
             format!(
                 "'{}' looks like data, but the first line must be a header naming the label \
                  columns, e.g. `class_id,super_class_id`",
@@ -75,11 +75,14 @@ pub fn read_labels_csv(path: &Path, columns: Option<&[String]>) -> Result<LabelT
         ));
     }
     let (selected, level_names) = select_columns(&header, columns, path)?;
+    let explicit = columns.is_some_and(|c| !c.is_empty());
     let mut data = Vec::new();
     let mut n = 0usize;
     for record in reader.records() {
-        let record = record.map_err(|e| csv_error(path, e))?;
-        let line = record.position().map_or(n + 2, |p| p.line() as usize);
+        let record = record.map_err(|e| csv_error(path, &bytes, e))?;
+        let line = record
+            .position()
+            .map_or(n + 2, |p| line_at(&bytes, p.byte() as usize));
         if record.len() != header.len() {
             return Err(Error::line(
                 path,
@@ -93,9 +96,16 @@ pub fn read_labels_csv(path: &Path, columns: Option<&[String]>) -> Result<LabelT
             ));
         }
         for &c in &selected {
-            data.push(
-                parse_class_id(&record[c], &header[c]).map_err(|m| Error::line(path, line, m))?,
-            );
+            let id = parse_class_id(&record[c], &header[c]).map_err(|m| {
+                let hint = if explicit {
+                    ""
+                } else {
+                    " (every column is a label level unless the label columns are chosen by name, \
+                     `--label-columns` on the command line)"
+                };
+                Error::line(path, line, format!("{m}{hint}"))
+            })?;
+            data.push(id);
         }
         n += 1;
     }
@@ -117,7 +127,7 @@ pub fn read_labels_csv(path: &Path, columns: Option<&[String]>) -> Result<LabelT
 /// an unsigned value beyond the i64 range.
 pub fn read_labels_parquet(path: &Path, columns: Option<&[String]>) -> Result<LabelTable> {
     let polars_error = |e: polars::error::PolarsError| Error::file(path, format!("parquet: {e}"));
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut reader = ParquetReader::new(file);
     let header: Vec<String> = reader
         .schema()
@@ -240,13 +250,30 @@ fn parse_class_id(field: &str, column: &str) -> std::result::Result<ClassId, Str
 }
 
 /// A csv-crate error with the file and, when known, the line.
-fn csv_error(path: &Path, e: csv::Error) -> Error {
-    let line = e.position().map(|p| p.line() as usize);
+fn csv_error(path: &Path, bytes: &[u8], e: csv::Error) -> Error {
+    let line = e.position().map(|p| line_at(bytes, p.byte() as usize));
     match (e.into_kind(), line) {
         (csv::ErrorKind::Io(io), _) => Error::io(path, io),
         (kind, Some(line)) => Error::line(path, line, csv_kind_message(kind)),
         (kind, None) => Error::file(path, csv_kind_message(kind)),
     }
+}
+
+/// The 1-based line of the record that the csv crate places at byte `offset`.
+///
+/// The crate's own line count is off after blank lines and in CRLF files (a record "starts" right
+/// after the previous terminator, and `\r\n` counts its `\n` on the next record), so the line
+/// is recomputed: skip the line breaks the reader skipped, then count the `\n` before the record.
+fn line_at(bytes: &[u8], offset: usize) -> usize {
+    let start = offset.min(bytes.len());
+    let skipped = bytes[start..]
+        .iter()
+        .take_while(|&&b| b == b'\n' || b == b'\r')
+        .count();
+    1 + bytes[..start + skipped]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
 }
 
 fn csv_kind_message(kind: csv::ErrorKind) -> String {
@@ -287,7 +314,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = csv(
             &dir,
-            "path,class_id,super_class_id\na.jpg,3,1\n b.jpg , 3 , 1 \n\nc.jpg,4,1\nd.jpg,9,2\n",
+            "\u{feff}path,class_id,super_class_id\r\na.jpg,3,1\n b.jpg , 3 , 1 \n\nc.jpg,4,1\nd.jpg,9,2\n",
         );
         let cols = vec!["class_id".to_string(), "super_class_id".to_string()];
         let t = read_labels(&p, Some(&cols)).unwrap();
@@ -313,6 +340,10 @@ mod tests {
             e.contains("labels.csv:3:") && e.contains("1 field(s)"),
             "{e}"
         );
+        // CRLF line ends and blank lines do not shift the line numbers.
+        let p = csv(&dir, "fine,coarse\r\n1,0\r\n\r\n\n2;0\r\n");
+        let e = err(&p, None);
+        assert!(e.contains("labels.csv:5:"), "{e}");
         let p = csv(&dir, "fine,coarse\n1,0\n2,0,5\n");
         assert!(
             err(&p, None).contains("labels.csv:3: 3 field(s)"),
@@ -376,7 +407,7 @@ mod tests {
         frame: &mut polars::prelude::DataFrame,
     ) -> std::path::PathBuf {
         let p = dir.path().join("labels.parquet");
-        ParquetWriter::new(File::create(&p).unwrap())
+        ParquetWriter::new(std::fs::File::create(&p).unwrap())
             .finish(frame)
             .unwrap();
         p

@@ -1,0 +1,580 @@
+//! End-to-end tests of the `rankwise` binary: file formats in, results out, and bad input.
+//!
+//! Every test runs the built binary on files in a temporary folder. The data is the library's
+//! small synthetic set (600 items, D = 64, two label levels) or a slice of it, so each run takes
+//! well under a second.
+
+use candle_core::{Device, Tensor};
+use polars::prelude::{df, ParquetWriter};
+use rankwise::io::{LabelledEmbeddings, ResultTable};
+use rankwise::retrieval::{evaluate, EvalOptions, SelfMatch};
+use rankwise::synthetic_embeddings::{SyntheticSet, SyntheticSpec};
+use rankwise::{Labels, Relevance};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The R@k list used by the tests (the SOP default 1,10,100,1000 would exceed 600 items).
+const RECALL_AT: &str = "1,2,4,8";
+
+fn rankwise(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_rankwise"))
+        .args(args)
+        .output()
+        .expect("cannot run the rankwise binary")
+}
+
+/// Runs the binary, expecting success; returns stdout.
+fn succeeds(args: &[&str]) -> String {
+    let out = rankwise(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "rankwise {args:?} failed:\n{stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs the binary, expecting a clean failure (exit status 1, `error: …`, no panic); returns
+/// stderr.
+fn fails(args: &[&str]) -> String {
+    let out = rankwise(args);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(1), "rankwise {args:?}: {stderr}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    stderr
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn small_set() -> SyntheticSet {
+    SyntheticSpec::small().generate().unwrap()
+}
+
+/// An `.npy` file as `np.save` writes it (format 1.0, header padded to 64 bytes), by hand.
+fn npy_bytes(descr: &str, fortran: bool, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let shape = match shape {
+        [n] => format!("({n},)"),
+        dims => format!(
+            "({})",
+            dims.iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    let order = if fortran { "True" } else { "False" };
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': {order}, 'shape': {shape}, }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+fn f32_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn f64_bytes(values: impl IntoIterator<Item = f64>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn labels_csv(dir: &Path, name: &str, labels: &Labels) -> PathBuf {
+    let mut text = String::from("class_id,super_class_id\n");
+    for i in 0..labels.len() {
+        let r = labels.row(i);
+        text.push_str(&format!("{},{}\n", r[0], r[1]));
+    }
+    write(dir, name, text.as_bytes())
+}
+
+/// Evaluates through the CLI and returns the parsed JSON results.
+fn eval_json(dir: &Path, inputs: &[&str]) -> ResultTable {
+    let out = dir.join(format!("results-{}.json", rand_name()));
+    let mut args = vec![
+        "eval",
+        "--quiet",
+        "--recall-at",
+        RECALL_AT,
+        "--out",
+        s(&out),
+    ];
+    args.extend_from_slice(inputs);
+    succeeds(&args);
+    serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+}
+
+fn rand_name() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed).to_string()
+}
+
+/// (metric, level, value bits, queries, skipped) of each row, for exact comparisons.
+fn rows(t: &ResultTable) -> Vec<(String, Option<usize>, u64, usize, usize)> {
+    t.rows
+        .iter()
+        .map(|r| {
+            (
+                r.metric.clone(),
+                r.level,
+                r.value.to_bits(),
+                r.queries,
+                r.skipped,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn gen_embeddings_then_eval_matches_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("demo");
+    let stdout = succeeds(&[
+        "gen-embeddings",
+        "--preset",
+        "small",
+        "--out-dir",
+        s(&out_dir),
+    ]);
+    assert!(stdout.contains("embeddings.npy"), "{stdout}");
+    let (emb, lab) = (out_dir.join("embeddings.npy"), out_dir.join("labels.csv"));
+
+    // The files hold exactly the generated set.
+    let set = small_set();
+    let read = LabelledEmbeddings::read(&emb, &lab, None, None).unwrap();
+    assert_eq!(
+        read.embeddings.to_vec2::<f32>().unwrap(),
+        set.embeddings.to_vec2::<f32>().unwrap()
+    );
+    assert_eq!(read.labels, set.labels);
+    assert_eq!(read.level_names, ["class_id", "super_class_id"]);
+
+    let json = eval_json(dir.path(), &["--embeddings", s(&emb), "--labels", s(&lab)]);
+    let opts = EvalOptions {
+        recall_ks: vec![1, 2, 4, 8],
+        relevance: Relevance::default(),
+        self_match: SelfMatch::SameIndex,
+        progress: false,
+        hierarchical: true,
+        per_level: false,
+        ..EvalOptions::default()
+    };
+    let direct = evaluate(&read.embeddings, &read.labels, None, &opts).unwrap();
+    assert_eq!(json.num_queries, 600);
+    assert_eq!(direct.num_queries, 600);
+    let want: Vec<_> = direct
+        .rows
+        .iter()
+        .map(|r| {
+            (
+                r.metric.clone(),
+                r.level,
+                r.value.to_bits(),
+                r.queries,
+                r.skipped,
+            )
+        })
+        .collect();
+    assert_eq!(rows(&json), want);
+    for metric in ["mAP@R", "R@1", "H-AP"] {
+        assert!(
+            json.rows.iter().any(|r| r.metric == metric),
+            "no {metric} row"
+        );
+    }
+    // Binary rows are named after the CSV column of their level.
+    let r1 = json.rows.iter().find(|r| r.metric == "R@1").unwrap();
+    assert_eq!(r1.level_name.as_deref(), Some("class_id"));
+    assert!(r1.value > 0.0 && r1.value < 1.0, "{}", r1.value);
+
+    // The CSV output holds the same values, to the last bit.
+    let csv_out = dir.path().join("results.csv");
+    let table = succeeds(&[
+        "eval",
+        "--quiet",
+        "--recall-at",
+        RECALL_AT,
+        "--embeddings",
+        s(&emb),
+        "--labels",
+        s(&lab),
+        "--out",
+        s(&csv_out),
+    ]);
+    assert!(
+        table.contains("class_id") && table.contains("R@1"),
+        "{table}"
+    );
+    let text = std::fs::read_to_string(&csv_out).unwrap();
+    let values: Vec<f64> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').nth(3).unwrap().parse().unwrap())
+        .collect();
+    let json_values: Vec<f64> = json.rows.iter().map(|r| r.value).collect();
+    assert_eq!(values, json_values);
+}
+
+#[test]
+fn example_runs_in_memory() {
+    let stdout = succeeds(&["eval", "--example", "--quiet", "--recall-at", RECALL_AT]);
+    assert!(
+        stdout.contains("R@1") && stdout.contains("H-AP"),
+        "{stdout}"
+    );
+    // The in-memory set is the one gen-embeddings writes.
+    let dir = tempfile::tempdir().unwrap();
+    succeeds(&["gen-embeddings", "--out-dir", s(dir.path())]);
+    let from_files = succeeds(&[
+        "eval",
+        "--quiet",
+        "--recall-at",
+        RECALL_AT,
+        "--embeddings",
+        s(&dir.path().join("embeddings.npy")),
+        "--labels",
+        s(&dir.path().join("labels.csv")),
+    ]);
+    assert_eq!(stdout, from_files);
+}
+
+#[test]
+fn reads_npy_as_numpy_writes_it_f32_f64_c_and_fortran_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let x = set.embeddings.to_vec2::<f32>().unwrap();
+    let (n, d) = (x.len(), x[0].len());
+    let c_f32 = write(
+        dir.path(),
+        "c32.npy",
+        &npy_bytes(
+            "<f4",
+            false,
+            &[n, d],
+            &f32_bytes(x.iter().flatten().copied()),
+        ),
+    );
+    // Every f32 is exactly a f64, so the f64 file must give the very same results.
+    let c_f64 = write(
+        dir.path(),
+        "c64.npy",
+        &npy_bytes(
+            "<f8",
+            false,
+            &[n, d],
+            &f64_bytes(x.iter().flatten().map(|&v| v as f64)),
+        ),
+    );
+    let column_major = (0..d).flat_map(|j| x.iter().map(move |row| row[j]));
+    let f_f32 = write(
+        dir.path(),
+        "f32.npy",
+        &npy_bytes("<f4", true, &[n, d], &f32_bytes(column_major)),
+    );
+    let labels = labels_csv(dir.path(), "labels.csv", &set.labels);
+
+    let reference = eval_json(
+        dir.path(),
+        &["--embeddings", s(&c_f32), "--labels", s(&labels)],
+    );
+    for file in [&c_f64, &f_f32] {
+        let other = eval_json(
+            dir.path(),
+            &["--embeddings", s(file), "--labels", s(&labels)],
+        );
+        assert_eq!(rows(&other), rows(&reference), "{}", file.display());
+    }
+}
+
+#[test]
+fn safetensors_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let npy = dir.path().join("e.npy");
+    rankwise::io::write_npy(&npy, &set.embeddings).unwrap();
+    let st = dir.path().join("e.safetensors");
+    set.embeddings.save_safetensors("embeddings", &st).unwrap();
+    let labels = labels_csv(dir.path(), "labels.csv", &set.labels);
+    let a = eval_json(
+        dir.path(),
+        &["--embeddings", s(&npy), "--labels", s(&labels)],
+    );
+    let b = eval_json(
+        dir.path(),
+        &["--embeddings", s(&st), "--labels", s(&labels)],
+    );
+    assert_eq!(rows(&a), rows(&b));
+    // A file with several tensors: pick one by name.
+    let mut many = std::collections::HashMap::new();
+    many.insert("feats".to_string(), set.embeddings.clone());
+    many.insert(
+        "logits".to_string(),
+        Tensor::zeros((600, 3), candle_core::DType::F32, &Device::Cpu).unwrap(),
+    );
+    let st2 = dir.path().join("many.safetensors");
+    candle_core::safetensors::save(&many, &st2).unwrap();
+    let e = fails(&["eval", "--embeddings", s(&st2), "--labels", s(&labels)]);
+    assert!(e.contains("feats, logits"), "{e}");
+    let c = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&st2),
+            "--tensor",
+            "feats",
+            "--labels",
+            s(&labels),
+        ],
+    );
+    assert_eq!(rows(&a), rows(&c));
+}
+
+#[test]
+fn parquet_labels_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let npy = dir.path().join("e.npy");
+    rankwise::io::write_npy(&npy, &set.embeddings).unwrap();
+    let csv = labels_csv(dir.path(), "labels.csv", &set.labels);
+    let pq = dir.path().join("labels.parquet");
+    let n = set.labels.len();
+    let mut frame = df!(
+        "path" => (0..n).map(|i| format!("img{i}.jpg")).collect::<Vec<_>>(),
+        "super_class_id" => set.labels.column(1).iter().map(|&c| c as i32).collect::<Vec<_>>(),
+        "class_id" => set.labels.column(0),
+    )
+    .unwrap();
+    ParquetWriter::new(std::fs::File::create(&pq).unwrap())
+        .finish(&mut frame)
+        .unwrap();
+    let a = eval_json(dir.path(), &["--embeddings", s(&npy), "--labels", s(&csv)]);
+    let b = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&npy),
+            "--labels",
+            s(&pq),
+            "--label-columns",
+            "class_id,super_class_id",
+        ],
+    );
+    assert_eq!(rows(&a), rows(&b));
+    assert_eq!(b.settings["label_levels"], "class_id,super_class_id");
+}
+
+#[test]
+fn queries_against_references() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let x = set.embeddings.to_vec2::<f32>().unwrap();
+    // Even items are queries, odd items references.
+    let pick = |parity: usize| -> (Vec<f32>, Vec<usize>) {
+        let idx: Vec<usize> = (0..x.len()).filter(|i| i % 2 == parity).collect();
+        (idx.iter().flat_map(|&i| x[i].clone()).collect(), idx)
+    };
+    let (q, qi) = pick(0);
+    let (r, ri) = pick(1);
+    let d = x[0].len();
+    let qf = write(
+        dir.path(),
+        "q.npy",
+        &npy_bytes("<f4", false, &[qi.len(), d], &f32_bytes(q)),
+    );
+    let rf = write(
+        dir.path(),
+        "r.npy",
+        &npy_bytes("<f4", false, &[ri.len(), d], &f32_bytes(r)),
+    );
+    let ql = labels_csv(dir.path(), "q.csv", &set.labels.select(&qi).unwrap());
+    let rl = labels_csv(dir.path(), "r.csv", &set.labels.select(&ri).unwrap());
+    let t = eval_json(
+        dir.path(),
+        &[
+            "--queries",
+            s(&qf),
+            "--references",
+            s(&rf),
+            "--query-labels",
+            s(&ql),
+            "--reference-labels",
+            s(&rl),
+        ],
+    );
+    assert_eq!(t.num_queries, 300);
+    // Dimensions that differ are refused before ranking.
+    let r_small = write(
+        dir.path(),
+        "r8.npy",
+        &npy_bytes(
+            "<f4",
+            false,
+            &[ri.len(), 8],
+            &f32_bytes(vec![0.5; ri.len() * 8]),
+        ),
+    );
+    let e = fails(&[
+        "eval",
+        "--queries",
+        s(&qf),
+        "--references",
+        s(&r_small),
+        "--query-labels",
+        s(&ql),
+        "--reference-labels",
+        s(&rl),
+    ]);
+    assert!(
+        e.contains("dimension 64") && e.contains("dimension 8"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_input_fails_cleanly_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path();
+    let labels = Labels::new((0..6).map(|i| vec![i / 2, i / 4]).collect()).unwrap();
+    let lab = labels_csv(p, "labels.csv", &labels);
+    let eval =
+        |emb: &Path, lab: &Path| fails(&["eval", "--embeddings", s(emb), "--labels", s(lab)]);
+
+    let one_d = write(
+        p,
+        "one_d.npy",
+        &npy_bytes("<f4", false, &[6], &f32_bytes(vec![1.0; 6])),
+    );
+    let e = eval(&one_d, &lab);
+    assert!(
+        e.contains("one_d.npy") && e.contains("2-D") && e.contains("1-D"),
+        "{e}"
+    );
+
+    let three_d = write(
+        p,
+        "three_d.npy",
+        &npy_bytes("<f4", false, &[6, 2, 2], &f32_bytes(vec![1.0; 24])),
+    );
+    let e = eval(&three_d, &lab);
+    assert!(e.contains("three_d.npy") && e.contains("3-D"), "{e}");
+
+    let mut values = vec![0.5f32; 12];
+    values[4 * 2 + 1] = f32::NAN;
+    let nan = write(
+        p,
+        "nan.npy",
+        &npy_bytes("<f4", false, &[6, 2], &f32_bytes(values)),
+    );
+    let e = eval(&nan, &lab);
+    assert!(
+        e.contains("nan.npy") && e.contains("row 4") && e.contains("NaN"),
+        "{e}"
+    );
+
+    let seven = write(
+        p,
+        "seven.npy",
+        &npy_bytes("<f4", false, &[7, 2], &f32_bytes(vec![0.5; 14])),
+    );
+    let e = eval(&seven, &lab);
+    assert!(e.contains("7 embeddings") && e.contains("6 labels"), "{e}");
+
+    let good = write(
+        p,
+        "good.npy",
+        &npy_bytes("<f4", false, &[6, 2], &f32_bytes(vec![0.5; 12])),
+    );
+    let malformed = write(
+        p,
+        "malformed.csv",
+        b"class_id,super_class_id\n0,0\n0,0\n1,0\n1,0\n2;1\n2,1\n",
+    );
+    let e = eval(&good, &malformed);
+    assert!(e.contains("malformed.csv:6:") && e.contains("field"), "{e}");
+
+    let not_int = write(
+        p,
+        "not_int.csv",
+        b"class_id,super_class_id\n0,0\n0,0\n1,0\nshoe,0\n2,1\n2,1\n",
+    );
+    let e = eval(&good, &not_int);
+    assert!(
+        e.contains("not_int.csv:5:") && e.contains("column 'class_id'") && e.contains("'shoe'"),
+        "{e}"
+    );
+
+    let e = eval(&p.join("missing.npy"), &lab);
+    assert!(e.contains("missing.npy"), "{e}");
+
+    let e = fails(&[
+        "eval",
+        "--embeddings",
+        s(&good),
+        "--labels",
+        s(&lab),
+        "--relevance",
+        "wap",
+    ]);
+    assert!(e.contains("--wap-weights"), "{e}");
+    let e = fails(&[
+        "eval",
+        "--embeddings",
+        s(&good),
+        "--labels",
+        s(&lab),
+        "--relevance",
+        "wap",
+        "--wap-weights",
+        "1",
+    ]);
+    assert!(e.contains("one weight per level"), "{e}");
+    let e = fails(&[
+        "eval",
+        "--embeddings",
+        s(&good),
+        "--labels",
+        s(&lab),
+        "--out",
+        s(&p.join("r.txt")),
+    ]);
+    assert!(e.contains(".json or .csv"), "{e}");
+    let e = fails(&["eval"]);
+    assert!(e.contains("nothing to evaluate"), "{e}");
+}
+
+#[test]
+fn fortran_order_npy_matches_c_order_through_the_reader() {
+    // The same 3 × 2 matrix in both orders, read by the library directly.
+    let dir = tempfile::tempdir().unwrap();
+    let c = write(
+        dir.path(),
+        "c.npy",
+        &npy_bytes("<f4", false, &[3, 2], &f32_bytes([1., 2., 3., 4., 5., 6.])),
+    );
+    let f = write(
+        dir.path(),
+        "f.npy",
+        &npy_bytes("<f4", true, &[3, 2], &f32_bytes([1., 3., 5., 2., 4., 6.])),
+    );
+    let a = rankwise::io::read_npy(&c)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    let b = rankwise::io::read_npy(&f)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_eq!(a, vec![vec![1., 2.], vec![3., 4.], vec![5., 6.]]);
+    assert_eq!(a, b);
+}
