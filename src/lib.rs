@@ -12,6 +12,7 @@
 pub mod error;
 pub mod hierarchy;
 pub mod losses;
+pub mod metrics;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};
