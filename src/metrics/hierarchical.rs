@@ -111,7 +111,7 @@ fn walk_h_ranks(
         }
         seen[l] += 1;
         total += r;
-        // Levels not seen yet add 0 · min(…) = 0 (the table is finite); no branch is faster.
+        // Levels not seen yet add 0 · min(…) = 0 (the table is finite), so no branch is needed.
         let mut h_rank = 0.0;
         for m in 1..=top {
             h_rank += weight[m] * seen[m] as f64 * r.min(rel[m]);
