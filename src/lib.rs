@@ -13,6 +13,7 @@ pub mod error;
 pub mod hierarchy;
 pub mod losses;
 pub mod metrics;
+pub mod retrieval;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};
