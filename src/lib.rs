@@ -13,6 +13,8 @@ pub mod error;
 pub mod hierarchy;
 pub mod io;
 pub mod losses;
+pub mod metrics;
+pub mod retrieval;
 pub mod synthetic_embeddings;
 
 pub use error::{Error, Result};

@@ -50,10 +50,11 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
             format!("expected a float tensor, got {:?}", embeddings.dtype()),
         ));
     }
+    // A row sum propagates NaN and infinity; a max would silently skip NaN.
     let finite = embeddings
         .to_dtype(DType::F64)?
         .abs()?
-        .max_keepdim(1)?
+        .sum_keepdim(1)?
         .flatten_all()?
         .to_vec1::<f64>()?;
     if let Some(row) = finite.iter().position(|v| !v.is_finite()) {

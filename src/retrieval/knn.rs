@@ -1,0 +1,143 @@
+//! Exact k-nearest-neighbour search (brute force, chunked), the building block of R@k
+//! evaluation, k-reciprocal re-ranking and SSR's top-N graphs.
+
+use super::order::rank_key;
+use super::{prepare, progress_bar, SelfMatch, Similarity};
+use crate::error::{Error, Result};
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+/// The `k` best references of every query, best first (ties by reference index).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Knn {
+    /// Neighbours per query.
+    pub k: usize,
+    /// Reference indices, row-major `N_q × k`.
+    pub indices: Vec<u32>,
+    /// The matching scores (similarity; larger is closer), row-major `N_q × k`.
+    pub scores: Vec<f32>,
+}
+
+impl Knn {
+    /// Number of queries.
+    pub fn num_queries(&self) -> usize {
+        self.indices.len().checked_div(self.k).unwrap_or(0)
+    }
+
+    /// Neighbour indices of query `i`.
+    pub fn neighbours(&self, i: usize) -> &[u32] {
+        &self.indices[i * self.k..(i + 1) * self.k]
+    }
+
+    /// Neighbour scores of query `i`.
+    pub fn row_scores(&self, i: usize) -> &[f32] {
+        &self.scores[i * self.k..(i + 1) * self.k]
+    }
+}
+
+/// Exact top-`k` cosine neighbours of every query among `references`.
+///
+/// `self_match` removes the query itself as in [`super::evaluate`]. Errors if `k` is 0 or larger
+/// than the number of references left after that removal.
+pub fn knn(
+    queries: &Tensor,
+    references: &Tensor,
+    k: usize,
+    self_match: SelfMatch,
+    chunk_size: usize,
+) -> Result<Knn> {
+    knn_with(
+        queries,
+        references,
+        k,
+        self_match,
+        chunk_size,
+        Similarity::Cosine,
+        &Device::Cpu,
+        false,
+    )
+}
+
+/// [`knn`] with the similarity, the device of the matrix products and a progress bar chosen.
+#[allow(clippy::too_many_arguments)]
+pub fn knn_with(
+    queries: &Tensor,
+    references: &Tensor,
+    k: usize,
+    self_match: SelfMatch,
+    chunk_size: usize,
+    similarity: Similarity,
+    device: &Device,
+    progress: bool,
+) -> Result<Knn> {
+    if chunk_size == 0 {
+        return Err(Error::invalid("chunk_size", "must be at least 1"));
+    }
+    let ops = prepare(queries, references, similarity, device)?;
+    let available = match self_match {
+        SelfMatch::None => ops.num_references,
+        _ => ops.num_references.saturating_sub(1),
+    };
+    if k == 0 || k > available {
+        return Err(Error::invalid(
+            "k",
+            format!("must be between 1 and {available} (the references each query can retrieve), got {k}"),
+        ));
+    }
+    if self_match == SelfMatch::SameIndex && ops.num_queries > ops.num_references {
+        return Err(Error::invalid(
+            "self_match",
+            "SameIndex needs query i to be reference i, but there are more queries than references",
+        ));
+    }
+    let nq = ops.num_queries;
+    let nr = ops.num_references;
+    // DropFirst selects one more and discards the best hit afterwards.
+    let take = if self_match == SelfMatch::DropFirst {
+        k + 1
+    } else {
+        k
+    };
+    let mut indices = vec![0u32; nq * k];
+    let mut scores = vec![0f32; nq * k];
+    let pb = progress_bar(nq, progress, "kNN");
+    let mut start = 0;
+    while start < nq {
+        let len = chunk_size.min(nq - start);
+        let chunk = ops.chunk_scores(start, len)?;
+        indices[start * k..(start + len) * k]
+            .par_chunks_mut(k)
+            .zip(scores[start * k..(start + len) * k].par_chunks_mut(k))
+            .zip(chunk.par_chunks(nr))
+            .enumerate()
+            .for_each_init(
+                || Vec::with_capacity(nr),
+                |keys: &mut Vec<u64>, (r, ((idx_out, score_out), row))| {
+                    let qi = start + r;
+                    keys.clear();
+                    for (j, &s) in row.iter().enumerate() {
+                        if self_match == SelfMatch::SameIndex && j == qi {
+                            continue;
+                        }
+                        keys.push(rank_key(s, j as u32));
+                    }
+                    // Partial selection: O(N) to find the k best, then sort only those.
+                    if take < keys.len() {
+                        keys.select_nth_unstable(take - 1);
+                        keys.truncate(take);
+                    }
+                    keys.sort_unstable();
+                    let first = take - k;
+                    for (o, &key) in keys[first..].iter().enumerate() {
+                        let j = (key & 0xffff_ffff) as usize;
+                        idx_out[o] = j as u32;
+                        score_out[o] = row[j];
+                    }
+                },
+            );
+        pb.inc(len as u64);
+        start += len;
+    }
+    pb.finish_and_clear();
+    Ok(Knn { k, indices, scores })
+}

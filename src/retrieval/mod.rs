@@ -1,0 +1,517 @@
+//! Exact retrieval evaluation: every query ranked against every reference, in chunks.
+//!
+//! The engine never materialises the `N_q × N_r` similarity matrix. For a chunk of queries it
+//! computes the `chunk × N_r` scores with one matrix product (candle: the GPU with the `cuda`
+//! feature, a multi-threaded GEMM on CPU), ranks each row completely with a radix sort
+//! ([`order`]), turns the ranking into the row's list of levels of match, scores that list with
+//! the pure functions of [`crate::metrics`], and drops the chunk. Memory is
+//! `O(chunk × N_r)` plus one value per query and metric; rows are processed in parallel with
+//! rayon.
+//!
+//! Ties are broken by reference index (see [`order`]), and per-query values are reduced in query
+//! order, so results are bit-identical for every chunk size and thread count.
+
+pub mod dyml;
+mod knn;
+pub mod order;
+
+pub use knn::{knn, knn_with, Knn};
+
+use crate::error::{Error, Result};
+use crate::hierarchy::{level_counts, Labels, Relevance};
+use crate::metrics;
+use candle_core::{DType, Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use order::{descending_key, sort_by_key_stable, RadixScratch};
+use rayon::prelude::*;
+use serde::Serialize;
+
+/// How the query itself appears among the references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum SelfMatch {
+    /// Queries and references are disjoint sets (DyML query/gallery, revisited Oxford).
+    #[default]
+    None,
+    /// The queries *are* the references (query `i` is reference `i`): reference `i` is removed
+    /// from query `i`'s list. This is the SOP/iNat/CUB protocol ("embeddings come from the same
+    /// source" in pytorch-metric-learning; `get_knn` dropping the query in HAPPIER's code).
+    SameIndex,
+    /// pytorch-metric-learning's `ref_includes_query = True` for separate query and reference
+    /// sets: the top-ranked reference of each query is assumed to be the query and dropped.
+    DropFirst,
+}
+
+/// How a query and a reference are compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Similarity {
+    /// Cosine similarity: both sides are L2-normalised first (what every paper's evaluation does).
+    #[default]
+    Cosine,
+    /// Raw inner product `q · r` (faiss `IndexFlatIP`).
+    InnerProduct,
+    /// Negative squared Euclidean distance `−‖q − r‖²` (faiss `IndexFlatL2`); equal to the
+    /// cosine ranking for unit vectors.
+    Euclidean,
+}
+
+/// Which metrics to compute and how.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// The `k` of R@k (recall rate: a positive in the top k) and P@k. SOP uses 1, 10, 100, 1000.
+    pub recall_ks: Vec<usize>,
+    /// Relevance function of H-AP.
+    pub relevance: Relevance,
+    /// Queries per chunk; the working set is `chunk_size × N_r` scores.
+    pub chunk_size: usize,
+    /// How the query appears among the references.
+    pub self_match: SelfMatch,
+    /// The score used to rank.
+    pub similarity: Similarity,
+    /// Show a progress bar on stderr.
+    pub progress: bool,
+    /// Compute H-AP, ASI and NDCG.
+    pub hierarchical: bool,
+    /// Compute the binary metrics at every level (positives = same class at that label column),
+    /// not only at the fine level.
+    pub per_level: bool,
+    /// Device of the matrix products (the ranking itself runs on the CPU).
+    pub device: Device,
+}
+
+impl Default for EvalOptions {
+    fn default() -> Self {
+        EvalOptions {
+            recall_ks: vec![1, 10, 100, 1000],
+            relevance: Relevance::default(),
+            chunk_size: 256,
+            self_match: SelfMatch::SameIndex,
+            similarity: Similarity::Cosine,
+            progress: false,
+            hierarchical: true,
+            per_level: true,
+            device: Device::Cpu,
+        }
+    }
+}
+
+/// One metric of a report, averaged over the queries that have a positive.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricRow {
+    /// `"mAP"`, `"mAP@R"`, `"R-precision"`, `"R@k"`, `"P@k"`, `"H-AP"`, `"ASI"` or `"NDCG"`.
+    pub metric: String,
+    /// The label column a binary metric uses (0 = finest); `None` for the hierarchical metrics.
+    pub level: Option<usize>,
+    /// Mean over the counted queries (NaN if none was counted).
+    pub value: f64,
+    /// Number of queries counted.
+    pub queries: usize,
+    /// Number of lone queries skipped (no positive among the references).
+    pub skipped: usize,
+}
+
+/// The result of [`evaluate`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    /// Number of queries evaluated.
+    pub num_queries: usize,
+    /// Number of references each query was ranked against (after removing itself).
+    pub num_references: usize,
+    /// The metrics, hierarchical first, then the binary ones per label column.
+    pub rows: Vec<MetricRow>,
+    /// Per-query values, `num_queries × rows.len()` row-major; NaN for a skipped query. Useful for
+    /// paired significance tests between two models.
+    #[serde(skip)]
+    pub per_query: Vec<f64>,
+}
+
+impl EvalReport {
+    /// The value of `metric` at label column `level` (`None` for hierarchical metrics).
+    pub fn get(&self, metric: &str, level: Option<usize>) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.metric == metric && r.level == level)
+            .map(|r| r.value)
+    }
+}
+
+/// One metric to compute on a ranked list of levels.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum MetricKind {
+    HAp,
+    Asi,
+    Ndcg,
+    Map,
+    MapAtR,
+    RPrecision,
+    RecallAt(usize),
+    PrecisionAt(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct MetricSpec {
+    kind: MetricKind,
+    /// Label column for binary metrics (0 = finest).
+    column: Option<usize>,
+}
+
+impl MetricSpec {
+    fn name(&self) -> String {
+        match self.kind {
+            MetricKind::HAp => "H-AP".into(),
+            MetricKind::Asi => "ASI".into(),
+            MetricKind::Ndcg => "NDCG".into(),
+            MetricKind::Map => "mAP".into(),
+            MetricKind::MapAtR => "mAP@R".into(),
+            MetricKind::RPrecision => "R-precision".into(),
+            MetricKind::RecallAt(k) => format!("R@{k}"),
+            MetricKind::PrecisionAt(k) => format!("P@{k}"),
+        }
+    }
+
+    /// The metric of one query's ranked levels; `None` if the query has no positive.
+    fn score(&self, ranked: &[u8], num_levels: usize, rel: &[f64]) -> Option<f64> {
+        // A label column c is a binary problem whose positives match on columns c..L, i.e.
+        // have a level of match ≥ L − c.
+        let min_level = self.column.map(|c| (num_levels - c) as u8).unwrap_or(1);
+        match self.kind {
+            MetricKind::HAp => metrics::h_ap(ranked, rel),
+            MetricKind::Asi => metrics::asi(ranked, num_levels),
+            MetricKind::Ndcg => metrics::ndcg(ranked),
+            MetricKind::Map => metrics::average_precision(ranked, min_level),
+            MetricKind::MapAtR => metrics::map_at_r(ranked, min_level),
+            MetricKind::RPrecision => metrics::r_precision(ranked, min_level),
+            MetricKind::RecallAt(k) => metrics::recall_at_k(ranked, min_level, k),
+            MetricKind::PrecisionAt(k) => metrics::precision_at_k(ranked, min_level, k),
+        }
+    }
+}
+
+fn plan(opts: &EvalOptions, num_levels: usize) -> Vec<MetricSpec> {
+    let mut specs = Vec::new();
+    if opts.hierarchical {
+        for kind in [MetricKind::HAp, MetricKind::Asi, MetricKind::Ndcg] {
+            specs.push(MetricSpec { kind, column: None });
+        }
+    }
+    let columns = if opts.per_level { num_levels } else { 1 };
+    for c in 0..columns {
+        let mut kinds = vec![MetricKind::Map, MetricKind::MapAtR, MetricKind::RPrecision];
+        kinds.extend(opts.recall_ks.iter().map(|&k| MetricKind::RecallAt(k)));
+        kinds.extend(opts.recall_ks.iter().map(|&k| MetricKind::PrecisionAt(k)));
+        for kind in kinds {
+            specs.push(MetricSpec {
+                kind,
+                column: Some(c),
+            });
+        }
+    }
+    specs
+}
+
+/// Checks an embedding matrix: 2-D, float, finite. `what` names it in errors.
+pub(crate) fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+    let dims = x.dims();
+    if dims.len() != 2 {
+        return Err(Error::Shape(format!(
+            "{what} must be an N × D matrix, got shape {dims:?}"
+        )));
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::invalid(
+            what,
+            format!("expected float embeddings, got {:?}", x.dtype()),
+        ));
+    }
+    // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
+    // overflowing on large but finite values.
+    let row_sums = x
+        .to_dtype(DType::F64)?
+        .abs()?
+        .sum_keepdim(1)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    if let Some(row) = row_sums.iter().position(|v| !v.is_finite()) {
+        return Err(Error::invalid(
+            what,
+            format!("row {row} contains NaN or infinity"),
+        ));
+    }
+    Ok((dims[0], dims[1]))
+}
+
+/// Prepared query and reference matrices on the compute device, and the per-reference bias that
+/// turns inner products into the chosen similarity.
+pub(crate) struct Operands {
+    pub queries: Tensor,
+    /// `D × N_r`, so a chunk's scores are one `matmul`.
+    pub references_t: Tensor,
+    /// Added to every score of reference `j` (`−‖r_j‖²/2` for Euclidean ranking, else empty).
+    pub column_bias: Vec<f32>,
+    pub num_queries: usize,
+    pub num_references: usize,
+}
+
+pub(crate) fn prepare(
+    queries: &Tensor,
+    references: &Tensor,
+    similarity: Similarity,
+    device: &Device,
+) -> Result<Operands> {
+    let (nq, dq) = check_embeddings(queries, "query embeddings")?;
+    let (nr, dr) = check_embeddings(references, "reference embeddings")?;
+    if dq != dr {
+        return Err(Error::Shape(format!(
+            "queries have dimension {dq} but references have dimension {dr}"
+        )));
+    }
+    let q = queries.to_device(device)?.to_dtype(DType::F32)?;
+    let r = references.to_device(device)?.to_dtype(DType::F32)?;
+    let normalise = |x: Tensor| -> Result<Tensor> {
+        let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
+        Ok(x.broadcast_div(&norm)?)
+    };
+    let (q, r, column_bias) = match similarity {
+        Similarity::Cosine => (normalise(q)?, normalise(r)?, Vec::new()),
+        Similarity::InnerProduct => (q, r, Vec::new()),
+        Similarity::Euclidean => {
+            // −‖q − r‖² = 2 q·r − ‖r‖² − ‖q‖²; the last term is constant along a query's row,
+            // so ranking by q·r − ‖r‖²/2 is the same ranking.
+            let half_sq = (r.sqr()?.sum(1)? * -0.5)?.to_vec1::<f32>()?;
+            (q, r, half_sq)
+        }
+    };
+    Ok(Operands {
+        queries: q.contiguous()?,
+        references_t: r.t()?.contiguous()?,
+        column_bias,
+        num_queries: nq,
+        num_references: nr,
+    })
+}
+
+impl Operands {
+    /// Scores of queries `start..start + len` against every reference, row-major on the CPU.
+    pub fn chunk_scores(&self, start: usize, len: usize) -> Result<Vec<f32>> {
+        let s = self
+            .queries
+            .narrow(0, start, len)?
+            .matmul(&self.references_t)?;
+        let mut s = s.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+        if !self.column_bias.is_empty() {
+            for row in s.chunks_mut(self.num_references) {
+                for (v, b) in row.iter_mut().zip(&self.column_bias) {
+                    *v += *b;
+                }
+            }
+        }
+        Ok(s)
+    }
+}
+
+pub(crate) fn progress_bar(total: usize, show: bool, what: &str) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(total as u64);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {bar:40} {pos}/{len} queries ({per_sec}, eta {eta})",
+        )
+        .expect("static progress template"),
+    );
+    pb.set_message(what.to_string());
+    pb
+}
+
+/// Per-thread buffers for ranking one row.
+struct RowScratch {
+    keys: Vec<u32>,
+    levels: Vec<u8>,
+    radix: RadixScratch<u8>,
+}
+
+/// Label columns of the references, coarsest first, so the level of match is a short loop that
+/// stops at the first mismatch.
+struct ReferenceLevels {
+    columns_coarse_first: Vec<Vec<i64>>,
+}
+
+impl ReferenceLevels {
+    fn new(labels: &Labels) -> Self {
+        let l = labels.num_levels();
+        ReferenceLevels {
+            columns_coarse_first: (0..l).rev().map(|c| labels.column(c)).collect(),
+        }
+    }
+
+    #[inline]
+    fn level(&self, query_coarse_first: &[i64], j: usize) -> u8 {
+        let mut level = 0u8;
+        for (col, &q) in self.columns_coarse_first.iter().zip(query_coarse_first) {
+            if col[j] != q {
+                break;
+            }
+            level += 1;
+        }
+        level
+    }
+}
+
+/// Ranks one query's row and returns its levels of match in rank order (query removed).
+fn ranked_levels<'a>(
+    scores: &[f32],
+    query_coarse_first: &[i64],
+    refs: &ReferenceLevels,
+    skip: Option<usize>,
+    drop_first: bool,
+    scratch: &'a mut RowScratch,
+) -> &'a [u8] {
+    scratch.keys.clear();
+    scratch.levels.clear();
+    for (j, &s) in scores.iter().enumerate() {
+        if Some(j) == skip {
+            continue;
+        }
+        scratch.keys.push(descending_key(s));
+        scratch.levels.push(refs.level(query_coarse_first, j));
+    }
+    sort_by_key_stable(&mut scratch.keys, &mut scratch.levels, &mut scratch.radix);
+    if drop_first && !scratch.levels.is_empty() {
+        &scratch.levels[1..]
+    } else {
+        &scratch.levels[..]
+    }
+}
+
+/// Exact evaluation of `queries` against `references` (or against themselves when `None`).
+///
+/// With `references = None` the queries are their own reference set and
+/// [`EvalOptions::self_match`] should be [`SelfMatch::SameIndex`] (the default) so that each
+/// query is removed from its own list. Errors on shape mismatches, NaN/inf embeddings, label
+/// counts that differ from embedding counts and invalid relevance parameters.
+pub fn evaluate(
+    queries: &Tensor,
+    query_labels: &Labels,
+    references: Option<(&Tensor, &Labels)>,
+    opts: &EvalOptions,
+) -> Result<EvalReport> {
+    let (ref_emb, ref_labels) = references.unwrap_or((queries, query_labels));
+    query_labels.check_compatible(ref_labels)?;
+    let num_levels = query_labels.num_levels();
+    opts.relevance.validate(num_levels)?;
+    if opts.chunk_size == 0 {
+        return Err(Error::invalid("chunk_size", "must be at least 1"));
+    }
+    if let Some(&k) = opts.recall_ks.iter().find(|&&k| k == 0) {
+        return Err(Error::invalid(
+            "recall_ks",
+            format!("k must be ≥ 1, got {k}"),
+        ));
+    }
+    let ops = prepare(queries, ref_emb, opts.similarity, &opts.device)?;
+    if ops.num_queries != query_labels.len() {
+        return Err(Error::Shape(format!(
+            "{} query embeddings but {} query label rows",
+            ops.num_queries,
+            query_labels.len()
+        )));
+    }
+    if ops.num_references != ref_labels.len() {
+        return Err(Error::Shape(format!(
+            "{} reference embeddings but {} reference label rows",
+            ops.num_references,
+            ref_labels.len()
+        )));
+    }
+    if opts.self_match == SelfMatch::SameIndex && ops.num_queries > ops.num_references {
+        return Err(Error::invalid(
+            "self_match",
+            "SameIndex needs query i to be reference i, but there are more queries than references",
+        ));
+    }
+    let specs = plan(opts, num_levels);
+    let m = specs.len();
+    let refs = ReferenceLevels::new(ref_labels);
+    let query_rows: Vec<Vec<i64>> = (0..ops.num_queries)
+        .map(|i| query_labels.row(i).iter().rev().copied().collect())
+        .collect();
+    let nr = ops.num_references;
+    let mut per_query = vec![f64::NAN; ops.num_queries * m];
+    let pb = progress_bar(ops.num_queries, opts.progress, "evaluating");
+    let mut start = 0;
+    while start < ops.num_queries {
+        let len = opts.chunk_size.min(ops.num_queries - start);
+        let scores = ops.chunk_scores(start, len)?;
+        per_query[start * m..(start + len) * m]
+            .par_chunks_mut(m)
+            .zip(scores.par_chunks(nr))
+            .enumerate()
+            .for_each_init(
+                || RowScratch {
+                    keys: Vec::with_capacity(nr),
+                    levels: Vec::with_capacity(nr),
+                    radix: RadixScratch::default(),
+                },
+                |scratch, (r, (out, row))| {
+                    let qi = start + r;
+                    let skip = (opts.self_match == SelfMatch::SameIndex).then_some(qi);
+                    let drop_first = opts.self_match == SelfMatch::DropFirst;
+                    let ranked =
+                        ranked_levels(row, &query_rows[qi], &refs, skip, drop_first, scratch);
+                    let rel = if opts.hierarchical {
+                        opts.relevance
+                            .level_values(&level_counts(ranked, num_levels))
+                    } else {
+                        Vec::new()
+                    };
+                    for (o, spec) in out.iter_mut().zip(&specs) {
+                        *o = spec.score(ranked, num_levels, &rel).unwrap_or(f64::NAN);
+                    }
+                },
+            );
+        pb.inc(len as u64);
+        start += len;
+    }
+    pb.finish_and_clear();
+    let rows = reduce(&specs, &per_query, ops.num_queries);
+    let num_references = match opts.self_match {
+        SelfMatch::None => nr,
+        SelfMatch::SameIndex | SelfMatch::DropFirst => nr.saturating_sub(1),
+    };
+    Ok(EvalReport {
+        num_queries: ops.num_queries,
+        num_references,
+        rows,
+        per_query,
+    })
+}
+
+/// Means over queries, in query order (deterministic), skipping NaN (lone queries).
+fn reduce(specs: &[MetricSpec], per_query: &[f64], nq: usize) -> Vec<MetricRow> {
+    let m = specs.len();
+    specs
+        .iter()
+        .enumerate()
+        .map(|(s, spec)| {
+            let (mut sum, mut count) = (0.0f64, 0usize);
+            for q in 0..nq {
+                let v = per_query[q * m + s];
+                if !v.is_nan() {
+                    sum += v;
+                    count += 1;
+                }
+            }
+            MetricRow {
+                metric: spec.name(),
+                level: spec.column,
+                value: if count > 0 {
+                    sum / count as f64
+                } else {
+                    f64::NAN
+                },
+                queries: count,
+                skipped: nq - count,
+            }
+        })
+        .collect()
+}
