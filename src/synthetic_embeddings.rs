@@ -9,10 +9,13 @@
 //! Each embedding is an L2-normalised noisy mixture
 //! `x = normalise(a·u_coarse + b·v_fine + s_i·n_i)`, with the class centres `u`, `v` and the noise
 //! `n_i` drawn from `N(0, I/D)` (norm ≈ 1) and a per-item noise scale `s_i = s·exp(σ·z_i)` so some
-//! items are harder than others. With the preset weights, items of the same coarse class are
-//! closer than unrelated ones and the fine class is recoverable but not always: R@1 lies well
-//! inside (0, 1) and most first-rank mistakes stay inside the coarse class, which is what makes
-//! hierarchical metrics (H-AP, ASI, NDCG) differ from their binary counterparts.
+//! items are harder than others. The preset weights were tuned so that the set scores like a
+//! trained model on SOP (HAPPIER reports R@1 = 81.0 there). Measured with
+//! `rankwise eval --example sop` (seed 0, all 60,502 queries): R@1 = 0.797, R@10 = 0.917,
+//! R@100 = 0.971, R@1000 = 0.993, mAP@R = 0.455, H-AP = 0.547; and `--example small`: R@1 =
+//! 0.758. Most first-rank mistakes stay inside the coarse class (super-class R@1 = 0.989 and
+//! 0.977), which is what makes the hierarchical metrics (H-AP, ASI, NDCG) differ from the binary
+//! ones.
 //!
 //! Everything is a deterministic function of the seed, whatever the number of threads: each
 //! item draws from its own ChaCha8 stream.

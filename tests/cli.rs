@@ -7,9 +7,9 @@
 use candle_core::{Device, Tensor};
 use polars::prelude::{df, ParquetWriter};
 use rankwise::io::{LabelledEmbeddings, ResultTable};
-use rankwise::retrieval::{evaluate, EvalOptions, SelfMatch};
+use rankwise::retrieval::{evaluate, EvalOptions};
 use rankwise::synthetic_embeddings::{SyntheticSet, SyntheticSpec};
-use rankwise::{Labels, Relevance};
+use rankwise::Labels;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -161,13 +161,9 @@ fn gen_embeddings_then_eval_matches_the_library() {
     assert_eq!(read.level_names, ["class_id", "super_class_id"]);
 
     let json = eval_json(dir.path(), &["--embeddings", s(&emb), "--labels", s(&lab)]);
+    // The CLI's defaults are the library's: only the R@k list differs.
     let opts = EvalOptions {
         recall_ks: vec![1, 2, 4, 8],
-        relevance: Relevance::default(),
-        self_match: SelfMatch::SameIndex,
-        progress: false,
-        hierarchical: true,
-        per_level: false,
         ..EvalOptions::default()
     };
     let direct = evaluate(&read.embeddings, &read.labels, None, &opts).unwrap();
@@ -539,6 +535,17 @@ fn bad_input_fails_cleanly_naming_the_problem() {
         "1",
     ]);
     assert!(e.contains("one weight per level"), "{e}");
+    let e = fails(&[
+        "eval",
+        "--embeddings",
+        s(&good),
+        "--labels",
+        s(&lab),
+        "--relevance",
+        "level",
+        "--no-count-query",
+    ]);
+    assert!(e.contains("only applies to --relevance pop"), "{e}");
     let e = fails(&[
         "eval",
         "--embeddings",

@@ -12,13 +12,13 @@
 //! function. Errors print as `error: …` with their causes, and exit with status 1.
 
 use anyhow::{bail, Context, Result};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankwise::io::{
     check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
     ResultFormat, ResultRow, ResultTable,
 };
-use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch};
+use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::Relevance;
 use std::collections::BTreeMap;
@@ -86,10 +86,11 @@ struct EvalArgs {
     /// Skip the hierarchical metrics (H-AP, ASI, NDCG): faster, binary metrics only.
     #[arg(long)]
     no_hierarchical: bool,
-    /// Also report the binary metrics at every coarser label level.
+    /// Report the binary metrics (mAP, mAP@R, R@k, …) at the fine level only, not at every label
+    /// level.
     #[arg(long)]
-    per_level: bool,
-    /// Relevance of H-AP and NDCG: pop (HAPPIER Eq. 4), wap (ΣwAP, HAPPIER supp. A.2, needs
+    fine_only: bool,
+    /// Relevance of H-AP: pop (HAPPIER Eq. 4), wap (ΣwAP, HAPPIER supp. A.2, needs
     /// --wap-weights) or level (raw level weights, HAPPIER Fig. 3).
     #[arg(long, value_enum, default_value_t = RelevanceKind::Pop)]
     relevance: RelevanceKind,
@@ -111,6 +112,10 @@ struct EvalArgs {
     /// ref_includes_query: drop the top hit).
     #[arg(long, value_enum, default_value_t = SelfMatchArg::Auto)]
     self_match: SelfMatchArg,
+    /// Score used to rank: cosine (the embeddings are L2-normalised first, as in every paper),
+    /// inner-product (faiss IndexFlatIP) or euclidean (faiss IndexFlatL2).
+    #[arg(long, value_enum, default_value_t = SimilarityArg::Cosine)]
+    similarity: SimilarityArg,
     /// Queries ranked per chunk (memory: chunk × references scores); default: the engine's.
     #[arg(long, value_name = "N")]
     chunk_size: Option<usize>,
@@ -164,6 +169,13 @@ enum SelfMatchArg {
     None,
     SameIndex,
     DropFirst,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SimilarityArg {
+    Cosine,
+    InnerProduct,
+    Euclidean,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -230,24 +242,27 @@ fn eval(args: &EvalArgs) -> Result<()> {
         relevance,
         chunk_size: args.chunk_size.unwrap_or(defaults.chunk_size),
         self_match,
+        similarity: match args.similarity {
+            SimilarityArg::Cosine => Similarity::Cosine,
+            SimilarityArg::InnerProduct => Similarity::InnerProduct,
+            SimilarityArg::Euclidean => Similarity::Euclidean,
+        },
         progress: !args.quiet,
         hierarchical: !args.no_hierarchical,
-        per_level: args.per_level,
+        per_level: !args.fine_only,
+        device,
     };
     if opts.chunk_size == 0 {
         bail!("--chunk-size must be at least 1");
     }
-    let q = inputs.queries.embeddings.to_device(&device)?;
-    let r: Option<(Tensor, &rankwise::Labels)> = match &inputs.references {
-        Some(set) => Some((set.embeddings.to_device(&device)?, &set.labels)),
-        None => None,
-    };
     if !args.quiet {
-        let n_ref = inputs.references.as_ref().unwrap_or(&inputs.queries).len();
+        let against = match &inputs.references {
+            Some(r) => format!("{} references", r.len()),
+            None => "the others".to_string(),
+        };
         eprintln!(
-            "ranking {} queries against {} references ({} dims, {} label level(s): {}) on {}",
+            "ranking {} queries against {against} ({} dims, {} label level(s): {}) on {}",
             inputs.queries.len(),
-            n_ref,
             inputs.queries.dim()?,
             num_levels,
             inputs.queries.level_names.join(", "),
@@ -255,9 +270,12 @@ fn eval(args: &EvalArgs) -> Result<()> {
         );
     }
     let report = evaluate(
-        &q,
+        &inputs.queries.embeddings,
         &inputs.queries.labels,
-        r.as_ref().map(|(t, l)| (t, *l)),
+        inputs
+            .references
+            .as_ref()
+            .map(|set| (&set.embeddings, &set.labels)),
         &opts,
     )
     .context("evaluation failed")?;
@@ -359,6 +377,12 @@ fn relevance(args: &EvalArgs) -> Result<Relevance> {
     if !args.wap_weights.is_empty() && args.relevance != RelevanceKind::Wap {
         bail!("--wap-weights only applies to --relevance wap");
     }
+    if args.no_count_query && args.relevance != RelevanceKind::Pop {
+        bail!("--no-count-query only applies to --relevance pop");
+    }
+    if args.alpha != 1.0 && args.relevance == RelevanceKind::Wap {
+        bail!("--alpha applies to --relevance pop and level, not wap (ΣwAP takes --wap-weights)");
+    }
     Ok(match args.relevance {
         RelevanceKind::Pop => Relevance::Pop {
             alpha: args.alpha,
@@ -410,6 +434,7 @@ fn result_table(
     settings.insert("label_levels".into(), names.join(","));
     settings.insert("relevance".into(), format!("{:?}", opts.relevance));
     settings.insert("self_match".into(), format!("{:?}", opts.self_match));
+    settings.insert("similarity".into(), format!("{:?}", opts.similarity));
     settings.insert(
         "recall_at".into(),
         opts.recall_ks
@@ -427,6 +452,7 @@ fn result_table(
     );
     ResultTable {
         num_queries: report.num_queries,
+        num_references: report.num_references,
         settings,
         rows,
     }

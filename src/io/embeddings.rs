@@ -211,10 +211,9 @@ pub fn write_npy(path: &Path, tensor: &Tensor) -> Result<()> {
     })
 }
 
-/// The bytes of a version-1.0 `.npy` header for a C-order array: magic, version, length and the
-/// Python dict literal, space-padded and newline-terminated so that the data is 64-byte aligned.
-fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
-    let shape = match shape {
+/// A shape as numpy prints it: `(3,)`, `(3, 2)`, `()`.
+fn python_shape(shape: &[usize]) -> String {
+    match shape {
         [n] => format!("({n},)"),
         dims => format!(
             "({})",
@@ -223,7 +222,13 @@ fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    };
+    }
+}
+
+/// The bytes of a version-1.0 `.npy` header for a C-order array: magic, version, length and the
+/// Python dict literal, space-padded and newline-terminated so that the data is 64-byte aligned.
+fn npy_header(descr: &str, shape: &[usize]) -> Vec<u8> {
+    let shape = python_shape(shape);
     let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
     // magic (6) + version (2) + length (2) + dict + '\n' must be a multiple of NPY_ALIGN.
     let unpadded = NPY_MAGIC.len() + 4 + dict.len() + 1;
@@ -457,8 +462,9 @@ fn matrix_shape(shape: &[usize], path: &Path) -> Result<(usize, usize)> {
         _ => Err(Error::file(
             path,
             format!(
-                "expected a 2-D array (items × dimensions), got a {}-D array of shape {shape:?}",
-                shape.len()
+                "expected a 2-D array (items × dimensions), got a {}-D array of shape {}",
+                shape.len(),
+                python_shape(shape)
             ),
         )),
     }

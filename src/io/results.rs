@@ -20,7 +20,9 @@ pub struct ResultRow {
     pub level: Option<usize>,
     /// The name of that level (its column name in the label file).
     pub level_name: Option<String>,
-    /// The metric averaged over the counted queries.
+    /// The metric averaged over the counted queries; NaN when no query was counted (written as
+    /// `null` in JSON and an empty field in CSV).
+    #[serde(with = "nan_as_null")]
     pub value: f64,
     /// Number of queries averaged.
     pub queries: usize,
@@ -33,6 +35,8 @@ pub struct ResultRow {
 pub struct ResultTable {
     /// Number of queries evaluated.
     pub num_queries: usize,
+    /// Number of references each query was ranked against (itself excluded).
+    pub num_references: usize,
     /// Inputs and options (file names, relevance, …), for the record.
     pub settings: BTreeMap<String, String>,
     /// One row per metric (and level).
@@ -67,11 +71,17 @@ impl ResultFormat {
 
 /// Writes `table` to `path` in the format of its extension, atomically.
 ///
-/// A non-finite value is an error (JSON cannot hold it, and a NaN metric is never a result to
-/// file silently); the message names the metric.
+/// A metric no query was counted for (all lone) has no value: NaN, written as JSON `null` or an
+/// empty CSV field, next to its `queries = 0`. Any other non-finite value is an error naming the
+/// metric, never written silently.
 pub fn write_results(path: &Path, table: &ResultTable) -> Result<()> {
     let format = ResultFormat::from_path(path)?;
-    if let Some(row) = table.rows.iter().find(|r| !r.value.is_finite()) {
+    let undefined = |r: &ResultRow| r.value.is_nan() && r.queries == 0;
+    if let Some(row) = table
+        .rows
+        .iter()
+        .find(|r| !r.value.is_finite() && !undefined(r))
+    {
         return Err(Error::invalid(
             "results",
             format!(
@@ -109,12 +119,33 @@ fn write_csv_rows(w: &mut dyn Write, rows: &[ResultRow]) -> std::io::Result<()> 
             r.level.map(|l| l.to_string()).unwrap_or_default(),
             r.level_name.clone().unwrap_or_default(),
             // `{}` on f64 is the shortest string that parses back to the same value.
-            format!("{}", r.value),
+            if r.value.is_nan() {
+                String::new()
+            } else {
+                format!("{}", r.value)
+            },
             r.queries.to_string(),
             r.skipped.to_string(),
         ])?;
     }
     out.flush()
+}
+
+/// Serde for metric values: NaN ⇄ `null` (JSON has no NaN).
+mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
+        if v.is_nan() {
+            s.serialize_none()
+        } else {
+            s.serialize_f64(*v)
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
 }
 
 /// Writes a file atomically: `write` fills a temporary file in the same folder, which is flushed
@@ -160,13 +191,15 @@ mod tests {
     fn table() -> ResultTable {
         ResultTable {
             num_queries: 3,
+            num_references: 2,
             settings: BTreeMap::from([("relevance".to_string(), "pop".to_string())]),
             rows: vec![
                 ResultRow {
                     metric: "R@1".into(),
                     level: Some(0),
                     level_name: Some("class_id".into()),
-                    value: 2.0 / 3.0,
+                    // serde_json's default float parser reads this one 1 ulp off.
+                    value: 586.0 / 600.0,
                     queries: 3,
                     skipped: 0,
                 },
@@ -205,7 +238,7 @@ mod tests {
         );
         let r1: Vec<&str> = lines.next().unwrap().split(',').collect();
         assert_eq!(r1[..3], ["R@1", "0", "class_id"]);
-        assert_eq!(r1[3].parse::<f64>().unwrap(), 2.0 / 3.0);
+        assert_eq!(r1[3].parse::<f64>().unwrap(), 586.0 / 600.0);
         let hap: Vec<&str> = lines.next().unwrap().split(',').collect();
         assert_eq!(hap[1], "");
         assert_eq!(hap[3].parse::<f64>().unwrap(), 0.1 + 0.2);
@@ -223,6 +256,27 @@ mod tests {
         let e = write_results(&p, &t).unwrap_err().to_string();
         assert!(e.contains("H-AP") && e.contains("NaN"), "{e}");
         assert!(!p.exists());
+        t.rows[1].value = f64::INFINITY;
+        assert!(write_results(&p, &t).is_err());
+    }
+
+    #[test]
+    fn a_metric_with_no_counted_query_is_null() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = table();
+        t.rows[1].value = f64::NAN;
+        t.rows[1].queries = 0;
+        let p = dir.path().join("r.json");
+        write_results(&p, &t).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("\"value\": null"), "{text}");
+        let back: ResultTable = serde_json::from_str(&text).unwrap();
+        assert!(back.rows[1].value.is_nan());
+        assert_eq!(back.rows[0], t.rows[0]);
+        let p = dir.path().join("r.csv");
+        write_results(&p, &t).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("H-AP,,,,0,1"), "{text}");
     }
 
     #[test]
