@@ -282,9 +282,8 @@ fn fastap_authors_port_gradient_is_n_over_two_times_the_true_one() {
 
 #[test]
 fn fastap_leaves_out_queries_without_positives() {
-    // Removing the singleton changes nothing but its own (absent) term: FastAP of the other 12
-    // queries is computed over retrieval sets that still contain the singleton, so compare
-    // against the dense reference, which drops it explicitly.
+    // The singleton's query has no positive: it is left out of the mean rather than counted
+    // as FastAP = 0 (pml's `safe_N`); the dense reference drops it explicitly.
     let data = batch(4);
     let got = value(&FastAp::default(), &data, D, &flat(&CLASSES));
     let t = Tensor::from_vec(data, (CLASSES.len(), D), &CPU).unwrap();
@@ -559,13 +558,14 @@ fn blackbox_ranks_are_exact_with_ties_broken_by_position() {
 
 #[test]
 fn blackbox_gradient_equals_the_hand_computed_interpolation() {
-    // y = (0.5, 0.1, 0.3, 0.7): integer ranks (2, 4, 3, 1). Loss = Σ c_i rk_i with
-    // c = (0, −0.3, 0, 0.1), so ∂L/∂rk = c. λ = 1: y_λ = y + c = (0.5, −0.2, 0.3, 0.8), whose
-    // ranks are (2, 4, 3, 1): no change, zero gradient. λ = 2: y_λ = (0.5, −0.5, 0.3, 0.9), same
-    // order again. With c = (0, 0.3, 0, −0.1) and λ = 2 (item 2 wants a *larger* rank number, item
-    // 4 a smaller one — i.e. descent moves item 2 up the list): y_λ = (0.5, 0.7, 0.3, 0.5) → ranks
-    // (2, 1, 4, 3) (tie 0.5/0.5: the earlier index first). Gradient = −(rk − rk_λ)/λ =
-    // −((2, 4, 3, 1) − (2, 1, 4, 3))/2 = (0, −1.5, 0.5, 1).
+    // y = (0.5, 0.1, 0.3, 0.7) has integer ranks (2, 4, 3, 1). The loss Σ c_i rk_i has
+    // ∂L/∂rk = c.
+    // * c = (0, −0.3, 0, 0.1), λ = 1: y_λ = y + λc = (0.5, −0.2, 0.3, 0.8) ranks as y does, so
+    //   the gradient is 0.
+    // * c = (0, 0.3, 0, −0.1), λ = 2: y_λ = (0.5, 0.7, 0.3, 0.5) ranks (2, 1, 4, 3) (the tie
+    //   0.5 = 0.5 goes to the earlier index), so the gradient is −(rk − rk_λ)/λ =
+    //   −((2, 4, 3, 1) − (2, 1, 4, 3))/2 = (0, −1.5, 0.5, 1). Its sign is right: c₂ > 0 means the
+    //   loss wants a smaller rank for item 2, and descent (−gradient) raises y₂.
     let y = Var::from_vec(vec![0.5f64, 0.1, 0.3, 0.7], 4, &CPU).unwrap();
     let grad_with = |c: [f64; 4], lambda: f64| {
         let rk = blackbox_rank(y.as_tensor(), lambda, RankUnits::Integer).unwrap();
