@@ -9,7 +9,8 @@
 //! recomputes the same chunks, asks the loss for the exact derivative `∂loss/∂S[q, ·]` of each
 //! row, and folds it into `∂loss/∂Ê = G Ê + Gᵀ Ê` chunk by chunk. The working set is
 //! `O(chunk × B)` in both passes, and the result does not depend on the chunk size (up to the
-//! rounding of the final sums).
+//! rounding of the final sums). Without chunking (one chunk of `B` rows) the forward pass keeps
+//! `S` for the backward pass, which then needs a single product `(G + Gᵀ) Ê`.
 //!
 //! The value is attached to the autograd graph by a [`CustomOp2`] whose forward is a copy of the
 //! precomputed value, so the op runs on every candle device: the similarity products use the
@@ -176,6 +177,7 @@ pub(crate) fn row_loss<R: RowLoss>(
     let (b, _) = e.dims2()?;
     let loss = Arc::new(loss);
     let mut rows: Vec<R::Row> = Vec::with_capacity(b);
+    let mut cached = None;
     for start in (0..b).step_by(chunk) {
         let len = chunk.min(b - start);
         let sims = chunk_similarities(&e, start, len)?;
@@ -185,6 +187,11 @@ pub(crate) fn row_loss<R: RowLoss>(
             .map(|(i, row)| loss.summarise(start + i, row))
             .collect();
         rows.extend(summaries);
+        if len == b {
+            // Unchunked: the caller accepted an O(B²) working set, so keep S for the backward
+            // pass instead of recomputing it.
+            cached = Some(Arc::new(sims));
+        }
     }
     let rows = Arc::new(rows);
     let global = Arc::new(loss.global(&rows)?);
@@ -195,6 +202,7 @@ pub(crate) fn row_loss<R: RowLoss>(
         rows: rows.clone(),
         global,
         chunk,
+        cached,
     };
     let out = e_unit.apply_op2_arc(&value, Arc::new(Box::new(op)))?;
     Ok((out, rows))
@@ -215,31 +223,53 @@ struct RowLossOp<R: RowLoss> {
     rows: Arc<Vec<R::Row>>,
     global: Arc<R::Global>,
     chunk: usize,
+    /// The whole of `S` (row-major `f64`) when the forward pass ran as a single chunk.
+    cached: Option<Arc<Vec<f64>>>,
 }
 
 impl<R: RowLoss> RowLossOp<R> {
+    /// `upstream · ∂loss/∂S[start..start+len, ·]` as a `len × B` tensor on the embeddings'
+    /// device, from the rows `sims` of `S`.
+    fn grad_rows(
+        &self,
+        e: &Tensor,
+        sims: &[f64],
+        start: usize,
+        len: usize,
+        upstream: f64,
+    ) -> Result<Tensor> {
+        let (b, _) = e.dims2()?;
+        let mut grads = vec![0.0f64; len * b];
+        grads
+            .par_chunks_mut(b)
+            .zip(sims.par_chunks(b))
+            .enumerate()
+            .for_each(|(i, (out, row))| {
+                let q = start + i;
+                self.loss
+                    .row_grad(q, row, &self.rows[q], &self.global, upstream, out);
+            });
+        Ok(Tensor::from_vec(grads, (len, b), &Device::Cpu)?
+            .to_dtype(e.dtype())?
+            .to_device(e.device())?)
+    }
+
+    /// `∂loss/∂Ê = G Ê + Gᵀ Ê` with `G = upstream · ∂loss/∂S`, since `S = Ê Êᵀ` makes row `q` of
+    /// `S` depend on `ê_q` (through `G Ê`) and on every `ê_j` (through `Gᵀ Ê`).
     fn gradient(&self, e: &Tensor, upstream: f64) -> Result<Tensor> {
         let (b, _) = e.dims2()?;
+        if let Some(sims) = &self.cached {
+            // One chunk: a single product with G + Gᵀ.
+            let g = self.grad_rows(e, sims, 0, b, upstream)?;
+            return Ok((&g + g.t()?)?.matmul(e)?);
+        }
         let mut row_parts = Vec::new();
         let mut col_sum: Option<Tensor> = None;
         for start in (0..b).step_by(self.chunk) {
             let len = self.chunk.min(b - start);
             let sims = chunk_similarities(e, start, len)?;
-            let mut grads = vec![0.0f64; len * b];
-            grads
-                .par_chunks_mut(b)
-                .zip(sims.par_chunks(b))
-                .enumerate()
-                .for_each(|(i, (out, row))| {
-                    let q = start + i;
-                    self.loss
-                        .row_grad(q, row, &self.rows[q], &self.global, upstream, out);
-                });
-            let g = Tensor::from_vec(grads, (len, b), &Device::Cpu)?
-                .to_dtype(e.dtype())?
-                .to_device(e.device())?;
+            let g = self.grad_rows(e, &sims, start, len, upstream)?;
             let eq = e.narrow(0, start, len)?;
-            // S = Ê Êᵀ: row q of S depends on ê_q (through G Ê) and on every ê_j (through Gᵀ Ê).
             row_parts.push(g.matmul(e)?);
             let col = g.t()?.matmul(&eq)?;
             col_sum = Some(match col_sum {
