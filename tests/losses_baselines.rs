@@ -240,6 +240,62 @@ fn fastap_equals_a_plainly_written_dense_histogram_ap_in_value_and_gradient() {
 }
 
 #[test]
+fn fastap_is_the_exact_ap_when_every_distance_sits_on_a_bin_centre() {
+    // Unit vectors at 0°, 60°, 180° and 240°: every pairwise squared distance is 1, 3 or 4
+    // (cosines ±0.5, −1), distinct within each query's retrieval set, and a bin centre for
+    // every num_bins divisible by 4. Each item then puts its whole mass in one bin, so FastAP is
+    // the exact AP for every refinement of the histogram (bins → ∞).
+    let h = 3f64.sqrt() / 2.0;
+    let data = [1.0, 0.0, 0.5, h, -1.0, 0.0, -0.5, -h];
+    let class_of = [0, 1, 1, 0];
+    let labels = flat(&class_of);
+    // Exact AP by sorting the squared distances 2 − 2s of each query.
+    let mut want = 0.0;
+    for q in 0..4 {
+        let mut items: Vec<(f64, bool)> = (0..4)
+            .filter(|&j| j != q)
+            .map(|j| {
+                let s = data[2 * q] * data[2 * j] + data[2 * q + 1] * data[2 * j + 1];
+                (2.0 - 2.0 * s, class_of[j] == class_of[q])
+            })
+            .collect();
+        items.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (mut hits, mut ap) = (0.0, 0.0);
+        for (rank, &(_, pos)) in items.iter().enumerate() {
+            if pos {
+                hits += 1.0;
+                ap += hits / (rank + 1) as f64;
+            }
+        }
+        want += ap / hits / 4.0;
+    }
+    for num_bins in [4, 8, 64, 1024] {
+        let loss = FastAp {
+            num_bins,
+            normalize: false,
+            ..FastAp::default()
+        };
+        let got = 1.0 - value(&loss, &data, 2, &labels);
+        assert!(
+            (got - want).abs() < 1e-12,
+            "{num_bins} bins: {got} vs {want}"
+        );
+    }
+    // Off-centre distances (10 bins: centres at multiples of 0.4) give a different value.
+    let got = 1.0
+        - value(
+            &FastAp {
+                normalize: false,
+                ..FastAp::default()
+            },
+            &data,
+            2,
+            &labels,
+        );
+    assert!((got - want).abs() > 1e-3, "{got} vs {want}");
+}
+
+#[test]
 fn fastap_gradient_matches_finite_differences() {
     let data = batch(2);
     check_finite_differences(&FastAp::default(), &data, D, &flat(&CLASSES), 1e-6);
