@@ -9,12 +9,14 @@
 //! relevance functions, [`metrics`] scores one ranked list, and [`retrieval`] ranks every query
 //! against the references exactly, in chunks, and accumulates the metrics.
 
+pub mod data;
 pub mod error;
 pub mod hierarchy;
 pub mod io;
 pub mod losses;
 pub mod metrics;
 pub mod retrieval;
+pub mod samplers;
 pub mod synthetic_embeddings;
 
 pub use error::{Error, Result};

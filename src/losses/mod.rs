@@ -9,6 +9,15 @@
 //! (or `O(chunk × B × B)` where the formula needs it) instead of `O(B³)`, with values and
 //! gradients identical to the unchunked formula.
 
+pub mod blackbox_rank;
+pub mod contrastive;
+pub mod fastap;
+pub mod norm_softmax;
+pub mod pairwise_rows;
+pub mod rambo;
+pub mod summed_levels;
+pub mod triplet;
+
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
 use candle_core::{DType, Tensor};
@@ -50,17 +59,16 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
             format!("expected a float tensor, got {:?}", embeddings.dtype()),
         ));
     }
-    // A row sum propagates NaN and infinity; a max would silently skip NaN.
-    let finite = embeddings
+    // Scan the values themselves: candle's `max` skips NaN, so a reduction would hide them.
+    let d = dims[1].max(1);
+    let values = embeddings
         .to_dtype(DType::F64)?
-        .abs()?
-        .sum_keepdim(1)?
         .flatten_all()?
         .to_vec1::<f64>()?;
-    if let Some(row) = finite.iter().position(|v| !v.is_finite()) {
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
         return Err(Error::invalid(
             "embeddings",
-            format!("row {row} contains NaN or infinity"),
+            format!("row {} contains NaN or infinity", i / d),
         ));
     }
     Ok(())

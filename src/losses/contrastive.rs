@@ -1,0 +1,289 @@
+//! The contrastive (pair) loss with a positive and a negative margin (Hadsell, Chopra, LeCun,
+//! CVPR 2006), with the semantics of pytorch-metric-learning's `ContrastiveLoss`, which ROADMAP
+//! and SupRank use as their "calibration" loss and the papers' tables as the pairwise baseline.
+//!
+//! Over every ordered pair `(i, j)`, `i ≠ j`, of the batch (both orders count, as
+//! `get_all_pairs_indices` gives them):
+//!
+//! * cosine similarity `s`: positives cost `max(0, m⁺ − s)`, negatives `max(0, s − m⁻)`
+//!   (positives are pushed above `m⁺`, negatives below `m⁻`);
+//! * Euclidean distance `d`: positives cost `max(0, d − m⁺)`, negatives `max(0, m⁻ − d)`.
+//!
+//! The positive and the negative terms are reduced separately and added: by default each is
+//! the mean over its *non-zero* entries (pml's `AvgNonZeroReducer`, 0 when none is active);
+//! [`PairReduction::Mean`] averages over all pairs of the kind instead. A batch without
+//! positive pairs (or without negative pairs) gets 0 from that term, as in pml.
+
+use crate::error::{Error, Result};
+use crate::hierarchy::{ClassId, Labels};
+use crate::losses::pairwise_rows::{
+    chunk_size, fine_ids, l2_normalize_rows, row_loss, PairMetric, RowLoss,
+};
+use crate::losses::{check_batch, RankLoss};
+use candle_core::Tensor;
+use std::sync::Arc;
+
+/// How the per-pair costs of one kind (positive or negative) are averaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PairReduction {
+    /// Mean over the pairs with a non-zero cost (pml's `AvgNonZeroReducer`, the default of its
+    /// contrastive and triplet losses).
+    #[default]
+    AvgNonZero,
+    /// Mean over all pairs of the kind (pml's `MeanReducer`).
+    Mean,
+}
+
+/// Contrastive loss with margins on L2-normalised embeddings (see the module documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contrastive {
+    /// Positive margin `m⁺`.
+    pub pos_margin: f64,
+    /// Negative margin `m⁻`.
+    pub neg_margin: f64,
+    /// Cosine similarity or Euclidean distance.
+    pub metric: PairMetric,
+    /// Reduction of each of the two terms.
+    pub reduction: PairReduction,
+    /// Queries per chunk (`None`: the whole batch at once). Working set `O(chunk × B)`.
+    pub query_chunk: Option<usize>,
+}
+
+impl Default for Contrastive {
+    /// ROADMAP's calibration loss (`calibration_loss.py`: pml `ContrastiveLoss` with
+    /// `DotProductSimilarity`, `pos_margin = 0.9`, `neg_margin = 0.6`), also SupRank's.
+    fn default() -> Self {
+        Contrastive {
+            pos_margin: 0.9,
+            neg_margin: 0.6,
+            metric: PairMetric::Cosine,
+            reduction: PairReduction::AvgNonZero,
+            query_chunk: None,
+        }
+    }
+}
+
+impl Contrastive {
+    /// pytorch-metric-learning's default `ContrastiveLoss()`: normalised Euclidean distance,
+    /// `pos_margin = 0`, `neg_margin = 1`, average over non-zero costs.
+    pub fn pml_default() -> Self {
+        Contrastive {
+            pos_margin: 0.0,
+            neg_margin: 1.0,
+            metric: PairMetric::Euclidean,
+            ..Contrastive::default()
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        for (field, m) in [
+            ("pos_margin", self.pos_margin),
+            ("neg_margin", self.neg_margin),
+        ] {
+            if !m.is_finite() {
+                return Err(Error::invalid(field, format!("must be finite, got {m}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The cost of one pair and its derivative with respect to the cosine similarity `s`
+/// (zero derivative where the cost is clamped at 0).
+pub fn pair_cost(
+    metric: PairMetric,
+    s: f64,
+    positive: bool,
+    pos_margin: f64,
+    neg_margin: f64,
+) -> (f64, f64) {
+    let (v, slope) = match (metric, positive) {
+        (PairMetric::Cosine, true) => (pos_margin - s, -1.0),
+        (PairMetric::Cosine, false) => (s - neg_margin, 1.0),
+        (PairMetric::Euclidean, true) => {
+            let d = metric.distance(s);
+            (d - pos_margin, metric.distance_slope(d))
+        }
+        (PairMetric::Euclidean, false) => {
+            let d = metric.distance(s);
+            (neg_margin - d, -metric.distance_slope(d))
+        }
+    };
+    if v > 0.0 {
+        (v, slope)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+impl RankLoss for Contrastive {
+    /// The contrastive loss over all ordered pairs of distinct items; positives share the fine
+    /// class. Normalises the embeddings itself.
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        self.validate()?;
+        let e = l2_normalize_rows(embeddings)?;
+        let chunk = chunk_size(self.query_chunk, labels.len())?;
+        let rows = ContrastiveRows {
+            loss: self.clone(),
+            fine: fine_ids(labels),
+        };
+        Ok(row_loss(&e, rows, chunk)?.0)
+    }
+}
+
+/// Sums and counts of one kind of pair.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Term {
+    sum: f64,
+    active: usize,
+    pairs: usize,
+}
+
+impl Term {
+    fn add(&mut self, other: &Term) {
+        self.sum += other.sum;
+        self.active += other.active;
+        self.pairs += other.pairs;
+    }
+
+    /// The divisor of the term's mean under `reduction` (0 when the term is absent).
+    fn divisor(&self, reduction: PairReduction) -> usize {
+        match reduction {
+            PairReduction::AvgNonZero => self.active,
+            PairReduction::Mean => self.pairs,
+        }
+    }
+
+    fn mean(&self, reduction: PairReduction) -> f64 {
+        match self.divisor(reduction) {
+            0 => 0.0,
+            n => self.sum / n as f64,
+        }
+    }
+}
+
+struct ContrastiveRows {
+    loss: Contrastive,
+    fine: Arc<Vec<ClassId>>,
+}
+
+impl ContrastiveRows {
+    fn cost(&self, q: usize, j: usize, s: f64) -> (bool, f64, f64) {
+        let positive = self.fine[j] == self.fine[q];
+        let (v, slope) = pair_cost(
+            self.loss.metric,
+            s,
+            positive,
+            self.loss.pos_margin,
+            self.loss.neg_margin,
+        );
+        (positive, v, slope)
+    }
+}
+
+impl RowLoss for ContrastiveRows {
+    /// (positive pairs, negative pairs) of the row.
+    type Row = (Term, Term);
+    type Global = (Term, Term);
+
+    fn summarise(&self, q: usize, sims: &[f64]) -> (Term, Term) {
+        let (mut pos, mut neg) = (Term::default(), Term::default());
+        for (j, &s) in sims.iter().enumerate() {
+            if j == q {
+                continue;
+            }
+            let (positive, v, _) = self.cost(q, j, s);
+            let t = if positive { &mut pos } else { &mut neg };
+            t.pairs += 1;
+            t.sum += v;
+            t.active += (v > 0.0) as usize;
+        }
+        (pos, neg)
+    }
+
+    fn global(&self, rows: &[(Term, Term)]) -> Result<(Term, Term)> {
+        let (mut pos, mut neg) = (Term::default(), Term::default());
+        for (p, n) in rows {
+            pos.add(p);
+            neg.add(n);
+        }
+        if pos.pairs + neg.pairs == 0 {
+            return Err(Error::invalid(
+                "embeddings",
+                "the contrastive loss needs at least two items",
+            ));
+        }
+        Ok((pos, neg))
+    }
+
+    fn value(&self, global: &(Term, Term)) -> f64 {
+        let r = self.loss.reduction;
+        global.0.mean(r) + global.1.mean(r)
+    }
+
+    fn row_grad(
+        &self,
+        q: usize,
+        sims: &[f64],
+        _: &(Term, Term),
+        global: &(Term, Term),
+        upstream: f64,
+        out: &mut [f64],
+    ) {
+        let r = self.loss.reduction;
+        let (pos_div, neg_div) = (global.0.divisor(r), global.1.divisor(r));
+        for (j, &s) in sims.iter().enumerate() {
+            if j == q {
+                continue;
+            }
+            let (positive, _, slope) = self.cost(q, j, s);
+            let div = if positive { pos_div } else { neg_div };
+            if slope != 0.0 && div > 0 {
+                out[j] = upstream * slope / div as f64;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pair_costs_follow_pml() {
+        // Cosine: positives below m⁺ and negatives above m⁻ cost.
+        assert_eq!(
+            pair_cost(PairMetric::Cosine, 0.5, true, 0.9, 0.6),
+            (0.4, -1.0)
+        );
+        assert_eq!(
+            pair_cost(PairMetric::Cosine, 0.95, true, 0.9, 0.6),
+            (0.0, 0.0)
+        );
+        let (v, g) = pair_cost(PairMetric::Cosine, 0.7, false, 0.9, 0.6);
+        assert!((v - 0.1).abs() < 1e-15 && g == 1.0);
+        // Euclidean with s = 0.5: d = 1. Positive with m⁺ = 0: cost 1, dd/ds = −1.
+        assert_eq!(
+            pair_cost(PairMetric::Euclidean, 0.5, true, 0.0, 1.0),
+            (1.0, -1.0)
+        );
+        // Negative at d = 1 with m⁻ = 1 costs nothing.
+        assert_eq!(
+            pair_cost(PairMetric::Euclidean, 0.5, false, 0.0, 1.0),
+            (0.0, 0.0)
+        );
+    }
+
+    #[test]
+    fn terms_average_over_active_or_all_pairs() {
+        let t = Term {
+            sum: 1.5,
+            active: 3,
+            pairs: 6,
+        };
+        assert_eq!(t.mean(PairReduction::AvgNonZero), 0.5);
+        assert_eq!(t.mean(PairReduction::Mean), 0.25);
+        assert_eq!(Term::default().mean(PairReduction::AvgNonZero), 0.0);
+    }
+}

@@ -1,0 +1,191 @@
+//! Normalised softmax, "NSM" (Zhai & Wu, "Classification is a Strong Baseline for Deep Metric
+//! Learning", BMVC 2019; `azgo14/classification_metric_learning`), the NSM baseline of
+//! HAPPIER's tables and — with the fine classes and σ = 0.05 — HAPPIER's clustering loss
+//! `L_clust.` (HAPPIER Eq. 6; SupRank `ClusterLoss`).
+//!
+//! Each class has a learnable proxy `w_c` (a row of a candle [`Var`]); with `p_c = w_c/‖w_c‖`
+//! and `v` the L2-normalised embedding, the logits are cosines divided by a temperature σ and
+//! the loss is the mean cross-entropy
+//!
+//! `L = −mean_i log( exp(v_iᵀ p_{y_i}/σ) / Σ_c exp(v_iᵀ p_c/σ) )`  (HAPPIER Eq. 6).
+//!
+//! Proxies are initialised uniformly in `(−1/√D, 1/√D)` like `nn.Linear` (the authors' code),
+//! from a seed. Optimise [`NormSoftmax::proxies`] with its own optimiser, as the authors do
+//! (SOP: Adam, lr 10, cosine schedule to 0.1).
+
+use crate::error::{Error, Result};
+use crate::hierarchy::{ClassId, Labels};
+use crate::losses::pairwise_rows::l2_normalize_rows;
+use crate::losses::{check_batch, RankLoss};
+use candle_core::{DType, Device, Tensor, Var};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Normalised-softmax loss over learnable class proxies (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct NormSoftmax {
+    /// Temperature σ > 0 (authors' code: 0.05).
+    pub temperature: f64,
+    /// L2-normalise the embeddings so the logits are cosines (the authors' models output
+    /// normalised embeddings, so this is what their loss sees). With `false` the embeddings are
+    /// used as given (`F.linear(embeddings, normalize(W))`).
+    pub normalize_embeddings: bool,
+    proxies: Var,
+    classes: Vec<ClassId>,
+    index: HashMap<ClassId, u32>,
+}
+
+impl NormSoftmax {
+    /// One proxy of dimension `dim` per class of `classes` (distinct ids, in that order),
+    /// initialised `U(−1/√dim, 1/√dim)` from `seed`, with σ = 0.05.
+    pub fn new(
+        classes: &[ClassId],
+        dim: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if classes.is_empty() {
+            return Err(Error::invalid("classes", "at least one class is needed"));
+        }
+        if dim == 0 {
+            return Err(Error::invalid("dim", "must be at least 1"));
+        }
+        let mut index = HashMap::with_capacity(classes.len());
+        for (row, &c) in classes.iter().enumerate() {
+            if index.insert(c, row as u32).is_some() {
+                return Err(Error::invalid(
+                    "classes",
+                    format!("class {c} appears twice"),
+                ));
+            }
+        }
+        let bound = 1.0 / (dim as f64).sqrt();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let init: Vec<f64> = (0..classes.len() * dim)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        let proxies = Tensor::from_vec(init, (classes.len(), dim), device)?.to_dtype(dtype)?;
+        Ok(NormSoftmax {
+            temperature: 0.05,
+            normalize_embeddings: true,
+            proxies: Var::from_tensor(&proxies)?,
+            classes: classes.to_vec(),
+            index,
+        })
+    }
+
+    /// One proxy per distinct class of column `level` of `labels` (0 = fine), in increasing id
+    /// order — the proxies of a training set for that level.
+    pub fn for_level(
+        labels: &Labels,
+        level: usize,
+        dim: usize,
+        seed: u64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        if level >= labels.num_levels() {
+            return Err(Error::invalid(
+                "level",
+                format!(
+                    "level {level} does not exist (labels have {})",
+                    labels.num_levels()
+                ),
+            ));
+        }
+        let mut classes = labels.column(level);
+        classes.sort_unstable();
+        classes.dedup();
+        Self::new(&classes, dim, seed, dtype, device)
+    }
+
+    /// The learnable proxies (`C × D`, one row per class of [`NormSoftmax::classes`]).
+    pub fn proxies(&self) -> &Var {
+        &self.proxies
+    }
+
+    /// The class id of each proxy row.
+    pub fn classes(&self) -> &[ClassId] {
+        &self.classes
+    }
+
+    /// The logits `v_iᵀ p_c / σ` (`B × C`).
+    pub fn logits(&self, embeddings: &Tensor) -> Result<Tensor> {
+        if !self.temperature.is_finite() || self.temperature <= 0.0 {
+            return Err(Error::invalid(
+                "temperature",
+                format!("must be finite and > 0, got {}", self.temperature),
+            ));
+        }
+        let (_, d) = embeddings.dims2()?;
+        let (_, pd) = self.proxies.dims2()?;
+        if d != pd {
+            return Err(Error::Shape(format!(
+                "embeddings have dimension {d} but the proxies {pd}"
+            )));
+        }
+        let v = if self.normalize_embeddings {
+            l2_normalize_rows(embeddings)?
+        } else {
+            embeddings.clone()
+        };
+        let p = l2_normalize_rows(self.proxies.as_tensor())?.to_dtype(v.dtype())?;
+        Ok((v.matmul(&p.t()?)? / self.temperature)?)
+    }
+
+    /// The proxy row of every item's class (column 0 of `labels`).
+    fn targets(&self, labels: &Labels, device: &Device) -> Result<Tensor> {
+        let mut targets = Vec::with_capacity(labels.len());
+        for i in 0..labels.len() {
+            let c = labels.fine(i);
+            let row = self.index.get(&c).ok_or_else(|| {
+                Error::invalid(
+                    "labels",
+                    format!(
+                        "class {c} of item {i} has no proxy (the loss was built for other classes)"
+                    ),
+                )
+            })?;
+            targets.push(*row);
+        }
+        Ok(Tensor::from_vec(targets, labels.len(), device)?)
+    }
+}
+
+impl RankLoss for NormSoftmax {
+    /// Mean cross-entropy of the cosine logits against the class of column 0 of `labels` (use
+    /// [`crate::losses::summed_levels`] or `labels.coarsen(l)` for another level).
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        let logits = self.logits(embeddings)?;
+        let targets = self.targets(labels, embeddings.device())?;
+        Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxies_are_seeded_and_bounded() {
+        let a = NormSoftmax::new(&[3, 7], 4, 1, DType::F64, &Device::Cpu).unwrap();
+        let b = NormSoftmax::new(&[3, 7], 4, 1, DType::F64, &Device::Cpu).unwrap();
+        let va = a.proxies().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        let vb = b.proxies().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(va, vb);
+        assert!(va.iter().all(|v| v.abs() < 0.5));
+        assert!(NormSoftmax::new(&[3, 3], 4, 1, DType::F64, &Device::Cpu).is_err());
+    }
+
+    #[test]
+    fn unknown_class_is_an_error() {
+        let nsm = NormSoftmax::new(&[0, 1], 2, 0, DType::F64, &Device::Cpu).unwrap();
+        let e = Tensor::new(&[[1f64, 0.0], [0.0, 1.0]], &Device::Cpu).unwrap();
+        let y = Labels::from_fine(&[0, 5]).unwrap();
+        let err = nsm.forward(&e, &y).unwrap_err().to_string();
+        assert!(err.contains("class 5 of item 1"), "{err}");
+    }
+}

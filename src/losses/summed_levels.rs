@@ -1,0 +1,111 @@
+//! The "Σ" hierarchical baselines of HAPPIER's tables (Sec. 4.1, Tables 1–2: Σ TL_SH, Σ NSM,
+//! Σ NCA++): a flat loss applied at every level of the hierarchy and summed,
+//!
+//! `L_Σ = Σ_l w_l · L(embeddings, labels at level l)`,
+//!
+//! where "labels at level l" are `labels.coarsen(l)` — the classes of level `l` become the fine
+//! classes, so items of the same level-`l` class are positives. The papers do not give the
+//! weights; the authors' code (SupRank `triplet_triple.yaml`, `norm_softmax_triple.yaml`) lists
+//! one loss per level with no weight, i.e. all weights 1, the default of
+//! [`SummedLevels::uniform`].
+
+use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
+use crate::losses::RankLoss;
+use candle_core::Tensor;
+
+/// One term of a [`SummedLevels`] loss.
+pub struct LevelTerm {
+    /// The hierarchy level the term is computed at (0 = finest).
+    pub level: usize,
+    /// Its weight `w_l` (finite, ≥ 0).
+    pub weight: f64,
+    /// The flat loss (each level has its own instance, e.g. its own NSM proxies).
+    pub loss: Box<dyn RankLoss>,
+}
+
+impl std::fmt::Debug for LevelTerm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LevelTerm")
+            .field("level", &self.level)
+            .field("weight", &self.weight)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A weighted sum of flat losses over hierarchy levels (the Σ baselines).
+#[derive(Debug)]
+pub struct SummedLevels {
+    terms: Vec<LevelTerm>,
+}
+
+impl SummedLevels {
+    /// The sum of the given terms. Errors on no term or a negative or non-finite weight.
+    pub fn new(terms: Vec<LevelTerm>) -> Result<Self> {
+        if terms.is_empty() {
+            return Err(Error::invalid("terms", "a Σ loss needs at least one level"));
+        }
+        if let Some(t) = terms
+            .iter()
+            .find(|t| !t.weight.is_finite() || t.weight < 0.0)
+        {
+            return Err(Error::invalid(
+                "weight",
+                format!(
+                    "level {} has weight {}; weights must be finite and ≥ 0",
+                    t.level, t.weight
+                ),
+            ));
+        }
+        Ok(SummedLevels { terms })
+    }
+
+    /// One term of weight 1 at each level `0..num_levels`, built by `make(level)`.
+    pub fn uniform(
+        num_levels: usize,
+        mut make: impl FnMut(usize) -> Result<Box<dyn RankLoss>>,
+    ) -> Result<Self> {
+        let terms = (0..num_levels)
+            .map(|level| {
+                Ok(LevelTerm {
+                    level,
+                    weight: 1.0,
+                    loss: make(level)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Self::new(terms)
+    }
+
+    /// The terms, in order.
+    pub fn terms(&self) -> &[LevelTerm] {
+        &self.terms
+    }
+}
+
+impl RankLoss for SummedLevels {
+    /// `Σ_l w_l · loss_l(embeddings, labels.coarsen(l))`. Errors if a term's level does not
+    /// exist in `labels`; each term's own checks and conventions apply.
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        let mut total: Option<Tensor> = None;
+        for term in &self.terms {
+            if term.level >= labels.num_levels() {
+                return Err(Error::invalid(
+                    "level",
+                    format!(
+                        "the Σ loss has a term at level {} but the labels have {} levels",
+                        term.level,
+                        labels.num_levels()
+                    ),
+                ));
+            }
+            let coarse = labels.coarsen(term.level)?;
+            let value = (term.loss.forward(embeddings, &coarse)? * term.weight)?;
+            total = Some(match total {
+                None => value,
+                Some(t) => (t + value)?,
+            });
+        }
+        total.ok_or_else(|| Error::invalid("terms", "a Σ loss needs at least one level"))
+    }
+}

@@ -1,0 +1,420 @@
+//! The triplet margin loss with in-batch mining (Weinberger & Saul 2009; semi-hard negatives:
+//! Schroff et al., FaceNet, CVPR 2015), with the semantics of pytorch-metric-learning's
+//! `TripletMarginLoss` and miners — the "TL_SH" baseline of HAPPIER's tables, which the
+//! authors ran through pml (SupRank `losses/triplet_loss.py`).
+//!
+//! Every item is an anchor `a`; `p` ranges over the other items of its fine class and `n` over
+//! the items of other classes. With `x` a distance-like value (`x = −s` for cosine similarity,
+//! `x = ‖ê_a − ê_j‖` for the Euclidean distance), a triplet costs
+//! `max(0, (x_ap − x_an) + m)` and the loss is the mean over the triplets with a non-zero cost
+//! (pml's `AvgNonZeroReducer`; 0 when every mined triplet is satisfied).
+//!
+//! Mining ([`TripletMining`]):
+//! * `All`: every triplet (pml `TripletMarginLoss` without a miner; SupRank `triplet.yaml`).
+//! * `SemiHard`: the triplets whose negative is farther than the positive but inside the margin,
+//!   `0 < x_an − x_ap ≤ m` (FaceNet's semi-hard condition; pml
+//!   `TripletMarginMiner(type_of_triplets="semihard")`).
+//! * `EasyPositiveSemiHardNegative`: one triplet per anchor, its closest positive and the
+//!   closest negative that is still farther than that positive (pml `BatchEasyHardMiner()` with
+//!   its defaults, which SupRank's `TripletLoss(semihard=True)` — `triplet_mining.yaml`, margin
+//!   0.05, dot-product similarity — uses). pml computes this row maximum as `max(mat * mask)`,
+//!   which picks a masked-out entry when every eligible similarity is negative; here the
+//!   intended argmax over eligible items is taken. Ties go to the first column.
+//!
+//! The sums over all triplets of an anchor are evaluated with sorting and prefix sums in
+//! `O((P + N) log(P + N))` per anchor, so coarse-level (Σ) variants with thousands of positives
+//! per anchor stay cheap.
+
+use crate::error::{Error, Result};
+use crate::hierarchy::{ClassId, Labels};
+use crate::losses::pairwise_rows::{
+    chunk_size, fine_ids, l2_normalize_rows, row_loss, PairMetric, RowLoss,
+};
+use crate::losses::{check_batch, RankLoss};
+use candle_core::Tensor;
+use std::sync::Arc;
+
+/// Which triplets of the batch the loss uses (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TripletMining {
+    /// Every (anchor, positive, negative) triplet.
+    All,
+    /// Triplets with `0 < x_an − x_ap ≤ margin` (FaceNet / pml `TripletMarginMiner`).
+    SemiHard,
+    /// Per anchor: easiest positive and the hardest negative farther than it (pml
+    /// `BatchEasyHardMiner` defaults; SupRank's TL_SH).
+    #[default]
+    EasyPositiveSemiHardNegative,
+}
+
+/// Triplet margin loss with mining (see the module documentation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Triplet {
+    /// Margin `m` (pml default and SupRank's configs: 0.05).
+    pub margin: f64,
+    /// Cosine similarity (SupRank) or Euclidean distance (pml default).
+    pub metric: PairMetric,
+    /// Triplet selection.
+    pub mining: TripletMining,
+    /// Anchors per chunk (`None`: the whole batch at once). Working set `O(chunk × B)`.
+    pub query_chunk: Option<usize>,
+}
+
+impl Default for Triplet {
+    /// SupRank's TL_SH (`triplet_mining.yaml`): margin 0.05, dot-product similarity of
+    /// normalised embeddings, easy-positive / semi-hard-negative mining.
+    fn default() -> Self {
+        Triplet {
+            margin: 0.05,
+            metric: PairMetric::Cosine,
+            mining: TripletMining::EasyPositiveSemiHardNegative,
+            query_chunk: None,
+        }
+    }
+}
+
+impl RankLoss for Triplet {
+    /// Mean non-zero triplet cost over the mined triplets; positives share the fine class.
+    /// Normalises the embeddings itself. Errors when no anchor has both a positive and a
+    /// negative.
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        if !self.margin.is_finite() {
+            return Err(Error::invalid(
+                "margin",
+                format!("must be finite, got {}", self.margin),
+            ));
+        }
+        let e = l2_normalize_rows(embeddings)?;
+        let chunk = chunk_size(self.query_chunk, labels.len())?;
+        let rows = TripletRows {
+            loss: self.clone(),
+            fine: fine_ids(labels),
+        };
+        Ok(row_loss(&e, rows, chunk)?.0)
+    }
+}
+
+/// One anchor's triplets: loss sum, number of non-zero triplets, number of structural
+/// candidates, and (for the gradient) the signed count of active triplets each item takes part
+/// in, as `(column, count)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AnchorTriplets {
+    /// Σ of the non-zero triplet costs.
+    pub sum: f64,
+    /// Number of triplets with a non-zero cost.
+    pub active: usize,
+    /// Whether the anchor has at least one positive and one negative.
+    pub has_candidates: bool,
+    /// `(column, n)`: the item takes part in `n` active triplets as a positive (`n > 0`) or `−n`
+    /// as a negative (`n < 0`). Only filled when requested.
+    pub counts: Vec<(usize, i64)>,
+}
+
+/// The triplets of one anchor from the distance-like values of its positives and negatives,
+/// each given as `(column, x)`.
+pub fn anchor_triplets(
+    positives: &[(usize, f64)],
+    negatives: &[(usize, f64)],
+    margin: f64,
+    mining: TripletMining,
+    with_counts: bool,
+) -> AnchorTriplets {
+    let mut out = AnchorTriplets {
+        has_candidates: !positives.is_empty() && !negatives.is_empty(),
+        ..AnchorTriplets::default()
+    };
+    if !out.has_candidates {
+        return out;
+    }
+    match mining {
+        TripletMining::EasyPositiveSemiHardNegative => {
+            easy_positive_semihard_negative(positives, negatives, margin, with_counts, &mut out)
+        }
+        TripletMining::All | TripletMining::SemiHard => {
+            interval_triplets(positives, negatives, margin, mining, with_counts, &mut out)
+        }
+    }
+    out
+}
+
+/// The cost of a triplet before clamping, in pml's order of operations.
+fn violation(x_p: f64, x_n: f64, margin: f64) -> f64 {
+    (x_p - x_n) + margin
+}
+
+/// Whether a (positive, negative) pair is *selected* by the miner and has a non-zero cost. For
+/// a fixed positive the negatives satisfying it form an interval of the sorted negatives, and
+/// for a fixed negative the positives form an interval of the sorted positives, because every
+/// clause is monotone in each argument (floating-point subtraction is monotone).
+fn lower_ok(x_p: f64, x_n: f64, mining: TripletMining) -> bool {
+    match mining {
+        TripletMining::SemiHard => (x_n - x_p) > 0.0,
+        _ => true,
+    }
+}
+
+fn upper_ok(x_p: f64, x_n: f64, margin: f64, mining: TripletMining) -> bool {
+    let costs = violation(x_p, x_n, margin) > 0.0;
+    match mining {
+        TripletMining::SemiHard => costs && (x_n - x_p) <= margin,
+        _ => costs,
+    }
+}
+
+fn interval_triplets(
+    positives: &[(usize, f64)],
+    negatives: &[(usize, f64)],
+    margin: f64,
+    mining: TripletMining,
+    with_counts: bool,
+    out: &mut AnchorTriplets,
+) {
+    let mut neg = negatives.to_vec();
+    neg.sort_by(|a, b| a.1.total_cmp(&b.1));
+    let xs_n: Vec<f64> = neg.iter().map(|n| n.1).collect();
+    let mut prefix = Vec::with_capacity(xs_n.len() + 1);
+    prefix.push(0.0);
+    for x in &xs_n {
+        prefix.push(prefix.last().copied().unwrap_or(0.0) + x);
+    }
+    for &(col, x_p) in positives {
+        // Negatives with lower_ok false come first in ascending x_n, those with upper_ok true
+        // form a prefix: the active ones are [lo, hi).
+        let lo = xs_n.partition_point(|&x_n| !lower_ok(x_p, x_n, mining));
+        let hi = xs_n.partition_point(|&x_n| upper_ok(x_p, x_n, margin, mining));
+        if hi > lo {
+            let k = hi - lo;
+            out.sum += k as f64 * (x_p + margin) - (prefix[hi] - prefix[lo]);
+            out.active += k;
+            if with_counts {
+                out.counts.push((col, k as i64));
+            }
+        }
+    }
+    if with_counts {
+        let mut pos = positives.to_vec();
+        pos.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let xs_p: Vec<f64> = pos.iter().map(|p| p.1).collect();
+        for &(col, x_n) in negatives {
+            // In ascending x_p, upper_ok turns true and lower_ok turns false: active = [a, b).
+            let a = xs_p.partition_point(|&x_p| !upper_ok(x_p, x_n, margin, mining));
+            let b = xs_p.partition_point(|&x_p| lower_ok(x_p, x_n, mining));
+            if b > a {
+                out.counts.push((col, -((b - a) as i64)));
+            }
+        }
+    }
+}
+
+fn easy_positive_semihard_negative(
+    positives: &[(usize, f64)],
+    negatives: &[(usize, f64)],
+    margin: f64,
+    with_counts: bool,
+    out: &mut AnchorTriplets,
+) {
+    // Closest positive; `min_by` keeps the first of equal values.
+    let Some(&(p_col, x_p)) = positives
+        .iter()
+        .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal))
+    else {
+        return;
+    };
+    let Some(&(n_col, x_n)) = negatives
+        .iter()
+        .filter(|n| n.1 > x_p)
+        .min_by(|a, b| a.1.partial_cmp(&b.1).unwrap_or(std::cmp::Ordering::Equal))
+    else {
+        return;
+    };
+    let v = violation(x_p, x_n, margin);
+    if v > 0.0 {
+        out.sum += v;
+        out.active += 1;
+        if with_counts {
+            out.counts.push((p_col, 1));
+            out.counts.push((n_col, -1));
+        }
+    }
+}
+
+struct TripletRows {
+    loss: Triplet,
+    fine: Arc<Vec<ClassId>>,
+}
+
+impl TripletRows {
+    fn anchor(&self, q: usize, sims: &[f64], with_counts: bool) -> AnchorTriplets {
+        let (mut positives, mut negatives) = (Vec::new(), Vec::new());
+        for (j, &s) in sims.iter().enumerate() {
+            if j == q {
+                continue;
+            }
+            let x = self.loss.metric.distance(s);
+            if self.fine[j] == self.fine[q] {
+                positives.push((j, x));
+            } else {
+                negatives.push((j, x));
+            }
+        }
+        anchor_triplets(
+            &positives,
+            &negatives,
+            self.loss.margin,
+            self.loss.mining,
+            with_counts,
+        )
+    }
+}
+
+impl RowLoss for TripletRows {
+    type Row = AnchorTriplets;
+    /// (Σ costs, number of non-zero triplets)
+    type Global = (f64, usize);
+
+    fn summarise(&self, q: usize, sims: &[f64]) -> AnchorTriplets {
+        self.anchor(q, sims, false)
+    }
+
+    fn global(&self, rows: &[AnchorTriplets]) -> Result<(f64, usize)> {
+        if !rows.iter().any(|r| r.has_candidates) {
+            return Err(Error::invalid(
+                "labels",
+                "the triplet loss is undefined for this batch: no anchor has both a positive \
+                 (same class) and a negative",
+            ));
+        }
+        Ok(rows
+            .iter()
+            .fold((0.0, 0), |(s, a), r| (s + r.sum, a + r.active)))
+    }
+
+    fn value(&self, global: &(f64, usize)) -> f64 {
+        match global.1 {
+            0 => 0.0,
+            n => global.0 / n as f64,
+        }
+    }
+
+    fn row_grad(
+        &self,
+        q: usize,
+        sims: &[f64],
+        row: &AnchorTriplets,
+        global: &(f64, usize),
+        upstream: f64,
+        out: &mut [f64],
+    ) {
+        if row.active == 0 || global.1 == 0 {
+            return;
+        }
+        let anchor = self.anchor(q, sims, true);
+        let inv = upstream / global.1 as f64;
+        for (col, count) in anchor.counts {
+            // ∂cost/∂x_p = +1 and ∂cost/∂x_n = −1 per active triplet; then dx/ds.
+            let x = self.loss.metric.distance(sims[col]);
+            out[col] += inv * count as f64 * self.loss.metric.distance_slope(x);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Brute-force reference: enumerate every triplet.
+    fn brute(
+        pos: &[(usize, f64)],
+        neg: &[(usize, f64)],
+        m: f64,
+        mining: TripletMining,
+    ) -> (f64, usize) {
+        let (mut sum, mut active) = (0.0, 0);
+        for &(_, xp) in pos {
+            for &(_, xn) in neg {
+                let v = violation(xp, xn, m);
+                let mined = match mining {
+                    TripletMining::SemiHard => (xn - xp) > 0.0 && (xn - xp) <= m,
+                    _ => true,
+                };
+                if mined && v > 0.0 {
+                    sum += v;
+                    active += 1;
+                }
+            }
+        }
+        (sum, active)
+    }
+
+    #[test]
+    fn smooth_ap_worked_example_has_six_violations() {
+        // Smooth-AP supp. B.1.6: scores in ranked order s0 s4 s1 s2 s5 s6 s7 s3 with labels
+        // 1 0 1 1 0 0 0 1. With cosine (x = −s) and margin 0 the violating pairs are exactly
+        // (s4−s1), (s4−s2), (s4−s3), (s5−s3), (s6−s3), (s7−s3).
+        let s = [0.9, 0.7, 0.6, 0.2, 0.8, 0.5, 0.4, 0.3];
+        let pos: Vec<(usize, f64)> = [0, 1, 2, 3].iter().map(|&i| (i, -s[i])).collect();
+        let neg: Vec<(usize, f64)> = [4, 5, 6, 7].iter().map(|&i| (i, -s[i])).collect();
+        let t = anchor_triplets(&pos, &neg, 0.0, TripletMining::All, true);
+        assert_eq!(t.active, 6);
+        let want =
+            (0.8 - 0.7) + (0.8 - 0.6) + (0.8 - 0.2) + (0.5 - 0.2) + (0.4 - 0.2) + (0.3 - 0.2);
+        assert!((t.sum - want).abs() < 1e-12, "{} vs {want}", t.sum);
+        let mut counts = t.counts.clone();
+        counts.sort();
+        // s1, s2: one violation each; s3: four; s4: three; s5, s6, s7: one each.
+        assert_eq!(
+            counts,
+            vec![(1, 1), (2, 1), (3, 4), (4, -3), (5, -1), (6, -1), (7, -1)]
+        );
+    }
+
+    #[test]
+    fn sorted_sums_equal_brute_force() {
+        let xs = [0.31, -0.2, 0.05, 0.44, 0.12, 0.12, -0.07, 0.5, 0.29, 0.0];
+        let pos: Vec<(usize, f64)> = xs[..4].iter().copied().enumerate().collect();
+        let neg: Vec<(usize, f64)> = xs[4..]
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| (i + 4, x))
+            .collect();
+        for mining in [TripletMining::All, TripletMining::SemiHard] {
+            for m in [0.0, 0.05, 0.2, 1.0] {
+                let t = anchor_triplets(&pos, &neg, m, mining, true);
+                let (sum, active) = brute(&pos, &neg, m, mining);
+                assert_eq!(t.active, active, "{mining:?} m={m}");
+                assert!((t.sum - sum).abs() < 1e-12);
+                let pos_count: i64 = t.counts.iter().filter(|c| c.1 > 0).map(|c| c.1).sum();
+                let neg_count: i64 = t.counts.iter().filter(|c| c.1 < 0).map(|c| -c.1).sum();
+                assert_eq!(pos_count as usize, active);
+                assert_eq!(neg_count as usize, active);
+            }
+        }
+    }
+
+    #[test]
+    fn easy_positive_semihard_negative_picks_one_triplet() {
+        // Closest positive x = 0.1; negatives farther than it: 0.12 (closest), 0.3.
+        let pos = [(0, 0.4), (1, 0.1)];
+        let neg = [(2, 0.05), (3, 0.3), (4, 0.12)];
+        let t = anchor_triplets(
+            &pos,
+            &neg,
+            0.05,
+            TripletMining::EasyPositiveSemiHardNegative,
+            true,
+        );
+        assert_eq!(t.active, 1);
+        assert!((t.sum - 0.03).abs() < 1e-15);
+        assert_eq!(t.counts, vec![(1, 1), (4, -1)]);
+        // No negative farther than the closest positive: no triplet.
+        let t = anchor_triplets(
+            &pos,
+            &[(2, 0.05)],
+            0.05,
+            TripletMining::EasyPositiveSemiHardNegative,
+            false,
+        );
+        assert_eq!((t.active, t.has_candidates), (0, true));
+    }
+}
