@@ -458,7 +458,7 @@ fn result_table(
     }
 }
 
-/// Prints the rows as an aligned table; values in full (shortest round-trip) precision.
+/// Prints the rows as an aligned table with six decimals; `--out` files keep full precision.
 fn print_table(table: &ResultTable) {
     let cells: Vec<[String; 5]> = table
         .rows
@@ -469,7 +469,7 @@ fn print_table(table: &ResultTable) {
                 r.level_name
                     .clone()
                     .unwrap_or_else(|| "(all levels)".into()),
-                format!("{}", r.value),
+                format!("{:.6}", r.value),
                 r.queries.to_string(),
                 r.skipped.to_string(),
             ]
