@@ -589,6 +589,20 @@ fn revisited_reads_the_pickled_ground_truth_of_any_protocol() {
 }
 
 #[test]
+fn revisited_reads_the_older_matlab_ground_truth() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    fs::create_dir_all(root.join("roxford5k")).unwrap();
+    fs::copy(
+        fixture("gnd_mat.mat"),
+        root.join("roxford5k/gnd_roxford5k.mat"),
+    )
+    .unwrap();
+    let d = revisited::load(root, revisited::Landmarks::Oxford5k).unwrap();
+    check_gnd(&d, &root.join("roxford5k/jpg"));
+}
+
+#[test]
 fn revisited_errors_name_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path();
@@ -966,4 +980,59 @@ fn matlab_reader_reads_struct_and_cell_arrays() {
     };
     assert_eq!(dims, &vec![1, 4]);
     assert_eq!(items[3].as_string().unwrap(), "Acura TL Type-S 2008");
+}
+
+// ---------------------------------------------------------------- data_scripts/
+
+/// The download scripts cannot run here (no internet); check that they parse, are executable,
+/// and are all listed in the README.
+#[test]
+fn data_scripts_have_valid_syntax_and_are_documented() {
+    use std::process::Command;
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data_scripts");
+    let readme = fs::read_to_string(dir.join("README.md")).unwrap();
+    let mut scripts: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("sh" | "py")))
+        .collect();
+    scripts.sort();
+    assert!(scripts.len() >= 12, "{scripts:?}");
+    let have = |cmd: &str| Command::new(cmd).arg("--version").output().is_ok();
+    for s in &scripts {
+        let name = s.file_name().unwrap().to_str().unwrap();
+        let is_python = name.ends_with(".py");
+        if name != "common.sh" {
+            assert!(
+                readme.contains(&format!("`{name}`")),
+                "{name} is not in the README"
+            );
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = fs::metadata(s).unwrap().permissions().mode();
+                assert!(mode & 0o111 != 0, "{name} is not executable");
+            }
+        }
+        let (cmd, args): (&str, Vec<String>) = if is_python {
+            // Like `python3 -m py_compile`, without writing a __pycache__ folder.
+            let code = "import sys; compile(open(sys.argv[1]).read(), sys.argv[1], 'exec')";
+            (
+                "python3",
+                vec!["-c".into(), code.into(), s.display().to_string()],
+            )
+        } else {
+            ("bash", vec!["-n".into(), s.display().to_string()])
+        };
+        if !have(cmd) {
+            eprintln!("{cmd} not installed; syntax of {name} not checked");
+            continue;
+        }
+        let out = Command::new(cmd).args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -93,9 +93,9 @@ fn load_three_level(dir: &Path, glued: GluedRow) -> Result<ImageList> {
         for (k, name) in ["fine_id", "middle_id", "coarse_id"].iter().enumerate() {
             row.push(parse_field::<ClassId>(&csv, n, name, &f[k + 1])?);
         }
-        rows.push((dir.join("imgs").join(&f[0]), row));
+        rows.push((n, dir.join("imgs").join(&f[0]), row));
     }
-    ImageList::from_rows(&csv, rows)
+    ImageList::from_lines(&csv, rows)
 }
 
 /// `<dir>/<part>.csv` with images in `<dir>/<part>/`, one label column.

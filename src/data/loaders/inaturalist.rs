@@ -105,18 +105,18 @@ pub fn load(root: impl AsRef<Path>, config: &InatConfig) -> Result<TrainTest> {
                     .chain(test.iter())
                     .map(|e| e.super_category.as_str()),
             );
-            let rows = |entries: Vec<SplitEntry>| -> Vec<(PathBuf, Vec<ClassId>)> {
+            let rows = |entries: Vec<SplitEntry>| -> Vec<(usize, PathBuf, Vec<ClassId>)> {
                 entries
                     .into_iter()
                     .map(|e| {
                         let s = supers[&e.super_category];
-                        (e.path, vec![e.species, s])
+                        (e.line, e.path, vec![e.species, s])
                     })
                     .collect()
             };
             Ok(TrainTest {
-                train: ImageList::from_rows(&train_list, rows(train))?,
-                test: ImageList::from_rows(&test_list, rows(test))?,
+                train: ImageList::from_lines(&train_list, rows(train))?,
+                test: ImageList::from_lines(&test_list, rows(test))?,
             })
         }
         InatHierarchy::Full => {
@@ -258,8 +258,8 @@ impl Taxonomy {
             let mut row = Vec::with_capacity(7);
             row.push(e.species);
             row.extend_from_slice(r);
-            rows.push((e.path, row));
+            rows.push((e.line, e.path, row));
         }
-        ImageList::from_rows(list, rows)
+        ImageList::from_lines(list, rows)
     }
 }

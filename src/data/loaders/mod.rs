@@ -37,7 +37,7 @@ pub mod vehicleid;
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -74,6 +74,16 @@ impl ImageList {
         let labels = Labels::new(labels)
             .map_err(|e| Error::file(source, format!("labels do not form a hierarchy: {e}")))?;
         ImageList::new(paths, labels)
+    }
+
+    /// Like [`ImageList::from_rows`] for rows read from the lines of `source`: a class listed
+    /// under two different parents is reported with both line numbers.
+    pub(crate) fn from_lines(
+        source: &Path,
+        rows: Vec<(usize, PathBuf, Vec<ClassId>)>,
+    ) -> Result<ImageList> {
+        check_tree(source, rows.iter().map(|(n, _, r)| (*n, r.as_slice())))?;
+        ImageList::from_rows(source, rows.into_iter().map(|(_, p, r)| (p, r)).collect())
     }
 
     /// Number of images.
@@ -160,6 +170,29 @@ pub struct QueryGallery {
     pub query: ImageList,
     /// Gallery (reference) images.
     pub gallery: ImageList,
+}
+
+/// Errors, naming both lines of `source`, if a class at some level has two different parents
+/// at the next level (the labels would not form a tree).
+fn check_tree<'a>(source: &Path, rows: impl Iterator<Item = (usize, &'a [ClassId])>) -> Result<()> {
+    let mut parent: HashMap<(usize, ClassId), (ClassId, usize)> = HashMap::new();
+    for (line, row) in rows {
+        for l in 0..row.len().saturating_sub(1) {
+            let (child, par) = (row[l], row[l + 1]);
+            let (first, first_line) = *parent.entry((l, child)).or_insert((par, line));
+            if first != par {
+                return Err(Error::line(
+                    source,
+                    line,
+                    format!(
+                        "class {child} at level {l} has parent {par} here but {first} on line \
+                         {first_line}: the labels do not form a hierarchy"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads a whole text file, naming the file on an I/O or encoding error.

@@ -12,7 +12,13 @@
 //! Image files are `<dataset>/jpg/<name>.jpg`, as revisitop's `config_imname` /
 //! `config_qimname` build them. The pickle is read by [`super::pickle`], which accepts plain
 //! lists as well as numpy arrays for these fields.
+//!
+//! Older revisitop releases ship the same ground truth as `gnd_<dataset>.mat` instead: cell arrays
+//! `imlist` and `qimlist`, and a struct array `gnd` whose `easy`, `hard`, `junk` indices are
+//! **1-based** (revisitop's `gnd_mat2py` subtracts 1). [`load`] reads the `.pkl` when present,
+//! else the `.mat`, and returns 0-based indices either way.
 
+use super::matlab::{read_mat, MatFile, MatValue};
 use super::pickle::{read_pickle, PickleValue};
 use super::require_dir;
 use crate::error::{Error, Result};
@@ -51,14 +57,99 @@ pub struct RevisitedDataset {
     pub query_boxes: Vec<[f64; 4]>,
 }
 
-/// Loads `root/<name>/gnd_<name>.pkl` and resolves the image paths.
+/// Loads `root/<name>/gnd_<name>.pkl` (or, if absent, `gnd_<name>.mat`) and resolves the image
+/// paths.
 pub fn load(root: impl AsRef<Path>, which: Landmarks) -> Result<RevisitedDataset> {
     let root = root.as_ref();
     require_dir(root)?;
     let dir = root.join(which.name());
-    let gnd_path = dir.join(format!("gnd_{}.pkl", which.name()));
-    let cfg = read_pickle(&gnd_path)?;
-    parse_ground_truth(&cfg, &dir.join("jpg")).map_err(|msg| Error::file(&gnd_path, msg))
+    let pkl = dir.join(format!("gnd_{}.pkl", which.name()));
+    let mat = dir.join(format!("gnd_{}.mat", which.name()));
+    if pkl.is_file() || !mat.is_file() {
+        let cfg = read_pickle(&pkl)?;
+        parse_ground_truth(&cfg, &dir.join("jpg")).map_err(|msg| Error::file(&pkl, msg))
+    } else {
+        let cfg = read_mat(&mat)?;
+        parse_ground_truth_mat(&cfg, &dir.join("jpg")).map_err(|msg| Error::file(&mat, msg))
+    }
+}
+
+/// Interprets the MATLAB ground truth (1-based indices); image paths are `<images>/<name>.jpg`.
+pub fn parse_ground_truth_mat(
+    cfg: &MatFile,
+    images: &Path,
+) -> std::result::Result<RevisitedDataset, String> {
+    let names = |key: &str| -> std::result::Result<Vec<PathBuf>, String> {
+        match cfg.get(key) {
+            Some(MatValue::Cell { items, .. }) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_string()
+                        .map(|s| images.join(format!("{s}.jpg")))
+                        .ok_or_else(|| format!("'{key}'{{{}}} is not a string", i + 1))
+                })
+                .collect(),
+            _ => Err(format!("no cell array '{key}' in the ground truth")),
+        }
+    };
+    let database = names("imlist")?;
+    let queries = names("qimlist")?;
+    let gnd = cfg
+        .get("gnd")
+        .ok_or("no struct array 'gnd' in the ground truth")?;
+    if !matches!(gnd, MatValue::Struct { .. }) || gnd.len() != queries.len() {
+        return Err(format!(
+            "'gnd' must be a struct array with one element per query ({} queries)",
+            queries.len()
+        ));
+    }
+    let mut ground_truth = Vec::with_capacity(gnd.len());
+    let mut query_boxes = Vec::with_capacity(gnd.len());
+    for q in 0..gnd.len() {
+        let numbers = |key: &str| -> std::result::Result<Vec<f64>, String> {
+            match gnd.field(q, key) {
+                Some(MatValue::Numeric { data, .. }) => Ok(data.clone()),
+                _ => Err(format!(
+                    "gnd({})'s '{key}' is missing or not numeric",
+                    q + 1
+                )),
+            }
+        };
+        let indices = |key: &str| -> std::result::Result<Vec<usize>, String> {
+            numbers(key)?
+                .into_iter()
+                .map(|x| {
+                    if x.fract() == 0.0 && x >= 1.0 && (x as usize) <= database.len() {
+                        Ok(x as usize - 1)
+                    } else {
+                        Err(format!(
+                            "gnd({})'s '{key}' holds {x}, not a 1-based index of the {} \
+                             database images",
+                            q + 1,
+                            database.len()
+                        ))
+                    }
+                })
+                .collect()
+        };
+        ground_truth.push(GroundTruth {
+            easy: indices("easy")?,
+            hard: indices("hard")?,
+            junk: indices("junk")?,
+        });
+        let bbx = numbers("bbx")?;
+        if bbx.len() != 4 || bbx.iter().any(|c| !c.is_finite()) {
+            return Err(format!("gnd({})'s 'bbx' must be 4 finite numbers", q + 1));
+        }
+        query_boxes.push([bbx[0], bbx[1], bbx[2], bbx[3]]);
+    }
+    Ok(RevisitedDataset {
+        database,
+        queries,
+        ground_truth,
+        query_boxes,
+    })
 }
 
 /// Interprets the unpickled ground-truth dict; image paths are `<images>/<name>.jpg`.

@@ -65,7 +65,7 @@ pub fn load_list(root: &Path, list: &Path) -> Result<ImageList> {
         let _image_id: u64 = parse_field(list, n, HEADER[0], f[0])?;
         let class: i64 = parse_field(list, n, HEADER[1], f[1])?;
         let super_class: i64 = parse_field(list, n, HEADER[2], f[2])?;
-        rows.push((root.join(PathBuf::from(f[3])), vec![class, super_class]));
+        rows.push((n, root.join(PathBuf::from(f[3])), vec![class, super_class]));
     }
-    ImageList::from_rows(list, rows)
+    ImageList::from_lines(list, rows)
 }
