@@ -1,0 +1,90 @@
+//! PKU VehicleID (Liu et al., CVPR 2016), with the Smooth-AP / FastAP protocol (Smooth-AP B.3):
+//! 110,178 training images of 13,134 vehicles; three test sets, Small (800 vehicles, 7,332
+//! images), Medium (1,600, 12,995) and Large (2,400, 20,038), each evaluated alone with every
+//! image a query against the rest of its set.
+//!
+//! Layout under the root (the `VehicleID_V1.0/` folder):
+//! ```text
+//! train_test_split/train_list.txt   train_test_split/test_list_{800,1600,2400}.txt
+//! image/0000002.jpg  …
+//! ```
+//! Each list line is `<image name> <vehicle id>`, e.g. `0000002 0`. The image file is
+//! `image/<name>.jpg`, the name written on 7 digits as the Smooth-AP code does
+//! (`'{:07d}.jpg'.format(int(name))`). Labels are the vehicle ids, flat (one level).
+
+use super::{numbered_lines, parse_field, read_text, require_dir, whitespace_fields, ImageList};
+use crate::error::Result;
+use crate::hierarchy::ClassId;
+use std::path::Path;
+
+/// The three VehicleID test sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TestSize {
+    /// 800 vehicles (`test_list_800.txt`).
+    Small,
+    /// 1,600 vehicles (`test_list_1600.txt`).
+    Medium,
+    /// 2,400 vehicles (`test_list_2400.txt`).
+    Large,
+}
+
+impl TestSize {
+    /// All three, smallest first.
+    pub const ALL: [TestSize; 3] = [TestSize::Small, TestSize::Medium, TestSize::Large];
+
+    /// The list file name.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            TestSize::Small => "test_list_800.txt",
+            TestSize::Medium => "test_list_1600.txt",
+            TestSize::Large => "test_list_2400.txt",
+        }
+    }
+}
+
+/// The training set and the three test sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VehicleId {
+    /// Training images.
+    pub train: ImageList,
+    /// Small, Medium and Large test sets, in that order.
+    pub test: [ImageList; 3],
+}
+
+/// Loads the training list and the three test lists.
+pub fn load(root: impl AsRef<Path>) -> Result<VehicleId> {
+    let root = root.as_ref();
+    require_dir(root)?;
+    Ok(VehicleId {
+        train: load_list(root, "train_list.txt")?,
+        test: [
+            load_list(root, TestSize::Small.file_name())?,
+            load_list(root, TestSize::Medium.file_name())?,
+            load_list(root, TestSize::Large.file_name())?,
+        ],
+    })
+}
+
+/// Loads one test set.
+pub fn load_test(root: impl AsRef<Path>, size: TestSize) -> Result<ImageList> {
+    let root = root.as_ref();
+    require_dir(root)?;
+    load_list(root, size.file_name())
+}
+
+/// Reads `train_test_split/<name>`.
+fn load_list(root: &Path, name: &str) -> Result<ImageList> {
+    let list = root.join("train_test_split").join(name);
+    let text = read_text(&list)?;
+    let mut rows = Vec::new();
+    for (n, line) in numbered_lines(&text) {
+        let f = whitespace_fields(&list, n, line, &["image", "vehicle_id"])?;
+        let image: u64 = parse_field(&list, n, "image", f[0])?;
+        let vehicle: ClassId = parse_field(&list, n, "vehicle_id", f[1])?;
+        rows.push((
+            root.join("image").join(format!("{image:07}.jpg")),
+            vec![vehicle],
+        ));
+    }
+    super::ImageList::from_rows(&list, rows)
+}
