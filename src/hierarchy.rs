@@ -175,7 +175,10 @@ impl Labels {
         if from >= self.num_levels {
             return Err(Error::invalid(
                 "level",
-                format!("level {from} does not exist (labels have {})", self.num_levels),
+                format!(
+                    "level {from} does not exist (labels have {})",
+                    self.num_levels
+                ),
             ));
         }
         let l = self.num_levels - from;
@@ -365,12 +368,17 @@ mod tests {
     fn rejects_bad_input_with_a_clear_message() {
         let e = Labels::new(vec![]).unwrap_err().to_string();
         assert!(e.contains("empty"), "{e}");
-        let e = Labels::new(vec![vec![1, 2], vec![3]]).unwrap_err().to_string();
+        let e = Labels::new(vec![vec![1, 2], vec![3]])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("row 1 has 1 levels"), "{e}");
         let e = Labels::new(vec![vec![1, 2], vec![1, 3]])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("class 1 at level 0") && e.contains("row 1"), "{e}");
+        assert!(
+            e.contains("class 1 at level 0") && e.contains("row 1"),
+            "{e}"
+        );
         let e = Labels::new(vec![vec![], vec![]]).unwrap_err().to_string();
         assert!(e.contains("no label column"), "{e}");
     }

@@ -9,6 +9,13 @@
 //! (or `O(chunk × B × B)` where the formula needs it) instead of `O(B³)`, with values and
 //! gradients identical to the unchunked formula.
 
+pub mod cluster;
+pub mod happier;
+pub mod roadmap;
+pub mod smooth_ap;
+pub mod smooth_rank;
+pub mod surrogate;
+
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
 use candle_core::{DType, Tensor};
@@ -53,7 +60,8 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
     let finite = embeddings
         .to_dtype(DType::F64)?
         .abs()?
-        .max_keepdim(1)?
+        // A sum, not a max: candle's max skips NaN (`NaN > x` is false), a sum propagates it.
+        .sum_keepdim(1)?
         .flatten_all()?
         .to_vec1::<f64>()?;
     if let Some(row) = finite.iter().position(|v| !v.is_finite()) {

@@ -1,0 +1,861 @@
+//! The smooth-rank kernel shared by Smooth-AP, SupAP (ROADMAP) and HAPPIER's H-AP loss.
+//!
+//! For one query with retrieval list `Ω` (scores `s_j`, levels of match `l_j`, relevances
+//! `rel(j)` from the level), every positive `k` (level ≥ 1) gets
+//!
+//! ```text
+//! rank(k)   = 1      + Σ_{j ≠ k}           R_c(s_j − s_k)
+//! H-rank(k) = rel(k) + Σ_{j ≠ k, l_j ≥ 1}  min(rel(k), rel(j)) · N_c(s_j − s_k)
+//! AP        = Σ_k H-rank(k) / rank(k)  /  Σ_k rel(k)
+//! ```
+//!
+//! where the category `c` of the pair says whether `j` is of lower, equal or higher level than
+//! `k`, and `R_c`, `N_c` are step surrogates ([`PairSurrogates`]). This is HAPPIER Eq. (3) with
+//! the decomposition of Eq. (5)/Table 7; with binary levels and `rel = 1` it is the AP of
+//! Smooth-AP Eq. (5)–(7) (`H-rank` = `rank⁺`). It is the "ranker + score" decomposition of the
+//! authors' SupRank code.
+//!
+//! Two engines compute it, with identical values and gradients (tested):
+//! * [`Engine::Streaming`] (default): per query, the items are grouped by level and sorted;
+//!   pieces of a surrogate that are constant (the exact step, the sigmoid past its clamp) are
+//!   summed by binary search and counting, the others item by item, in `f64`. The backward pass
+//!   is written out analytically. Working memory is `O(N)` per query in flight, plus the
+//!   `Q × N` score and gradient matrices; no `N × N` or `N³` tensor is ever built.
+//! * [`Engine::Autograd`]: the formula as plain candle tensor expressions on the scores' device
+//!   (the authors' `quick_forward`), `chunk × N × N` per chunk of queries, differentiated by
+//!   candle. Each chunk is differentiated in its own graph, so the peak memory is that of one
+//!   chunk.
+//!
+//! Both engines return the per-query values together with the exact Jacobian of each query's
+//! AP with respect to its own row of scores (a query's AP depends on no other row). The result is
+//! attached to the caller's graph as `ap + (Σ_j S_qj J_qj − detach(Σ_j S_qj J_qj))`, whose value
+//! is exactly `ap` and whose gradient is exactly `J`, so the caller differentiates through the
+//! similarity matrix (normalisation, matmul, the network) with ordinary candle autograd.
+
+use crate::error::{Error, Result};
+use crate::hierarchy::{level_counts, Labels, Relevance};
+use crate::losses::surrogate::{Piece, PieceFn, StepSurrogate, Surrogate, Upper};
+use candle_core::{DType, Device, Tensor, Var};
+use rayon::prelude::*;
+
+/// Level marking an item that is not in the query's retrieval set (the query itself, in the
+/// papers' protocol).
+pub const EXCLUDED: u8 = u8::MAX;
+
+/// Which engine computes the smooth ranks (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Engine {
+    /// Sorted, per-query CPU kernel with an analytic backward pass; `O(N)` memory per query.
+    #[default]
+    Streaming,
+    /// Candle tensor expressions differentiated by autograd; `O(chunk × N²)` memory.
+    Autograd,
+}
+
+/// Level of `j` compared with the level of `k`: which surrogate a pair uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Category {
+    /// `l_j < l_k` (includes the negatives): HAPPIER's `rank^<`.
+    Lower = 0,
+    /// `l_j = l_k`.
+    Equal = 1,
+    /// `l_j > l_k`: HAPPIER's `H-rank^>`.
+    Higher = 2,
+}
+
+impl Category {
+    fn of(level_j: u8, level_k: u8) -> Category {
+        match level_j.cmp(&level_k) {
+            std::cmp::Ordering::Less => Category::Lower,
+            std::cmp::Ordering::Equal => Category::Equal,
+            std::cmp::Ordering::Greater => Category::Higher,
+        }
+    }
+}
+
+/// The surrogate of each pair category, for the rank (denominator) and the H-rank (numerator),
+/// indexed by [`Category`] as `usize`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairSurrogates {
+    /// `R_c` in `rank(k)`.
+    pub rank: [Surrogate; 3],
+    /// `N_c` in `H-rank(k)` (Smooth-AP's `rank⁺` when the levels are binary).
+    pub hrank: [Surrogate; 3],
+}
+
+impl PairSurrogates {
+    /// The same surrogate for every pair, in both ranks (Smooth-AP; HAPPIER's "sigmoid
+    /// baseline" of Table 5 with a sigmoid).
+    pub fn uniform(s: Surrogate) -> Self {
+        PairSurrogates {
+            rank: [s; 3],
+            hrank: [s; 3],
+        }
+    }
+
+    /// Errors if any surrogate has invalid parameters.
+    pub fn validate(&self) -> Result<()> {
+        self.rank
+            .iter()
+            .chain(&self.hrank)
+            .try_for_each(|s| s.validate())
+    }
+}
+
+/// A batch of queries to rank: for each query `q` and item `j`, the level of match `l_qj`
+/// (0 = negative, [`EXCLUDED`] = not in the retrieval set) and, per query, the relevance of each
+/// level `0..=L`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankProblem {
+    queries: usize,
+    items: usize,
+    num_levels: usize,
+    /// Row-major `Q × N`.
+    levels: Vec<u8>,
+    /// Row-major `Q × (L + 1)`.
+    relevance: Vec<f64>,
+}
+
+impl RankProblem {
+    /// Builds a problem from raw levels (`Q × N`, row-major, values in `0..=L` or
+    /// [`EXCLUDED`]) and per-query level relevances (`Q × (L + 1)`, `rel[0]` must be 0, the
+    /// others finite and ≥ 0).
+    pub fn new(
+        queries: usize,
+        items: usize,
+        num_levels: usize,
+        levels: Vec<u8>,
+        relevance: Vec<f64>,
+    ) -> Result<Self> {
+        if num_levels == 0 || num_levels >= EXCLUDED as usize {
+            return Err(Error::invalid(
+                "num_levels",
+                format!("must be in 1..{EXCLUDED}, got {num_levels}"),
+            ));
+        }
+        if levels.len() != queries * items {
+            return Err(Error::Shape(format!(
+                "{} levels for {queries} queries × {items} items",
+                levels.len()
+            )));
+        }
+        if relevance.len() != queries * (num_levels + 1) {
+            return Err(Error::Shape(format!(
+                "{} relevances for {queries} queries × {} levels",
+                relevance.len(),
+                num_levels + 1
+            )));
+        }
+        if let Some(i) = levels
+            .iter()
+            .position(|&l| l != EXCLUDED && l as usize > num_levels)
+        {
+            return Err(Error::invalid(
+                "levels",
+                format!(
+                    "query {} item {} has level {} > L = {num_levels}",
+                    i / items.max(1),
+                    i % items.max(1),
+                    levels[i]
+                ),
+            ));
+        }
+        for (q, row) in relevance.chunks(num_levels + 1).enumerate() {
+            if row[0] != 0.0 {
+                return Err(Error::invalid(
+                    "relevance",
+                    format!("query {q}: negatives (level 0) must have relevance 0"),
+                ));
+            }
+            if let Some(v) = row.iter().find(|v| !v.is_finite() || **v < 0.0) {
+                return Err(Error::invalid(
+                    "relevance",
+                    format!("query {q}: relevances must be finite and ≥ 0, got {v}"),
+                ));
+            }
+        }
+        Ok(RankProblem {
+            queries,
+            items,
+            num_levels,
+            levels,
+            relevance,
+        })
+    }
+
+    /// The batch as its own retrieval set with binary relevance: positives share the query's
+    /// fine class (column 0). Smooth-AP, SupAP.
+    ///
+    /// `include_self = false` is the papers' protocol (the query is not in its own retrieval
+    /// set); `true` is the authors' code, where the query is an item of its own retrieval and
+    /// positive sets (similarity `s_qq`, a positive at rank ≈ 1).
+    pub fn binary(labels: &Labels, include_self: bool) -> Result<Self> {
+        let b = labels.len();
+        let mut levels = Vec::with_capacity(b * b);
+        for q in 0..b {
+            for j in 0..b {
+                levels.push(if q == j && !include_self {
+                    EXCLUDED
+                } else {
+                    u8::from(labels.fine(q) == labels.fine(j))
+                });
+            }
+        }
+        let relevance = [0.0, 1.0].repeat(b);
+        Self::new(b, b, 1, levels, relevance)
+    }
+
+    /// The batch as its own retrieval set with hierarchical levels (`labels.level(q, j)`) and
+    /// the relevance `relevance` computed for each query from the populations of the levels
+    /// *inside the batch* (the query itself not counted, unless the relevance asks for it with
+    /// `count_query`, as the authors' code does). HAPPIER.
+    pub fn hierarchical(
+        labels: &Labels,
+        include_self: bool,
+        relevance: &Relevance,
+    ) -> Result<Self> {
+        let b = labels.len();
+        let num_levels = labels.num_levels();
+        relevance.validate(num_levels)?;
+        let mut levels = Vec::with_capacity(b * b);
+        let mut rel = Vec::with_capacity(b * (num_levels + 1));
+        let mut others = Vec::with_capacity(b);
+        for q in 0..b {
+            others.clear();
+            for j in 0..b {
+                let l = labels.level(q, j);
+                levels.push(if q == j && !include_self { EXCLUDED } else { l });
+                if j != q {
+                    others.push(l);
+                }
+            }
+            rel.extend(relevance.level_values(&level_counts(&others, num_levels)));
+        }
+        Self::new(b, b, num_levels, levels, rel)
+    }
+
+    /// Number of queries `Q`.
+    pub fn queries(&self) -> usize {
+        self.queries
+    }
+
+    /// Number of items `N` in each retrieval list.
+    pub fn items(&self) -> usize {
+        self.items
+    }
+
+    /// Number of levels `L`.
+    pub fn num_levels(&self) -> usize {
+        self.num_levels
+    }
+
+    /// Levels of query `q`'s items.
+    pub fn levels_row(&self, q: usize) -> &[u8] {
+        &self.levels[q * self.items..(q + 1) * self.items]
+    }
+
+    /// Relevance of each level `0..=L` for query `q`.
+    pub fn relevance_row(&self, q: usize) -> &[f64] {
+        let w = self.num_levels + 1;
+        &self.relevance[q * w..(q + 1) * w]
+    }
+
+    /// Whether query `q` has at least one positive with non-zero relevance in its list (its AP
+    /// is defined).
+    pub fn has_positive(&self, q: usize) -> bool {
+        let rel = self.relevance_row(q);
+        self.levels_row(q)
+            .iter()
+            .any(|&l| l != EXCLUDED && l > 0 && rel[l as usize] > 0.0)
+    }
+}
+
+/// Per-query smooth AP values, differentiable with respect to the scores.
+#[derive(Debug, Clone)]
+pub struct QueryAp {
+    /// `Q` values (0 for the queries without positives).
+    pub ap: Tensor,
+    /// Whether each query has a positive; queries without one are left out of the mean.
+    pub valid: Vec<bool>,
+}
+
+impl QueryAp {
+    /// `1 − mean AP` over the queries that have a positive (Smooth-AP Eq. 7; HAPPIER's
+    /// `1 − mH-AP`). A query without any positive in the batch (a singleton class in the papers'
+    /// protocol) contributes nothing; a batch where no query has a positive is an error, since
+    /// the loss would be undefined (0/0), not zero.
+    pub fn mean_loss(&self) -> Result<Tensor> {
+        let n_valid = self.valid.iter().filter(|v| **v).count();
+        if n_valid == 0 {
+            return Err(Error::Labels(
+                "no query of the batch has a positive (every class has a single sample); \
+                 AP is undefined — sample at least two items per class"
+                    .into(),
+            ));
+        }
+        let mask: Vec<f64> = self.valid.iter().map(|&v| f64::from(u8::from(v))).collect();
+        let mask = Tensor::from_vec(mask, self.valid.len(), self.ap.device())?
+            .to_dtype(self.ap.dtype())?;
+        let mean = ((&self.ap * mask)?.sum_all()? / n_valid as f64)?;
+        Ok(mean.affine(-1.0, 1.0)?)
+    }
+}
+
+/// L2-normalises the rows of `rows` (`B × D`); errors on a zero row, whose direction is
+/// undefined, naming `field` (e.g. "embeddings", "proxies").
+pub fn l2_normalize(rows: &Tensor, field: &str) -> Result<Tensor> {
+    let norms = rows.sqr()?.sum_keepdim(1)?.sqrt()?;
+    let values = norms
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    if let Some(row) = values.iter().position(|v| *v == 0.0) {
+        return Err(Error::invalid(
+            field,
+            format!("row {row} is zero and cannot be L2-normalised"),
+        ));
+    }
+    Ok(rows.broadcast_div(&norms)?)
+}
+
+/// The `B × B` matrix of scores `s_qj = ⟨v_q, v_j⟩`, cosine similarities when `normalize`
+/// (Smooth-AP Eq. 1; HAPPIER §3.1).
+pub fn similarity_matrix(embeddings: &Tensor, normalize: bool) -> Result<Tensor> {
+    let v = if normalize {
+        l2_normalize(embeddings, "embeddings")?
+    } else {
+        embeddings.clone()
+    };
+    Ok(v.matmul(&v.t()?)?)
+}
+
+/// The smooth AP of every query of `problem`, from `scores` (`Q × N`, any float dtype and
+/// device), with the chosen engine. `query_chunk` bounds how many queries are processed at once
+/// (default: all); it changes memory, never the values or the gradients.
+pub fn smooth_average_precision(
+    scores: &Tensor,
+    problem: &RankProblem,
+    surrogates: &PairSurrogates,
+    engine: Engine,
+    query_chunk: Option<usize>,
+) -> Result<QueryAp> {
+    surrogates.validate()?;
+    let (q, n) = scores.dims2()?;
+    if q != problem.queries || n != problem.items {
+        return Err(Error::Shape(format!(
+            "scores are {q} × {n} but the problem has {} queries × {} items",
+            problem.queries, problem.items
+        )));
+    }
+    let chunk = match query_chunk {
+        Some(0) => {
+            return Err(Error::invalid("query_chunk", "must be at least 1"));
+        }
+        Some(c) => c.min(q.max(1)),
+        None => q.max(1),
+    };
+    let need_grad = scores.track_op();
+    let (values, jacobian) = match engine {
+        Engine::Streaming => streaming(scores, problem, surrogates, chunk, need_grad)?,
+        Engine::Autograd => autograd(scores, problem, surrogates, chunk, need_grad)?,
+    };
+    let ap = attach(values, jacobian, scores)?;
+    let valid = (0..q).map(|i| problem.has_positive(i)).collect();
+    Ok(QueryAp { ap, valid })
+}
+
+/// `values + (rowsum(S ⊙ J) − detach(rowsum(S ⊙ J)))`: the value is `values` exactly and the
+/// gradient with respect to `S` is `J`.
+fn attach(values: Tensor, jacobian: Option<Tensor>, scores: &Tensor) -> Result<Tensor> {
+    match jacobian {
+        None => Ok(values),
+        Some(j) => {
+            let lin = (scores * j)?.sum(1)?;
+            let zero = (&lin - lin.detach())?;
+            Ok((values + zero)?)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Autograd engine.
+
+/// The smooth AP of every query as one plain candle expression (`Q × N × N` pairs): the
+/// authors' `quick_forward`, and the reference the other paths are tested against. Queries
+/// without positives get 0.
+pub fn ap_tensor(
+    scores: &Tensor,
+    problem: &RankProblem,
+    surrogates: &PairSurrogates,
+) -> Result<Tensor> {
+    ap_tensor_rows(scores, problem, 0, surrogates)
+}
+
+/// [`ap_tensor`] for the rows `first..first + scores.rows` of `problem`.
+fn ap_tensor_rows(
+    scores: &Tensor,
+    problem: &RankProblem,
+    first: usize,
+    sur: &PairSurrogates,
+) -> Result<Tensor> {
+    let (c, n) = scores.dims2()?;
+    let dev = scores.device();
+    let dt = scores.dtype();
+    let levels = problem.levels[first * n..(first + c) * n].to_vec();
+    let mut item_rel = Vec::with_capacity(c * n);
+    let mut norm = Vec::with_capacity(c);
+    for q in first..first + c {
+        let rel = problem.relevance_row(q);
+        let mut z = 0.0;
+        for &l in problem.levels_row(q) {
+            let r = if l == EXCLUDED { 0.0 } else { rel[l as usize] };
+            z += r;
+            item_rel.push(r);
+        }
+        norm.push(if z > 0.0 { z } else { 1.0 });
+    }
+    let lv = Tensor::from_vec(levels, (c, n), dev)?;
+    let included = lv.ne(EXCLUDED)?;
+    let positive = (lv.ge(1u8)? * &included)?;
+    let lvj = lv.unsqueeze(1)?;
+    let lvk = lv.unsqueeze(2)?;
+    let not_self = Tensor::eye(n, DType::U8, dev)?.eq(0u8)?.unsqueeze(0)?;
+    let pair = included
+        .unsqueeze(1)?
+        .broadcast_mul(&included.unsqueeze(2)?)?
+        .broadcast_mul(&not_self)?;
+    let masks = [
+        lvj.broadcast_lt(&lvk)?.mul(&pair)?,
+        lvj.broadcast_eq(&lvk)?.mul(&pair)?,
+        lvj.broadcast_gt(&lvk)?.mul(&pair)?,
+    ];
+    // t[q, k, j] = s_qj − s_qk.
+    let t = scores.unsqueeze(1)?.broadcast_sub(&scores.unsqueeze(2)?)?;
+    let zeros = t.zeros_like()?;
+    let mut rank_terms = zeros.clone();
+    let mut hrank_terms = zeros.clone();
+    for (cat, mask) in masks.iter().enumerate() {
+        rank_terms = (rank_terms + mask.where_cond(&sur.rank[cat].apply(&t)?, &zeros)?)?;
+        hrank_terms = (hrank_terms + mask.where_cond(&sur.hrank[cat].apply(&t)?, &zeros)?)?;
+    }
+    let r = Tensor::from_vec(item_rel, (c, n), dev)?.to_dtype(dt)?;
+    let min_rel = r.unsqueeze(1)?.broadcast_minimum(&r.unsqueeze(2)?)?;
+    let rank = (rank_terms.sum(2)? + 1.0)?;
+    let hrank = ((hrank_terms * min_rel)?.sum(2)? + &r)?;
+    let ratio = (hrank / rank)?.mul(&positive.to_dtype(dt)?)?;
+    let norm = Tensor::from_vec(norm, c, dev)?.to_dtype(dt)?;
+    Ok(ratio.sum(1)?.div(&norm)?)
+}
+
+type Outputs = (Tensor, Option<Tensor>);
+
+fn autograd(
+    scores: &Tensor,
+    problem: &RankProblem,
+    sur: &PairSurrogates,
+    chunk: usize,
+    need_grad: bool,
+) -> Result<Outputs> {
+    let (q, _) = scores.dims2()?;
+    let mut values = Vec::new();
+    let mut jac = Vec::new();
+    let mut first = 0;
+    while first < q {
+        let c = chunk.min(q - first);
+        let rows = scores.narrow(0, first, c)?.detach();
+        if need_grad {
+            let var = Var::from_tensor(&rows)?;
+            let ap = ap_tensor_rows(var.as_tensor(), problem, first, sur)?;
+            let grads = ap.sum_all()?.backward()?;
+            jac.push(match grads.get(var.as_tensor()) {
+                Some(g) => g.clone(),
+                None => rows.zeros_like()?,
+            });
+            values.push(ap.detach());
+        } else {
+            values.push(ap_tensor_rows(&rows, problem, first, sur)?);
+        }
+        first += c;
+    }
+    let values = Tensor::cat(&values, 0)?;
+    let jac = if need_grad {
+        Some(Tensor::cat(&jac, 0)?)
+    } else {
+        None
+    };
+    Ok((values, jac))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streaming engine.
+
+/// Pieces of the six surrogates, computed once per call.
+struct Compiled {
+    rank: [Vec<Piece>; 3],
+    hrank: [Vec<Piece>; 3],
+    rank_grad: [bool; 3],
+    hrank_grad: [bool; 3],
+}
+
+impl Compiled {
+    fn new(s: &PairSurrogates) -> Self {
+        Compiled {
+            rank: s.rank.map(|x| x.pieces()),
+            hrank: s.hrank.map(|x| x.pieces()),
+            rank_grad: s.rank.map(|x| x.has_gradient()),
+            hrank_grad: s.hrank.map(|x| x.has_gradient()),
+        }
+    }
+}
+
+fn streaming(
+    scores: &Tensor,
+    problem: &RankProblem,
+    sur: &PairSurrogates,
+    chunk: usize,
+    need_grad: bool,
+) -> Result<Outputs> {
+    let (q, n) = scores.dims2()?;
+    let host = scores
+        .detach()
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let compiled = Compiled::new(sur);
+    let mut values = vec![0.0; q];
+    let mut jac = if need_grad {
+        vec![0.0; q * n]
+    } else {
+        Vec::new()
+    };
+    let mut first = 0;
+    while first < q {
+        let c = chunk.min(q - first);
+        let vals = &mut values[first..first + c];
+        if need_grad {
+            let rows = &mut jac[first * n..(first + c) * n];
+            vals.par_iter_mut()
+                .zip(rows.par_chunks_mut(n.max(1)))
+                .enumerate()
+                .for_each(|(i, (v, jrow))| {
+                    let qi = first + i;
+                    *v = query_ap(
+                        &host[qi * n..(qi + 1) * n],
+                        problem.levels_row(qi),
+                        problem.relevance_row(qi),
+                        &compiled,
+                        Some(jrow),
+                    );
+                });
+        } else {
+            vals.par_iter_mut().enumerate().for_each(|(i, v)| {
+                let qi = first + i;
+                *v = query_ap(
+                    &host[qi * n..(qi + 1) * n],
+                    problem.levels_row(qi),
+                    problem.relevance_row(qi),
+                    &compiled,
+                    None,
+                );
+            });
+        }
+        first += c;
+    }
+    let dev = scores.device();
+    let dt = scores.dtype();
+    let values = Tensor::from_vec(values, q, dev)?.to_dtype(dt)?;
+    let jac = if need_grad {
+        Some(Tensor::from_vec(jac, (q, n), dev)?.to_dtype(dt)?)
+    } else {
+        None
+    };
+    Ok((values, jac))
+}
+
+/// The items of one level, sorted by increasing score.
+struct Group {
+    x: Vec<f64>,
+    col: Vec<usize>,
+}
+
+/// Smooth AP of one query and, when `jac` is given, its gradient with respect to the query's
+/// scores (written into `jac`, which must hold `N` zeros or be overwritten entirely).
+fn query_ap(
+    scores: &[f64],
+    levels: &[u8],
+    rel: &[f64],
+    sur: &Compiled,
+    jac: Option<&mut [f64]>,
+) -> f64 {
+    let num_levels = rel.len() - 1;
+    let mut groups: Vec<Group> = (0..=num_levels)
+        .map(|_| Group {
+            x: Vec::new(),
+            col: Vec::new(),
+        })
+        .collect();
+    {
+        let mut order: Vec<usize> = (0..scores.len())
+            .filter(|&j| levels[j] != EXCLUDED)
+            .collect();
+        // Ties are ordered by column so the result does not depend on the sort algorithm.
+        order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)));
+        for j in order {
+            let g = &mut groups[levels[j] as usize];
+            g.x.push(scores[j]);
+            g.col.push(j);
+        }
+    }
+    let norm: f64 = (1..=num_levels)
+        .map(|l| groups[l].x.len() as f64 * rel[l])
+        .sum();
+    if let Some(j) = jac.as_deref() {
+        debug_assert!(j.iter().all(|v| *v == 0.0));
+    }
+    if norm.is_nan() || norm <= 0.0 {
+        return 0.0;
+    }
+
+    // Pass 1: rank and H-rank of every positive.
+    let mut stats = Vec::new();
+    let mut total = 0.0;
+    for lk in 1..=num_levels {
+        let rk = rel[lk];
+        for (ik, &sk) in groups[lk].x.iter().enumerate() {
+            let mut rank = 1.0;
+            let mut hrank = rk;
+            for (lg, g) in groups.iter().enumerate() {
+                if g.x.is_empty() {
+                    continue;
+                }
+                let cat = Category::of(lg as u8, lk as u8) as usize;
+                let skip = (lg == lk).then_some(ik);
+                rank += pieces_sum(&sur.rank[cat], &g.x, sk, skip);
+                let w = pair_weight(rk, rel, lg);
+                if w != 0.0 {
+                    hrank += w * pieces_sum(&sur.hrank[cat], &g.x, sk, skip);
+                }
+            }
+            total += hrank / rank;
+            stats.push((rank, hrank));
+        }
+    }
+    let ap = total / norm;
+
+    // Pass 2: d AP / d s, through d AP / d rank(k) = −H-rank(k) / (rank(k)² Z) and
+    // d AP / d H-rank(k) = 1 / (rank(k) Z).
+    if let Some(jac) = jac {
+        let mut grad: Vec<Vec<f64>> = groups.iter().map(|g| vec![0.0; g.x.len()]).collect();
+        let mut stat = stats.iter();
+        for lk in 1..=num_levels {
+            let rk = rel[lk];
+            for ik in 0..groups[lk].x.len() {
+                let sk = groups[lk].x[ik];
+                let &(rank, hrank) = stat.next().expect("one stat per positive");
+                let d_rank = -hrank / (rank * rank * norm);
+                let d_hrank = 1.0 / (rank * norm);
+                let mut acc = 0.0;
+                for (lg, g) in groups.iter().enumerate() {
+                    if g.x.is_empty() {
+                        continue;
+                    }
+                    let cat = Category::of(lg as u8, lk as u8) as usize;
+                    let skip = (lg == lk).then_some(ik);
+                    if sur.rank_grad[cat] {
+                        acc += pieces_grad(&sur.rank[cat], &g.x, sk, skip, d_rank, &mut grad[lg]);
+                    }
+                    let w = pair_weight(rk, rel, lg);
+                    if sur.hrank_grad[cat] && w != 0.0 {
+                        acc += pieces_grad(
+                            &sur.hrank[cat],
+                            &g.x,
+                            sk,
+                            skip,
+                            d_hrank * w,
+                            &mut grad[lg],
+                        );
+                    }
+                }
+                // t = s_j − s_k: what s_j gains, s_k loses.
+                grad[lk][ik] -= acc;
+            }
+        }
+        for (g, dg) in groups.iter().zip(&grad) {
+            for (&col, &d) in g.col.iter().zip(dg) {
+                jac[col] = d;
+            }
+        }
+    }
+    ap
+}
+
+/// `min(rel(k), rel(j))` for `j` of level `lg`; 0 for negatives.
+#[inline]
+fn pair_weight(rk: f64, rel: &[f64], lg: usize) -> f64 {
+    if lg == 0 {
+        0.0
+    } else {
+        rk.min(rel[lg])
+    }
+}
+
+/// Index range `[lo, hi)` of each piece over the sorted `x`, for `t = x − sk`.
+fn piece_ranges<'p>(
+    pieces: &'p [Piece],
+    x: &'p [f64],
+    sk: f64,
+) -> impl Iterator<Item = (&'p Piece, usize, usize)> + 'p {
+    let mut lo = 0;
+    pieces.iter().map(move |p| {
+        // `x − sk` is non-decreasing in `x`, so each predicate holds on a prefix of the rest.
+        let hi = match p.upper {
+            Upper::Lt(b) => lo + x[lo..].partition_point(|&v| v - sk < b),
+            Upper::Le(b) => lo + x[lo..].partition_point(|&v| v - sk <= b),
+            Upper::Inf => x.len(),
+        };
+        let range = (p, lo, hi);
+        lo = hi;
+        range
+    })
+}
+
+/// `Σ_{i ∉ skip} f(x_i − sk)` over the pieces of `f`.
+fn pieces_sum(pieces: &[Piece], x: &[f64], sk: f64, skip: Option<usize>) -> f64 {
+    let mut total = 0.0;
+    for (p, lo, hi) in piece_ranges(pieces, x, sk) {
+        if hi <= lo {
+            continue;
+        }
+        match p.f {
+            PieceFn::Const(c) => {
+                let skipped = skip.is_some_and(|s| (lo..hi).contains(&s));
+                total += c * (hi - lo - usize::from(skipped)) as f64;
+            }
+            f => {
+                for (i, &v) in x.iter().enumerate().take(hi).skip(lo) {
+                    if Some(i) != skip {
+                        total += f.eval(v - sk).0;
+                    }
+                }
+            }
+        }
+    }
+    total
+}
+
+/// Adds `coef · f'(x_i − sk)` to `grad[i]` for every `i ∉ skip`, and returns their sum.
+fn pieces_grad(
+    pieces: &[Piece],
+    x: &[f64],
+    sk: f64,
+    skip: Option<usize>,
+    coef: f64,
+    grad: &mut [f64],
+) -> f64 {
+    let mut acc = 0.0;
+    for (p, lo, hi) in piece_ranges(pieces, x, sk) {
+        if hi <= lo || matches!(p.f, PieceFn::Const(_)) {
+            continue;
+        }
+        for i in lo..hi {
+            if Some(i) != skip {
+                let d = coef * p.f.eval(x[i] - sk).1;
+                grad[i] += d;
+                acc += d;
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::losses::surrogate::{Heaviside, Sigmoid, UpperStep};
+
+    fn problem_one_query(levels: Vec<u8>, rel: Vec<f64>) -> RankProblem {
+        let n = levels.len();
+        let l = rel.len() - 1;
+        RankProblem::new(1, n, l, levels, rel).unwrap()
+    }
+
+    #[test]
+    fn exact_step_gives_exact_ap() {
+        // Smooth-AP §B.1.6 ranking: labels 1 0 1 1 0 0 0 1 in decreasing score, AP = 0.729167.
+        let levels = vec![1, 0, 1, 1, 0, 0, 0, 1];
+        let scores: Vec<f64> = (0..8).map(|i| 1.0 - 0.1 * i as f64).collect();
+        let p = problem_one_query(levels, vec![0.0, 1.0]);
+        let s = Tensor::from_vec(scores, (1, 8), &Device::Cpu).unwrap();
+        let sur = PairSurrogates::uniform(Heaviside::default().into());
+        for engine in [Engine::Streaming, Engine::Autograd] {
+            let ap = smooth_average_precision(&s, &p, &sur, engine, None).unwrap();
+            let v = ap.ap.to_vec1::<f64>().unwrap()[0];
+            assert!(
+                (v - (1.0 + 2.0 / 3.0 + 0.75 + 0.5) / 4.0).abs() < 1e-15,
+                "{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn streaming_matches_autograd_on_a_mixed_problem() {
+        // Three levels, an excluded item, ties, and every surrogate family.
+        let levels = vec![2, 0, 1, EXCLUDED, 2, 1, 0, 2, 1];
+        let scores = vec![0.3, 0.31, 0.3, 0.9, -0.2, 0.05, 0.3, 0.6, -0.25];
+        let p = problem_one_query(levels, vec![0.0, 0.2, 0.5]);
+        let s = Tensor::from_vec(scores, (1, 9), &Device::Cpu).unwrap();
+        let sur = PairSurrogates {
+            rank: [
+                UpperStep::sop_code().into(),
+                Heaviside::default().into(),
+                Sigmoid { tau: 0.1 }.into(),
+            ],
+            hrank: [
+                Heaviside { zero: 0.5 }.into(),
+                Sigmoid { tau: 0.05 }.into(),
+                crate::losses::surrogate::LowerStep::default().into(),
+            ],
+        };
+        let var = Var::from_tensor(&s).unwrap();
+        let mut got = Vec::new();
+        for engine in [Engine::Streaming, Engine::Autograd] {
+            let ap = smooth_average_precision(var.as_tensor(), &p, &sur, engine, Some(1)).unwrap();
+            let g = ap.ap.sum_all().unwrap().backward().unwrap();
+            let g = g.get(var.as_tensor()).unwrap().flatten_all().unwrap();
+            got.push((
+                ap.ap.to_vec1::<f64>().unwrap()[0],
+                g.to_vec1::<f64>().unwrap(),
+            ));
+        }
+        assert!((got[0].0 - got[1].0).abs() < 1e-14, "{got:?}");
+        for (a, b) in got[0].1.iter().zip(&got[1].1) {
+            assert!((a - b).abs() < 1e-12, "{got:?}");
+        }
+        assert_eq!(got[0].1[3], 0.0, "excluded item gets no gradient");
+    }
+
+    #[test]
+    fn problem_validation_names_the_field() {
+        let e = RankProblem::new(1, 2, 1, vec![0, 3], vec![0.0, 1.0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("level 3"), "{e}");
+        let e = RankProblem::new(1, 2, 1, vec![0, 1], vec![0.5, 1.0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("relevance"), "{e}");
+        assert!(RankProblem::new(1, 2, 1, vec![0], vec![0.0, 1.0]).is_err());
+    }
+
+    #[test]
+    fn binary_problem_marks_the_query() {
+        let y = Labels::from_fine(&[3, 3, 4]).unwrap();
+        let p = RankProblem::binary(&y, false).unwrap();
+        assert_eq!(p.levels_row(0), &[EXCLUDED, 1, 0]);
+        assert!(!p.has_positive(2));
+        let p = RankProblem::binary(&y, true).unwrap();
+        assert_eq!(p.levels_row(2), &[0, 0, 1]);
+        assert!(p.has_positive(2));
+    }
+}
