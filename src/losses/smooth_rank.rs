@@ -19,15 +19,21 @@
 //! * [`Engine::Streaming`] (default): per query, the items are grouped by level and sorted;
 //!   pieces of a surrogate that are constant (the exact step, the sigmoid past its clamp) are
 //!   summed by binary search and counting, the others item by item, in `f64`. The backward pass
-//!   is written out analytically. Working memory is `O(N)` per query in flight, plus the
-//!   `Q × N` score and gradient matrices; no `N × N` or `N³` tensor is ever built.
+//!   is written out analytically, in the same sweep as the values. The sigmoid's `exp(−t/τ)`
+//!   is factorised per block of scores (see `ExpTable`), so a pair costs a multiplication and
+//!   a division, no `exp`. Working memory is `O(N)` per query in flight, plus the `Q × N` score
+//!   and gradient matrices; no `N × N` or `N³` tensor is ever built. Time is
+//!   `O(N log N + P · W)` per query, `P` the positives and `W` the items of a positive's
+//!   sigmoid window (`|s_j − s_k| ≤ 50τ`) or of a smooth surrogate's non-constant pieces.
 //! * [`Engine::Autograd`]: the formula as plain candle tensor expressions on the scores' device
 //!   (the authors' `quick_forward`), `chunk × N × N` per chunk of queries, differentiated by
 //!   candle. Each chunk is differentiated in its own graph, so the peak memory is that of one
 //!   chunk.
 //!
 //! Both engines return the per-query values together with the exact Jacobian of each query's
-//! AP with respect to its own row of scores (a query's AP depends on no other row). The result is
+//! AP with respect to its own row of scores (a query's AP depends on no other row); the
+//! Jacobian is computed in the forward call, and only when the scores are part of a graph. The
+//! result is
 //! attached to the caller's graph as `ap + (Σ_j S_qj J_qj − detach(Σ_j S_qj J_qj))`, whose value
 //! is exactly `ap` and whose gradient is exactly `J`, so the caller differentiates through the
 //! similarity matrix (normalisation, matmul, the network) with ordinary candle autograd.
@@ -493,18 +499,23 @@ fn autograd(
 struct Compiled {
     rank: [Vec<Piece>; 3],
     hrank: [Vec<Piece>; 3],
-    rank_grad: [bool; 3],
-    hrank_grad: [bool; 3],
+    /// Distinct sigmoid temperatures among the pieces, for the exponential tables.
+    taus: Vec<f64>,
 }
 
 impl Compiled {
     fn new(s: &PairSurrogates) -> Self {
-        Compiled {
-            rank: s.rank.map(|x| x.pieces()),
-            hrank: s.hrank.map(|x| x.pieces()),
-            rank_grad: s.rank.map(|x| x.has_gradient()),
-            hrank_grad: s.hrank.map(|x| x.has_gradient()),
+        let rank = s.rank.map(|x| x.pieces());
+        let hrank = s.hrank.map(|x| x.pieces());
+        let mut taus: Vec<f64> = Vec::new();
+        for p in rank.iter().chain(&hrank).flatten() {
+            if let PieceFn::Sigmoid { tau, .. } = p.f {
+                if !taus.contains(&tau) {
+                    taus.push(tau);
+                }
+            }
         }
+        Compiled { rank, hrank, taus }
     }
 }
 
@@ -533,32 +544,26 @@ fn streaming(
     while first < q {
         let c = chunk.min(q - first);
         let vals = &mut values[first..first + c];
+        let run = |i: usize, v: &mut f64, jrow: Option<&mut [f64]>| {
+            let qi = first + i;
+            *v = query_ap(
+                &host[qi * n..(qi + 1) * n],
+                problem.levels_row(qi),
+                problem.relevance_row(qi),
+                &compiled,
+                jrow,
+            );
+        };
         if need_grad {
             let rows = &mut jac[first * n..(first + c) * n];
             vals.par_iter_mut()
                 .zip(rows.par_chunks_mut(n.max(1)))
                 .enumerate()
-                .for_each(|(i, (v, jrow))| {
-                    let qi = first + i;
-                    *v = query_ap(
-                        &host[qi * n..(qi + 1) * n],
-                        problem.levels_row(qi),
-                        problem.relevance_row(qi),
-                        &compiled,
-                        Some(jrow),
-                    );
-                });
+                .for_each(|(i, (v, jrow))| run(i, v, Some(jrow)));
         } else {
-            vals.par_iter_mut().enumerate().for_each(|(i, v)| {
-                let qi = first + i;
-                *v = query_ap(
-                    &host[qi * n..(qi + 1) * n],
-                    problem.levels_row(qi),
-                    problem.relevance_row(qi),
-                    &compiled,
-                    None,
-                );
-            });
+            vals.par_iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| run(i, v, None));
         }
         first += c;
     }
@@ -573,14 +578,75 @@ fn streaming(
     Ok((values, jac))
 }
 
-/// The items of one level, sorted by increasing score.
+/// Half-width, in units of τ, of the score blocks of an [`ExpTable`].
+const BLOCK_HALF_WIDTH: f64 = 8.0;
+
+/// `exp((c_b − x_i)/τ)` for the items of a sorted group cut into blocks of scores within
+/// `±8τ` of a centre `c_b`, so that every sigmoid needs no `exp` of its own:
+/// `exp(−(x_i − s_k)/τ) = exp((s_k − c_b)/τ) · exp((c_b − x_i)/τ)`, the first factor being
+/// shared by the block. Both exponents stay below `50 + 2·8` in magnitude (inside the clamp),
+/// so nothing overflows whatever τ, and the relative error of the product stays within a small
+/// multiple of the direct `exp(−t/τ)`'s.
+struct ExpTable {
+    /// Start index of each block, then the group size.
+    starts: Vec<usize>,
+    centers: Vec<f64>,
+    factor: Vec<f64>,
+}
+
+impl ExpTable {
+    fn new(x: &[f64], tau: f64) -> Self {
+        let width = BLOCK_HALF_WIDTH * tau;
+        let mut starts = Vec::new();
+        let mut centers = Vec::new();
+        let mut factor = vec![0.0; x.len()];
+        let mut i = 0;
+        while i < x.len() {
+            let c = x[i] + width;
+            let end = i + x[i..].partition_point(|&v| v <= c + width).max(1);
+            for j in i..end {
+                factor[j] = ((c - x[j]) / tau).exp();
+            }
+            starts.push(i);
+            centers.push(c);
+            i = end;
+        }
+        starts.push(x.len());
+        ExpTable {
+            starts,
+            centers,
+            factor,
+        }
+    }
+}
+
+/// The items of one level, sorted by increasing score, with their exponential tables (one per
+/// sigmoid temperature of the surrogates).
 struct Group {
     x: Vec<f64>,
     col: Vec<usize>,
+    tables: Vec<ExpTable>,
+}
+
+/// A run of items whose surrogate derivatives are stored in the scratch buffer: group `g`,
+/// sorted indices `lo..hi` minus `skip`, derivatives from `offset`, and whether they belong to
+/// the rank (`false`) or the H-rank (`true`).
+struct Segment {
+    g: usize,
+    lo: usize,
+    hi: usize,
+    skip: Option<usize>,
+    offset: usize,
+    hrank: bool,
 }
 
 /// Smooth AP of one query and, when `jac` is given, its gradient with respect to the query's
-/// scores (written into `jac`, which must hold `N` zeros or be overwritten entirely).
+/// scores, written into `jac` (zero-initialised, `N` entries).
+///
+/// Each positive `k` is handled in one sweep: the surrogate values give `rank(k)` and
+/// `H-rank(k)`, and the surrogate derivatives are kept in a scratch buffer until
+/// `∂AP/∂rank(k) = −H-rank(k)/(rank(k)² Z)` and `∂AP/∂H-rank(k) = 1/(rank(k) Z)` are known,
+/// then scattered: `t = s_j − s_k`, so what `s_j` gains `s_k` loses.
 fn query_ap(
     scores: &[f64],
     levels: &[u8],
@@ -589,40 +655,28 @@ fn query_ap(
     jac: Option<&mut [f64]>,
 ) -> f64 {
     let num_levels = rel.len() - 1;
-    let mut groups: Vec<Group> = (0..=num_levels)
-        .map(|_| Group {
-            x: Vec::new(),
-            col: Vec::new(),
-        })
-        .collect();
-    {
-        let mut order: Vec<usize> = (0..scores.len())
-            .filter(|&j| levels[j] != EXCLUDED)
-            .collect();
-        // Ties are ordered by column so the result does not depend on the sort algorithm.
-        order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)));
-        for j in order {
-            let g = &mut groups[levels[j] as usize];
-            g.x.push(scores[j]);
-            g.col.push(j);
-        }
-    }
+    let groups = sorted_groups(scores, levels, num_levels, &sur.taus);
     let norm: f64 = (1..=num_levels)
         .map(|l| groups[l].x.len() as f64 * rel[l])
         .sum();
-    if let Some(j) = jac.as_deref() {
-        debug_assert!(j.iter().all(|v| *v == 0.0));
-    }
     if norm.is_nan() || norm <= 0.0 {
         return 0.0;
     }
-
-    // Pass 1: rank and H-rank of every positive.
-    let mut stats = Vec::new();
+    let need_grad = jac.is_some();
+    let mut grad: Vec<Vec<f64>> = if need_grad {
+        groups.iter().map(|g| vec![0.0; g.x.len()]).collect()
+    } else {
+        Vec::new()
+    };
+    let mut deriv = Vec::new();
+    let mut segments = Vec::new();
     let mut total = 0.0;
     for lk in 1..=num_levels {
         let rk = rel[lk];
-        for (ik, &sk) in groups[lk].x.iter().enumerate() {
+        for ik in 0..groups[lk].x.len() {
+            let sk = groups[lk].x[ik];
+            deriv.clear();
+            segments.clear();
             let mut rank = 1.0;
             let mut hrank = rk;
             for (lg, g) in groups.iter().enumerate() {
@@ -631,63 +685,89 @@ fn query_ap(
                 }
                 let cat = Category::of(lg as u8, lk as u8) as usize;
                 let skip = (lg == lk).then_some(ik);
-                rank += pieces_sum(&sur.rank[cat], &g.x, sk, skip);
+                let mut sweep = Sweep {
+                    group: g,
+                    g: lg,
+                    sk,
+                    skip,
+                    taus: &sur.taus,
+                    deriv: need_grad.then_some(&mut deriv),
+                    segments: &mut segments,
+                };
+                rank += sweep.sum(&sur.rank[cat], false);
                 let w = pair_weight(rk, rel, lg);
                 if w != 0.0 {
-                    hrank += w * pieces_sum(&sur.hrank[cat], &g.x, sk, skip);
+                    hrank += w * sweep.sum(&sur.hrank[cat], true);
                 }
             }
             total += hrank / rank;
-            stats.push((rank, hrank));
-        }
-    }
-    let ap = total / norm;
-
-    // Pass 2: d AP / d s, through d AP / d rank(k) = −H-rank(k) / (rank(k)² Z) and
-    // d AP / d H-rank(k) = 1 / (rank(k) Z).
-    if let Some(jac) = jac {
-        let mut grad: Vec<Vec<f64>> = groups.iter().map(|g| vec![0.0; g.x.len()]).collect();
-        let mut stat = stats.iter();
-        for lk in 1..=num_levels {
-            let rk = rel[lk];
-            for ik in 0..groups[lk].x.len() {
-                let sk = groups[lk].x[ik];
-                let &(rank, hrank) = stat.next().expect("one stat per positive");
+            if need_grad {
                 let d_rank = -hrank / (rank * rank * norm);
                 let d_hrank = 1.0 / (rank * norm);
                 let mut acc = 0.0;
-                for (lg, g) in groups.iter().enumerate() {
-                    if g.x.is_empty() {
-                        continue;
-                    }
-                    let cat = Category::of(lg as u8, lk as u8) as usize;
-                    let skip = (lg == lk).then_some(ik);
-                    if sur.rank_grad[cat] {
-                        acc += pieces_grad(&sur.rank[cat], &g.x, sk, skip, d_rank, &mut grad[lg]);
-                    }
-                    let w = pair_weight(rk, rel, lg);
-                    if sur.hrank_grad[cat] && w != 0.0 {
-                        acc += pieces_grad(
-                            &sur.hrank[cat],
-                            &g.x,
-                            sk,
-                            skip,
-                            d_hrank * w,
-                            &mut grad[lg],
-                        );
+                for s in &segments {
+                    let coef = if s.hrank {
+                        d_hrank * pair_weight(rk, rel, s.g)
+                    } else {
+                        d_rank
+                    };
+                    let dst = &mut grad[s.g];
+                    let mut src = s.offset;
+                    for range in split_around(s.lo, s.hi, s.skip) {
+                        let n = range.len();
+                        for (out, &dv) in dst[range].iter_mut().zip(&deriv[src..src + n]) {
+                            let d = coef * dv;
+                            *out += d;
+                            acc += d;
+                        }
+                        src += n;
                     }
                 }
-                // t = s_j − s_k: what s_j gains, s_k loses.
                 grad[lk][ik] -= acc;
             }
         }
+    }
+    if let Some(jac) = jac {
         for (g, dg) in groups.iter().zip(&grad) {
             for (&col, &d) in g.col.iter().zip(dg) {
                 jac[col] = d;
             }
         }
     }
-    ap
+    total / norm
+}
+
+/// The items of the retrieval list grouped by level, each group sorted by increasing score
+/// (ties by column, so the result does not depend on the sort algorithm).
+fn sorted_groups(scores: &[f64], levels: &[u8], num_levels: usize, taus: &[f64]) -> Vec<Group> {
+    let mut order: Vec<usize> = (0..scores.len())
+        .filter(|&j| levels[j] != EXCLUDED)
+        .collect();
+    order.sort_by(|&a, &b| scores[a].total_cmp(&scores[b]).then(a.cmp(&b)));
+    let mut groups: Vec<Group> = (0..=num_levels)
+        .map(|_| Group {
+            x: Vec::new(),
+            col: Vec::new(),
+            tables: Vec::new(),
+        })
+        .collect();
+    for j in order {
+        let g = &mut groups[levels[j] as usize];
+        g.x.push(scores[j]);
+        g.col.push(j);
+    }
+    for g in &mut groups {
+        g.tables = taus.iter().map(|&tau| ExpTable::new(&g.x, tau)).collect();
+    }
+    groups
+}
+
+/// `lo..hi` without `skip`, as two ranges, so that the inner loops have no branch.
+fn split_around(lo: usize, hi: usize, skip: Option<usize>) -> [std::ops::Range<usize>; 2] {
+    match skip {
+        Some(s) => [lo..s, s + 1..hi],
+        None => [lo..hi, hi..hi],
+    }
 }
 
 /// `min(rel(k), rel(j))` for `j` of level `lg`; 0 for negatives.
@@ -700,73 +780,132 @@ fn pair_weight(rk: f64, rel: &[f64], lg: usize) -> f64 {
     }
 }
 
-/// Index range `[lo, hi)` of each piece over the sorted `x`, for `t = x − sk`.
-fn piece_ranges<'p>(
-    pieces: &'p [Piece],
-    x: &'p [f64],
+/// One group seen from one positive `k`: sums a surrogate of `t = x − s_k` over the group
+/// (minus `k` itself) and, when `deriv` is given, stores the derivatives of the non-constant
+/// pieces.
+struct Sweep<'a> {
+    group: &'a Group,
+    g: usize,
     sk: f64,
-) -> impl Iterator<Item = (&'p Piece, usize, usize)> + 'p {
-    let mut lo = 0;
-    pieces.iter().map(move |p| {
-        // `x − sk` is non-decreasing in `x`, so each predicate holds on a prefix of the rest.
-        let hi = match p.upper {
-            Upper::Lt(b) => lo + x[lo..].partition_point(|&v| v - sk < b),
-            Upper::Le(b) => lo + x[lo..].partition_point(|&v| v - sk <= b),
-            Upper::Inf => x.len(),
-        };
-        let range = (p, lo, hi);
-        lo = hi;
-        range
-    })
+    skip: Option<usize>,
+    taus: &'a [f64],
+    deriv: Option<&'a mut Vec<f64>>,
+    segments: &'a mut Vec<Segment>,
 }
 
-/// `Σ_{i ∉ skip} f(x_i − sk)` over the pieces of `f`.
-fn pieces_sum(pieces: &[Piece], x: &[f64], sk: f64, skip: Option<usize>) -> f64 {
-    let mut total = 0.0;
-    for (p, lo, hi) in piece_ranges(pieces, x, sk) {
-        if hi <= lo {
-            continue;
-        }
-        match p.f {
-            PieceFn::Const(c) => {
-                let skipped = skip.is_some_and(|s| (lo..hi).contains(&s));
-                total += c * (hi - lo - usize::from(skipped)) as f64;
+impl Sweep<'_> {
+    /// `Σ_{i ≠ skip} f(x_i − s_k)` over the pieces of `f`.
+    fn sum(&mut self, pieces: &[Piece], hrank: bool) -> f64 {
+        let x = &self.group.x;
+        let sk = self.sk;
+        let mut total = 0.0;
+        let mut lo = 0;
+        for p in pieces {
+            // `x − sk` is non-decreasing in `x`, so each predicate holds on a prefix of the rest.
+            let hi = match p.upper {
+                Upper::Lt(b) => lo + x[lo..].partition_point(|&v| v - sk < b),
+                Upper::Le(b) => lo + x[lo..].partition_point(|&v| v - sk <= b),
+                Upper::Inf => x.len(),
+            };
+            if hi > lo {
+                total += self.piece(p.f, lo, hi, hrank);
             }
-            f => {
-                for (i, &v) in x.iter().enumerate().take(hi).skip(lo) {
-                    if Some(i) != skip {
-                        total += f.eval(v - sk).0;
+            lo = hi;
+        }
+        total
+    }
+
+    /// Sum of one piece over `lo..hi` minus `skip`.
+    fn piece(&mut self, f: PieceFn, lo: usize, hi: usize, hrank: bool) -> f64 {
+        let skip = self.skip.filter(|s| (lo..hi).contains(s));
+        let count = (hi - lo - usize::from(skip.is_some())) as f64;
+        if let PieceFn::Const(c) = f {
+            return c * count;
+        }
+        if let Some(deriv) = self.deriv.as_deref_mut() {
+            self.segments.push(Segment {
+                g: self.g,
+                lo,
+                hi,
+                skip,
+                offset: deriv.len(),
+                hrank,
+            });
+        }
+        let mut total = 0.0;
+        for range in split_around(lo, hi, skip) {
+            if range.is_empty() {
+                continue;
+            }
+            total += match f {
+                PieceFn::Sigmoid { tau, add } => {
+                    let t = self.taus.iter().position(|&x| x == tau).expect("table");
+                    sigmoid_run(
+                        &self.group.tables[t],
+                        &self.group.x,
+                        self.sk,
+                        tau,
+                        range.clone(),
+                        self.deriv.as_deref_mut(),
+                    ) + add * range.len() as f64
+                }
+                PieceFn::Affine { .. } => {
+                    let mut s = 0.0;
+                    for &v in &self.group.x[range.clone()] {
+                        let (val, d) = f.eval(v - self.sk);
+                        s += val;
+                        if let Some(deriv) = self.deriv.as_deref_mut() {
+                            deriv.push(d);
+                        }
                     }
+                    s
+                }
+                PieceFn::Const(_) => unreachable!("handled above"),
+            };
+        }
+        total
+    }
+}
+
+/// `Σ σ((x_i − s_k)/τ)` over `range` (inside the clamp), pushing `σ'(·)/τ` to `deriv`.
+fn sigmoid_run(
+    table: &ExpTable,
+    x: &[f64],
+    sk: f64,
+    tau: f64,
+    range: std::ops::Range<usize>,
+    mut deriv: Option<&mut Vec<f64>>,
+) -> f64 {
+    debug_assert!(range.end <= x.len());
+    let inv_tau = 1.0 / tau;
+    let mut total = 0.0;
+    let mut b = table.starts.partition_point(|&s| s <= range.start) - 1;
+    let mut i = range.start;
+    while i < range.end {
+        let end = table.starts[b + 1].min(range.end);
+        let shared = ((sk - table.centers[b]) / tau).exp();
+        let factors = &table.factor[i..end];
+        match deriv.as_deref_mut() {
+            Some(d) => {
+                let base = d.len();
+                d.resize(base + factors.len(), 0.0);
+                for (out, &f) in d[base..].iter_mut().zip(factors) {
+                    let e = shared * f;
+                    let s = 1.0 / (e + 1.0);
+                    total += s;
+                    *out = s * s * e * inv_tau;
+                }
+            }
+            None => {
+                for &f in factors {
+                    total += 1.0 / (shared * f + 1.0);
                 }
             }
         }
+        i = end;
+        b += 1;
     }
     total
-}
-
-/// Adds `coef · f'(x_i − sk)` to `grad[i]` for every `i ∉ skip`, and returns their sum.
-fn pieces_grad(
-    pieces: &[Piece],
-    x: &[f64],
-    sk: f64,
-    skip: Option<usize>,
-    coef: f64,
-    grad: &mut [f64],
-) -> f64 {
-    let mut acc = 0.0;
-    for (p, lo, hi) in piece_ranges(pieces, x, sk) {
-        if hi <= lo || matches!(p.f, PieceFn::Const(_)) {
-            continue;
-        }
-        for i in lo..hi {
-            if Some(i) != skip {
-                let d = coef * p.f.eval(x[i] - sk).1;
-                grad[i] += d;
-                acc += d;
-            }
-        }
-    }
-    acc
 }
 
 #[cfg(test)]
