@@ -673,6 +673,14 @@ fn query_ap(
     let mut total = 0.0;
     for lk in 1..=num_levels {
         let rk = rel[lk];
+        // Piece boundaries in every group, per surrogate slot (rank, H-rank). The positives of
+        // level `lk` come in increasing score, so the boundaries only move forward.
+        let mut bounds: Vec<[Vec<usize>; 2]> = (0..groups.len())
+            .map(|lg| {
+                let cat = Category::of(lg as u8, lk as u8) as usize;
+                [vec![0; sur.rank[cat].len()], vec![0; sur.hrank[cat].len()]]
+            })
+            .collect();
         for ik in 0..groups[lk].x.len() {
             let sk = groups[lk].x[ik];
             deriv.clear();
@@ -694,10 +702,11 @@ fn query_ap(
                     deriv: need_grad.then_some(&mut deriv),
                     segments: &mut segments,
                 };
-                rank += sweep.sum(&sur.rank[cat], false);
+                let [rank_bounds, hrank_bounds] = &mut bounds[lg];
+                rank += sweep.sum(&sur.rank[cat], rank_bounds, false);
                 let w = pair_weight(rk, rel, lg);
                 if w != 0.0 {
-                    hrank += w * sweep.sum(&sur.hrank[cat], true);
+                    hrank += w * sweep.sum(&sur.hrank[cat], hrank_bounds, true);
                 }
             }
             total += hrank / rank;
@@ -715,11 +724,12 @@ fn query_ap(
                     let mut src = s.offset;
                     for range in split_around(s.lo, s.hi, s.skip) {
                         let n = range.len();
-                        for (out, &dv) in dst[range].iter_mut().zip(&deriv[src..src + n]) {
-                            let d = coef * dv;
-                            *out += d;
-                            acc += d;
+                        let d = &deriv[src..src + n];
+                        for (out, &dv) in dst[range].iter_mut().zip(d) {
+                            *out += coef * dv;
                         }
+                        // Summed apart so that the scatter loop carries no dependency.
+                        acc += coef * sum4(d);
                         src += n;
                     }
                 }
@@ -762,6 +772,37 @@ fn sorted_groups(scores: &[f64], levels: &[u8], num_levels: usize, taus: &[f64])
     groups
 }
 
+/// First index `≥ from` where `pred` fails, for a predicate that holds on a prefix of `x` and
+/// at every index below `from`: exponential then binary search, `O(log distance)`.
+fn gallop(x: &[f64], from: usize, pred: impl Fn(f64) -> bool) -> usize {
+    if from >= x.len() || !pred(x[from]) {
+        return from;
+    }
+    let mut lo = from;
+    let mut step = 1;
+    loop {
+        let probe = lo + step;
+        if probe >= x.len() || !pred(x[probe]) {
+            let end = probe.min(x.len());
+            return lo + 1 + x[lo + 1..end].partition_point(|&v| pred(v));
+        }
+        lo = probe;
+        step *= 2;
+    }
+}
+
+/// `Σ x` with four partial sums (vectorisable; fixed order, so deterministic).
+fn sum4(x: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    let mut c = x.chunks_exact(4);
+    for q in &mut c {
+        for l in 0..4 {
+            acc[l] += q[l];
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3]) + c.remainder().iter().sum::<f64>()
+}
+
 /// `lo..hi` without `skip`, as two ranges, so that the inner loops have no branch.
 fn split_around(lo: usize, hi: usize, skip: Option<usize>) -> [std::ops::Range<usize>; 2] {
     match skip {
@@ -794,19 +835,23 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
-    /// `Σ_{i ≠ skip} f(x_i − s_k)` over the pieces of `f`.
-    fn sum(&mut self, pieces: &[Piece], hrank: bool) -> f64 {
+    /// `Σ_{i ≠ skip} f(x_i − s_k)` over the pieces of `f`. `bounds` holds the end of each
+    /// piece for the previous, lower `s_k` of the same sweep order (or zeros), and is moved
+    /// forward to this `s_k`.
+    fn sum(&mut self, pieces: &[Piece], bounds: &mut [usize], hrank: bool) -> f64 {
         let x = &self.group.x;
         let sk = self.sk;
         let mut total = 0.0;
         let mut lo = 0;
-        for p in pieces {
-            // `x − sk` is non-decreasing in `x`, so each predicate holds on a prefix of the rest.
+        for (p, end) in pieces.iter().zip(bounds.iter_mut()) {
+            // `x − sk` is non-decreasing in `x`, so each predicate holds on a prefix of `x`, and
+            // that prefix only grows with `sk`.
             let hi = match p.upper {
-                Upper::Lt(b) => lo + x[lo..].partition_point(|&v| v - sk < b),
-                Upper::Le(b) => lo + x[lo..].partition_point(|&v| v - sk <= b),
+                Upper::Lt(b) => gallop(x, (*end).max(lo), |v| v - sk < b),
+                Upper::Le(b) => gallop(x, (*end).max(lo), |v| v - sk <= b),
                 Upper::Inf => x.len(),
             };
+            *end = hi;
             if hi > lo {
                 total += self.piece(p.f, lo, hi, hrank);
             }
@@ -868,8 +913,9 @@ impl Sweep<'_> {
 }
 
 /// `Σ_i σ_i` and `out_i = σ_i² e_i / τ` for `e_i = shared · factor_i = exp(−t_i/τ)`,
-/// `σ_i = 1/(1 + e_i)`. Four independent partial sums let the compiler vectorise the loop (the
-/// division dominates); the summation order is fixed, so results are deterministic.
+/// `σ_i = 1/(1 + e_i)`: the innermost loop of the engine. Four independent partial sums let
+/// the compiler vectorise it (the division dominates); the summation order is fixed, so
+/// results are deterministic.
 #[inline]
 fn sigmoid_block(shared: f64, inv_tau: f64, factors: &[f64], out: &mut [f64]) -> f64 {
     let mut acc = [0.0f64; 4];
@@ -1018,6 +1064,18 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn gallop_finds_the_partition_point_from_any_start() {
+        let x: Vec<f64> = (0..37).map(|i| (i / 3) as f64).collect();
+        for b in [-1.0, 0.0, 4.5, 5.0, 11.0, 20.0] {
+            let want = x.partition_point(|&v| v < b);
+            for from in 0..=want {
+                assert_eq!(gallop(&x, from, |v| v < b), want, "b {b} from {from}");
+            }
+        }
+        assert_eq!(gallop(&[], 0, |_| true), 0);
     }
 
     #[test]
