@@ -10,12 +10,18 @@
 //! gradients identical to the unchunked formula.
 
 pub mod blackbox_rank;
+pub mod cluster;
 pub mod contrastive;
 pub mod fastap;
+pub mod happier;
 pub mod norm_softmax;
 pub mod pairwise_rows;
 pub mod rambo;
+pub mod roadmap;
+pub mod smooth_ap;
+pub mod smooth_rank;
 pub mod summed_levels;
+pub mod surrogate;
 pub mod triplet;
 
 use crate::error::{Error, Result};

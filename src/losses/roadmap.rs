@@ -1,0 +1,194 @@
+//! ROADMAP (Ramzi et al., NeurIPS 2021; a baseline in HAPPIER's tables): the SupAP loss, whose
+//! rank over the negatives uses the smooth upper bound `H_s^<` (HAPPIER Eq. 44 cites it from
+//! ROADMAP) while the rank over the positives stays exact, plus the calibration loss that
+//! reduces the decomposability gap between batch AP and dataset AP.
+//!
+//! The calibration term is, in the authors' code, pytorch-metric-learning's `ContrastiveLoss`
+//! on dot products of normalised embeddings with `pos_margin = 0.9`, `neg_margin = 0.6` and the
+//! `AvgNonZeroReducer`: `mean_{nonzero}(relu(0.9 − s_pos)) + mean_{nonzero}(relu(s_neg − 0.6))`
+//! over ordered pairs `i ≠ j`. The ROADMAP repository's `roadmap.yaml` adds it with weight 1 to
+//! SupAP with weight 1 ([`Roadmap::default`]); the SupRank code weighs them 0.9 / 0.1.
+//!
+//! History worth knowing when comparing with published ROADMAP numbers: the paper-era code's
+//! linear branch of `H_s^<` was `ρ t + offset` (no `− δ`); set [`UpperStep::legacy_linear`] to
+//! reproduce it.
+
+use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
+use crate::losses::smooth_rank::{
+    similarity_matrix, smooth_average_precision, Engine, PairSurrogates, QueryAp, RankProblem,
+};
+use crate::losses::surrogate::{Heaviside, UpperStep};
+use crate::losses::{check_batch, RankLoss};
+use candle_core::{DType, Tensor};
+
+/// SupAP: `1 − mean_q AP_s(q)` with `rank⁻` smoothed by `H_s^<` and `rank⁺` exact (no gradient),
+/// binary relevance on the fine class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SupAp {
+    /// `H_s^<` on (positive k, negative j) pairs.
+    pub rank_lower: UpperStep,
+    /// Exact step on (positive, positive) pairs (`H(0) = 1`).
+    pub heaviside: Heaviside,
+    /// The query as an item of its own retrieval set (authors' code: true; paper: false).
+    pub include_self: bool,
+    /// L2-normalise the embeddings first.
+    pub normalize: bool,
+    /// Computation engine.
+    pub engine: Engine,
+    /// Queries per chunk (`None` = all at once).
+    pub query_chunk: Option<usize>,
+}
+
+impl Default for SupAp {
+    /// The paper's surrogate (continuous offset), the query not in its own retrieval set.
+    fn default() -> Self {
+        SupAp {
+            rank_lower: UpperStep::default(),
+            heaviside: Heaviside::default(),
+            include_self: false,
+            normalize: true,
+            engine: Engine::Streaming,
+            query_chunk: None,
+        }
+    }
+}
+
+impl SupAp {
+    /// The authors' SOP configuration (`supap.yaml`, after the `− δ` fix): offset 1.44 and the
+    /// query in its own retrieval set.
+    pub fn authors_code() -> Self {
+        SupAp {
+            rank_lower: UpperStep::sop_code(),
+            include_self: true,
+            ..Self::default()
+        }
+    }
+
+    /// The pair surrogates: `H_s^<` for negatives in the rank, the exact step elsewhere.
+    pub fn surrogates(&self) -> PairSurrogates {
+        let h = self.heaviside.into();
+        PairSurrogates {
+            rank: [self.rank_lower.into(), h, h],
+            hrank: [h, h, h],
+        }
+    }
+
+    /// Smooth AP of every query, differentiable.
+    pub fn per_query(&self, embeddings: &Tensor, labels: &Labels) -> Result<QueryAp> {
+        check_batch(embeddings, labels)?;
+        let scores = similarity_matrix(embeddings, self.normalize)?;
+        let problem = RankProblem::binary(labels, self.include_self)?;
+        smooth_average_precision(
+            &scores,
+            &problem,
+            &self.surrogates(),
+            self.engine,
+            self.query_chunk,
+        )
+    }
+}
+
+impl RankLoss for SupAp {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        self.per_query(embeddings, labels)?.mean_loss()
+    }
+}
+
+/// ROADMAP's calibration loss: a contrastive loss on cosine similarities with margins, each
+/// part averaged over its non-zero terms (pytorch-metric-learning's `AvgNonZeroReducer`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calibration {
+    /// Positive pairs are pushed above this similarity (0.9).
+    pub pos_margin: f64,
+    /// Negative pairs are pushed below this similarity (0.6).
+    pub neg_margin: f64,
+    /// L2-normalise the embeddings (pytorch-metric-learning's default for dot products).
+    pub normalize: bool,
+}
+
+impl Default for Calibration {
+    fn default() -> Self {
+        Calibration {
+            pos_margin: 0.9,
+            neg_margin: 0.6,
+            normalize: true,
+        }
+    }
+}
+
+/// `Σ losses / #{losses > 0}` (0 when none is positive).
+fn mean_nonzero(losses: &Tensor) -> Result<Tensor> {
+    let count = losses
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?
+        .iter()
+        .filter(|v| **v > 0.0)
+        .count();
+    Ok((losses.sum_all()? / count.max(1) as f64)?)
+}
+
+impl RankLoss for Calibration {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        for (name, m) in [
+            ("pos_margin", self.pos_margin),
+            ("neg_margin", self.neg_margin),
+        ] {
+            if !m.is_finite() {
+                return Err(Error::invalid(name, format!("must be finite, got {m}")));
+            }
+        }
+        let s = similarity_matrix(embeddings, self.normalize)?;
+        let b = labels.len();
+        let mut pos = Vec::with_capacity(b * b);
+        let mut neg = Vec::with_capacity(b * b);
+        for i in 0..b {
+            for j in 0..b {
+                let same = labels.fine(i) == labels.fine(j);
+                pos.push(f64::from(u8::from(same && i != j)));
+                neg.push(f64::from(u8::from(!same)));
+            }
+        }
+        let dev = s.device();
+        let dt = s.dtype();
+        let pos = Tensor::from_vec(pos, (b, b), dev)?.to_dtype(dt)?;
+        let neg = Tensor::from_vec(neg, (b, b), dev)?.to_dtype(dt)?;
+        let pos_loss = s.affine(-1.0, self.pos_margin)?.relu()?.mul(&pos)?;
+        let neg_loss = (&s - self.neg_margin)?.relu()?.mul(&neg)?;
+        Ok((mean_nonzero(&pos_loss)? + mean_nonzero(&neg_loss)?)?)
+    }
+}
+
+/// ROADMAP = `sup_ap_weight · SupAP + calibration_weight · Calibration`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Roadmap {
+    /// The SupAP term.
+    pub sup_ap: SupAp,
+    /// The calibration term.
+    pub calibration: Calibration,
+    /// Weight of SupAP (1.0 in the ROADMAP repository; 0.9 in SupRank).
+    pub sup_ap_weight: f64,
+    /// Weight of the calibration loss (1.0 in the ROADMAP repository; 0.1 in SupRank).
+    pub calibration_weight: f64,
+}
+
+impl Default for Roadmap {
+    fn default() -> Self {
+        Roadmap {
+            sup_ap: SupAp::default(),
+            calibration: Calibration::default(),
+            sup_ap_weight: 1.0,
+            calibration_weight: 1.0,
+        }
+    }
+}
+
+impl RankLoss for Roadmap {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        let a = self.sup_ap.forward(embeddings, labels)?;
+        let c = self.calibration.forward(embeddings, labels)?;
+        Ok(((a * self.sup_ap_weight)? + (c * self.calibration_weight)?)?)
+    }
+}
