@@ -14,8 +14,10 @@ pub mod error;
 pub mod hierarchy;
 pub mod losses;
 pub mod metrics;
+pub mod models;
 pub mod retrieval;
 pub mod samplers;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};
