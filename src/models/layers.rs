@@ -104,24 +104,41 @@ impl BatchNorm2d {
     /// `B × C × H × W` → same shape. With `train` and not frozen: normalises with the batch
     /// statistics and updates the running averages; otherwise uses the running statistics.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
-        let shape = (1, (), 1, 1);
-        let w = self.weight.reshape(shape)?;
-        let b = self.bias.reshape(shape)?;
         if !train || self.frozen {
-            let mean = self.running_mean.as_detached_tensor().reshape(shape)?;
-            let std = (self.running_var.as_detached_tensor() + self.eps)?
-                .sqrt()?
-                .reshape(shape)?;
+            // y = x·a + b with a = γ/√(σ²_run + ε), b = β − μ_run·a: two passes over x.
+            let shape = (1, (), 1, 1);
+            let a = self
+                .weight
+                .broadcast_div(&(self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
+            let b = (&self.bias - a.broadcast_mul(&self.running_mean.as_detached_tensor())?)?;
             return Ok(x
-                .broadcast_sub(&mean)?
-                .broadcast_div(&std)?
-                .broadcast_mul(&w)?
-                .broadcast_add(&b)?);
+                .broadcast_mul(&a.reshape(shape)?)?
+                .broadcast_add(&b.reshape(shape)?)?);
         }
+        let (n, _, h, w) = x.dims4()?;
+        let (y, mean, var) = if x.device().is_cpu() {
+            let (y, stats) =
+                super::cpu_ops::batch_norm_train(x, &self.weight, &self.bias, self.eps)?;
+            let dev = x.device();
+            (
+                y,
+                Tensor::new(stats.mean, dev)?.to_dtype(x.dtype())?,
+                Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?,
+            )
+        } else {
+            self.forward_train_generic(x)?
+        };
+        self.update_running_stats(&mean, &var, n * h * w)?;
+        Ok(y)
+    }
+
+    /// Training-mode forward with candle's tensor ops (any device): output, batch mean and
+    /// biased batch variance (both `C`, detached).
+    pub(crate) fn forward_train_generic(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let shape = (1, (), 1, 1);
         let (n, c, h, wd) = x.dims4()?;
-        let count = n * h * wd;
         // Channel-major view so that each channel's values are one contiguous row.
-        let xt = x.transpose(0, 1)?.reshape((c, count))?;
+        let xt = x.transpose(0, 1)?.reshape((c, n * h * wd))?;
         let mean = xt.mean_keepdim(1)?;
         let centred = xt.broadcast_sub(&mean)?;
         let var = centred.sqr()?.mean_keepdim(1)?;
@@ -129,21 +146,26 @@ impl BatchNorm2d {
         let y = y
             .reshape((c, n, h, wd))?
             .transpose(0, 1)?
-            .broadcast_mul(&w)?
-            .broadcast_add(&b)?;
+            .broadcast_mul(&self.weight.reshape(shape)?)?
+            .broadcast_add(&self.bias.reshape(shape)?)?;
+        Ok((y, mean.detach().flatten_all()?, var.detach().flatten_all()?))
+    }
+
+    /// PyTorch's running averages: `μ ← (1 − m)μ + m·mean`, `σ² ← (1 − m)σ² + m·var·n/(n − 1)`
+    /// (the unbiased batch variance), `n` values per channel.
+    fn update_running_stats(&self, mean: &Tensor, var: &Tensor, count: usize) -> Result<()> {
         let m = self.momentum;
         let unbias = if count > 1 {
             count as f64 / (count - 1) as f64
         } else {
             1.0
         };
-        let new_mean = ((self.running_mean.as_detached_tensor() * (1.0 - m))?
-            + (mean.detach().flatten_all()? * m)?)?;
-        let new_var = ((self.running_var.as_detached_tensor() * (1.0 - m))?
-            + (var.detach().flatten_all()? * (m * unbias))?)?;
+        let new_mean = ((self.running_mean.as_detached_tensor() * (1.0 - m))? + (mean * m)?)?;
+        let new_var =
+            ((self.running_var.as_detached_tensor() * (1.0 - m))? + (var * (m * unbias))?)?;
         self.running_mean.set(&new_mean)?;
         self.running_var.set(&new_var)?;
-        Ok(y)
+        Ok(())
     }
 }
 
@@ -169,17 +191,36 @@ pub fn apply_linear(layer: &candle_nn::Linear, x: &Tensor) -> Result<Tensor> {
 /// first maximum of each window in row-major order, as PyTorch's `max_pool2d`.
 ///
 /// candle 0.11's own `max_pool2d` has no backward for overlapping windows and scales the
-/// gradient by `1 / kernel²` otherwise, so it cannot be trained through; here the windows are
-/// stacked, their arg-max taken (no gradient) and the values gathered, whose backward is a
-/// scatter-add of the output gradient to the arg-max.
+/// gradient by `1 / kernel²` otherwise, so it cannot be trained through. On the CPU this is the
+/// kernel of [`super::cpu_ops`]; elsewhere the windows are stacked, their arg-max taken (no
+/// gradient) and the values gathered, whose backward is a scatter-add to the arg-max.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    let (b, c, h, w) = x.dims4()?;
-    if kernel == 0 || stride == 0 || h + 2 * padding < kernel || w + 2 * padding < kernel {
+    let (_, _, h, w) = x.dims4()?;
+    if kernel == 0
+        || stride == 0
+        || padding >= kernel
+        || h + 2 * padding < kernel
+        || w + 2 * padding < kernel
+    {
         return Err(crate::Error::Shape(format!(
             "max pooling {kernel}×{kernel} stride {stride} padding {padding} does not fit a \
              {h}×{w} input"
         )));
     }
+    if x.device().is_cpu() {
+        return Ok(super::cpu_ops::max_pool2d(x, kernel, stride, padding)?);
+    }
+    max_pool2d_generic(x, kernel, stride, padding)
+}
+
+/// [`max_pool2d`] with candle's tensor ops (any device; arguments already checked).
+pub(crate) fn max_pool2d_generic(
+    x: &Tensor,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    let (b, c, h, w) = x.dims4()?;
     let ho = (h + 2 * padding - kernel) / stride + 1;
     let wo = (w + 2 * padding - kernel) / stride + 1;
     // Every window offset `d` reads positions d, d + s, …, d + s(o − 1); reshaping s·o values to
@@ -338,6 +379,115 @@ mod tests {
             .to_vec1()
             .unwrap();
         assert_eq!(gv, expected_grad);
+    }
+
+    /// Values and gradients of `Σ r ⊙ f(x)` for the CPU kernel and the generic tensor-op path.
+    fn both_paths(
+        x: &Var,
+        params: &[&Var],
+        fast: impl Fn(&Tensor) -> Tensor,
+        generic: impl Fn(&Tensor) -> Tensor,
+    ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
+        let flat = |t: &Tensor| -> Vec<f64> { t.flatten_all().unwrap().to_vec1().unwrap() };
+        let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+            let y = f(x.as_tensor());
+            let r = Tensor::arange(0f64, y.elem_count() as f64, y.device())
+                .unwrap()
+                .reshape(y.dims())
+                .unwrap()
+                .sin()
+                .unwrap();
+            let g = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+            let mut out = vec![flat(&y), flat(g.get(x.as_tensor()).unwrap())];
+            out.extend(params.iter().map(|p| flat(g.get(p.as_tensor()).unwrap())));
+            out
+        };
+        (run(&fast), run(&generic))
+    }
+
+    fn assert_all_close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
+        for (k, (u, v)) in a.iter().zip(b).enumerate() {
+            assert_eq!(u.len(), v.len());
+            let d = u
+                .iter()
+                .zip(v)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0.0, f64::max);
+            assert!(d < 1e-10, "{what}, output {k}: max difference {d}");
+        }
+    }
+
+    #[test]
+    fn cpu_max_pool_equals_the_generic_path() {
+        let d = Device::Cpu;
+        for &(hw, k, s, p) in &[
+            (7, 3, 2, 1),
+            (8, 3, 2, 1),
+            (8, 2, 2, 0),
+            (5, 2, 1, 0),
+            (6, 3, 3, 1),
+        ] {
+            let x = Var::randn(0f64, 1.0, (2, 3, hw, hw), &d).unwrap();
+            let (a, b) = both_paths(
+                &x,
+                &[],
+                |t| max_pool2d(t, k, s, p).unwrap(),
+                |t| max_pool2d_generic(t, k, s, p).unwrap(),
+            );
+            assert_all_close(&a, &b, &format!("{hw} k{k} s{s} p{p}"));
+        }
+    }
+
+    #[test]
+    fn cpu_batch_norm_equals_the_generic_path() {
+        let d = Device::Cpu;
+        let store = ParamStore::new(1);
+        let vb = store.var_builder(DType::F64, &d);
+        let fast = BatchNorm2d::new(3, false, vb.pp("fast")).unwrap();
+        let generic = BatchNorm2d::new(3, false, vb.pp("generic")).unwrap();
+        // Non-trivial affine parameters.
+        for name in ["fast.weight", "generic.weight"] {
+            let w = Tensor::new(&[0.5f64, -1.5, 2.0], &d).unwrap();
+            store.get(name).unwrap().set(&w).unwrap();
+        }
+        let x = Var::randn(1f64, 2.0, (4, 3, 5, 5), &d).unwrap();
+        let wf = store.get("fast.weight").unwrap();
+        let bf = store.get("fast.bias").unwrap();
+        let (a, _) = both_paths(
+            &x,
+            &[&wf, &bf],
+            |t| fast.forward(t, true).unwrap(),
+            |t| fast.forward(t, true).unwrap(),
+        );
+        let wg = store.get("generic.weight").unwrap();
+        let bg = store.get("generic.bias").unwrap();
+        let (b, _) = both_paths(
+            &x,
+            &[&wg, &bg],
+            |t| generic.forward_train_generic(t).unwrap().0,
+            |t| generic.forward_train_generic(t).unwrap().0,
+        );
+        assert_all_close(&a, &b, "batch norm");
+        // Running statistics: the fast path updated them twice (two forward passes above).
+        let (_, mean, var) = generic.forward_train_generic(x.as_tensor()).unwrap();
+        for _ in 0..2 {
+            generic.update_running_stats(&mean, &var, 100).unwrap();
+        }
+        for stat in ["running_mean", "running_var"] {
+            let u: Vec<f64> = store
+                .get(&format!("fast.{stat}"))
+                .unwrap()
+                .as_tensor()
+                .to_vec1()
+                .unwrap();
+            let v: Vec<f64> = store
+                .get(&format!("generic.{stat}"))
+                .unwrap()
+                .as_tensor()
+                .to_vec1()
+                .unwrap();
+            assert_all_close(&[u], &[v], stat);
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! ([`ParamStore::load_safetensors`]).
 
 pub mod conv;
+mod cpu_ops;
 pub mod head;
 pub mod layers;
 pub mod params;
