@@ -15,9 +15,11 @@ pub mod hierarchy;
 pub mod io;
 pub mod losses;
 pub mod metrics;
+pub mod models;
 pub mod retrieval;
 pub mod samplers;
 pub mod synthetic_embeddings;
+pub mod train;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};

@@ -1,0 +1,470 @@
+//! The configuration of a training run: serde structures (TOML- and JSON-ready; every field has
+//! a default, unknown fields are errors) that [`super::run`] turns into a [`super::Trainer`].
+
+use super::optim::{AdamConfig, Algorithm};
+use super::schedule::LrSchedule;
+use crate::data::ShapesConfig;
+use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
+use crate::models::EmbeddingNetConfig;
+use crate::samplers::{
+    BatchSampler, FastApConfig, FastApSampler, HierarchicalConfig, HierarchicalSampler,
+    MPerClassConfig, MPerClassMode, MPerClassSampler,
+};
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Where tensors live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceChoice {
+    /// The CPU.
+    #[default]
+    Cpu,
+    /// The first CUDA GPU; an error if the crate was built without the `cuda` feature or no GPU
+    /// is usable.
+    Cuda,
+    /// `Device::cuda_if_available(0)`: the first GPU if the crate has the `cuda` feature and a GPU
+    /// is usable, the CPU otherwise.
+    Auto,
+}
+
+impl DeviceChoice {
+    /// Parses `cpu`, `cuda` or `auto` (the CLI's `--device`).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(DeviceChoice::Cpu),
+            "cuda" => Ok(DeviceChoice::Cuda),
+            "auto" => Ok(DeviceChoice::Auto),
+            other => Err(Error::invalid(
+                "device",
+                format!("expected cpu, cuda or auto, got `{other}`"),
+            )),
+        }
+    }
+
+    /// The candle device.
+    pub fn device(self) -> Result<Device> {
+        match self {
+            DeviceChoice::Cpu => Ok(Device::Cpu),
+            DeviceChoice::Auto => Ok(Device::cuda_if_available(0)?),
+            DeviceChoice::Cuda => cuda_device(),
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device() -> Result<Device> {
+    Device::new_cuda(0)
+        .map_err(|e| Error::invalid("device", format!("cannot use CUDA device 0: {e}")))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device() -> Result<Device> {
+    Err(Error::invalid(
+        "device",
+        "this build has no CUDA support; rebuild with `--features cuda`",
+    ))
+}
+
+/// The embedded dataset ([`crate::data::shapes`]) and its class-disjoint retrieval split
+/// ([`crate::data::retrieval_split`]): training on the first half of the fine classes of each
+/// group, evaluation on the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataConfig {
+    /// Seed of the images.
+    pub seed: u64,
+    /// Shape families (coarsest level), `1..=8`.
+    pub families: usize,
+    /// Variants per family, `1..=6`.
+    pub variants_per_family: usize,
+    /// Fine classes per variant, `1..=16`.
+    pub fine_per_variant: usize,
+    /// Images per fine class.
+    pub images_per_class: usize,
+    /// Image side in pixels.
+    pub image_size: usize,
+    /// The level whose classes each keep half their fine classes on each side of the split.
+    pub split_level: usize,
+}
+
+impl Default for DataConfig {
+    /// The embedded dataset's defaults (256 fine classes × 30 images of 32 × 32), split within
+    /// each variant.
+    fn default() -> Self {
+        let s = ShapesConfig::default();
+        DataConfig {
+            seed: s.seed,
+            families: s.families,
+            variants_per_family: s.variants_per_family,
+            fine_per_variant: s.fine_per_variant,
+            images_per_class: s.images_per_class,
+            image_size: s.image_size,
+            split_level: 1,
+        }
+    }
+}
+
+impl DataConfig {
+    /// The dataset configuration (default nuisances).
+    pub fn shapes(&self) -> ShapesConfig {
+        ShapesConfig {
+            seed: self.seed,
+            families: self.families,
+            variants_per_family: self.variants_per_family,
+            fine_per_variant: self.fine_per_variant,
+            images_per_class: self.images_per_class,
+            image_size: self.image_size,
+            ..ShapesConfig::default()
+        }
+    }
+}
+
+/// How images are normalised before the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputNorm {
+    /// Per-channel mean and standard deviation of the training images.
+    #[default]
+    Dataset,
+    /// torchvision's ImageNet statistics (for pretrained backbones).
+    Imagenet,
+    /// None.
+    None,
+}
+
+/// The batch sampler (see [`crate::samplers`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SamplerConfig {
+    /// [`MPerClassSampler`].
+    MPerClass {
+        /// Items per batch.
+        batch_size: usize,
+        /// Items of each class in a batch.
+        samples_per_class: usize,
+        /// Label level that defines a class.
+        #[serde(default)]
+        level: usize,
+        /// `Some(n)`: pytorch-metric-learning's sampler with `n` batches per epoch (with
+        /// replacement); `None`: the Smooth-AP / HAPPIER epoch without replacement.
+        #[serde(default)]
+        batches_per_epoch: Option<usize>,
+        /// Shuffle the items inside each batch (HAPPIER) rather than keep classes contiguous
+        /// (Smooth-AP). Only for the epoch mode.
+        #[serde(default = "default_true")]
+        shuffle_within_batch: bool,
+    },
+    /// [`HierarchicalSampler`].
+    Hierarchical {
+        /// Items per batch.
+        batch_size: usize,
+        /// Items of each class in a batch.
+        samples_per_class: usize,
+        /// Batches per combination of super-classes.
+        batches_per_super_pair: usize,
+        /// Super-classes per batch.
+        super_classes_per_batch: usize,
+        /// Level of the classes.
+        class_level: usize,
+        /// Level of the super-classes.
+        super_level: usize,
+        /// Keep only this many batches per epoch.
+        #[serde(default)]
+        max_batches: Option<usize>,
+    },
+    /// [`FastApSampler`].
+    FastAp {
+        /// Items per batch (even).
+        batch_size: usize,
+        /// Batches per pair of meta-classes.
+        batches_per_meta_pair: usize,
+        /// Level of the classes.
+        class_level: usize,
+        /// Level of the meta-classes.
+        meta_level: usize,
+        /// Shuffle the items inside each class every epoch.
+        #[serde(default)]
+        shuffle_within_class: bool,
+    },
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for SamplerConfig {
+    /// Batches of 64 with 4 images per fine class, one pass per epoch.
+    fn default() -> Self {
+        SamplerConfig::MPerClass {
+            batch_size: 64,
+            samples_per_class: 4,
+            level: 0,
+            batches_per_epoch: None,
+            shuffle_within_batch: true,
+        }
+    }
+}
+
+/// A sampler that can be moved across threads.
+pub type DynSampler = Box<dyn BatchSampler + Send + Sync>;
+
+impl SamplerConfig {
+    /// Builds the sampler over `labels` with `seed`.
+    pub fn build(&self, labels: &Labels, seed: u64) -> Result<DynSampler> {
+        Ok(match self.clone() {
+            SamplerConfig::MPerClass {
+                batch_size,
+                samples_per_class,
+                level,
+                batches_per_epoch,
+                shuffle_within_batch,
+            } => {
+                let mode = match batches_per_epoch {
+                    Some(n) => MPerClassMode::WithReplacement {
+                        batches_per_epoch: n,
+                    },
+                    None => MPerClassMode::Epoch {
+                        shuffle_within_batch,
+                    },
+                };
+                let config = MPerClassConfig {
+                    batch_size,
+                    samples_per_class,
+                    level,
+                    mode,
+                };
+                Box::new(MPerClassSampler::new(labels, config, seed)?)
+            }
+            SamplerConfig::Hierarchical {
+                batch_size,
+                samples_per_class,
+                batches_per_super_pair,
+                super_classes_per_batch,
+                class_level,
+                super_level,
+                max_batches,
+            } => {
+                let config = HierarchicalConfig {
+                    batch_size,
+                    samples_per_class,
+                    batches_per_super_pair,
+                    super_classes_per_batch,
+                    class_level,
+                    super_level,
+                    max_batches,
+                };
+                Box::new(HierarchicalSampler::new(labels, config, seed)?)
+            }
+            SamplerConfig::FastAp {
+                batch_size,
+                batches_per_meta_pair,
+                class_level,
+                meta_level,
+                shuffle_within_class,
+            } => {
+                let config = FastApConfig {
+                    batch_size,
+                    batches_per_meta_pair,
+                    class_level,
+                    meta_level,
+                    shuffle_within_class,
+                };
+                Box::new(FastApSampler::new(labels, config, seed)?)
+            }
+        })
+    }
+}
+
+/// Algorithm and base learning rate of one parameter group.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Base learning rate.
+    pub lr: f64,
+    /// The algorithm and its hyperparameters.
+    pub algorithm: Algorithm,
+}
+
+/// The two parameter groups of an embedding network.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// The backbone's group.
+    pub backbone: GroupConfig,
+    /// The head's group (HAPPIER: 2× the backbone's rate; Smooth-AP: 5×).
+    pub head: GroupConfig,
+}
+
+impl Default for OptimizerConfig {
+    /// Adam (coupled L2 4e-4, Smooth-AP's `--decay`), 1e-3 for the backbone and 2e-3 for the
+    /// head: rates for training the small CNN from scratch on the embedded dataset.
+    fn default() -> Self {
+        let adam = Algorithm::Adam(AdamConfig {
+            weight_decay: 4e-4,
+            ..AdamConfig::default()
+        });
+        OptimizerConfig {
+            backbone: GroupConfig {
+                lr: 1e-3,
+                algorithm: adam,
+            },
+            head: GroupConfig {
+                lr: 2e-3,
+                algorithm: adam,
+            },
+        }
+    }
+}
+
+/// Periodic evaluation on the test split.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Evaluate every this many epochs (and after the last); 0 = only after the last.
+    pub every: u64,
+    /// Also evaluate the untrained network before the first epoch.
+    pub at_start: bool,
+    /// The `k` of R@k and P@k.
+    pub recall_ks: Vec<usize>,
+    /// Images embedded at a time.
+    pub batch_size: usize,
+}
+
+impl Default for EvalConfig {
+    fn default() -> Self {
+        EvalConfig {
+            every: 1,
+            at_start: true,
+            recall_ks: vec![1, 2, 4, 8],
+            batch_size: 256,
+        }
+    }
+}
+
+/// Where the run writes its files.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutputConfig {
+    /// Output folder (created if needed) for `checkpoint.safetensors`, `metrics.csv` and
+    /// `metrics.parquet`; `None` writes nothing.
+    pub dir: Option<PathBuf>,
+    /// Save a checkpoint every this many epochs (and after the last); 0 = only after the last.
+    pub checkpoint_every: u64,
+}
+
+/// Everything a training run needs except the loss.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// Seed of the initial weights and of the sampler.
+    pub seed: u64,
+    /// Device.
+    pub device: DeviceChoice,
+    /// The data.
+    pub data: DataConfig,
+    /// Image normalisation.
+    pub input_norm: InputNorm,
+    /// The network.
+    pub model: EmbeddingNetConfig,
+    /// Pretrained backbone weights (`.safetensors` with torchvision names), if any.
+    pub pretrained: Option<PathBuf>,
+    /// The batch sampler.
+    pub sampler: SamplerConfig,
+    /// Number of epochs.
+    pub epochs: u64,
+    /// Optimizers of the two parameter groups.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule, applied to both groups' base rates.
+    pub schedule: LrSchedule,
+    /// HAPPIER's backbone warm-up: epochs during which only the head is updated.
+    pub backbone_warmup_epochs: u64,
+    /// Embed each batch in chunks of this many images with the exact gradient
+    /// ([`super::large_batch`]); needs frozen BatchNorm.
+    pub large_batch_chunk: Option<usize>,
+    /// Evaluation.
+    pub eval: EvalConfig,
+    /// Output files.
+    pub output: OutputConfig,
+    /// Resume from this checkpoint.
+    pub resume: Option<PathBuf>,
+    /// Show progress bars.
+    pub progress: bool,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            seed: 0,
+            device: DeviceChoice::Cpu,
+            data: DataConfig::default(),
+            input_norm: InputNorm::Dataset,
+            model: EmbeddingNetConfig::default(),
+            pretrained: None,
+            sampler: SamplerConfig::default(),
+            epochs: 5,
+            optimizer: OptimizerConfig::default(),
+            schedule: LrSchedule::default(),
+            backbone_warmup_epochs: 0,
+            large_batch_chunk: None,
+            eval: EvalConfig::default(),
+            output: OutputConfig::default(),
+            resume: None,
+            progress: true,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Errors naming the first invalid field that can be checked without the data.
+    pub fn validate(&self) -> Result<()> {
+        if self.epochs == 0 {
+            return Err(Error::invalid("epochs", "must be ≥ 1"));
+        }
+        if self.eval.batch_size == 0 {
+            return Err(Error::invalid("eval.batch_size", "must be ≥ 1"));
+        }
+        if self.large_batch_chunk == Some(0) {
+            return Err(Error::invalid("large_batch_chunk", "must be ≥ 1"));
+        }
+        self.schedule.validate()?;
+        self.optimizer.backbone.algorithm.validate()?;
+        self.optimizer.head.algorithm.validate()?;
+        self.data.shapes().validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips_and_rejects_unknown_fields() {
+        let c = TrainConfig::default();
+        let json = serde_json::to_string(&c).unwrap();
+        let back: TrainConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        let partial: TrainConfig = serde_json::from_str(
+            r#"{"epochs": 3, "optimizer": {"backbone": {"lr": 0.1,
+                "algorithm": {"kind": "sgd", "momentum": 0.9, "nesterov": true}}},
+                "schedule": {"decay": {"kind": "cosine", "t_max": 3}}}"#,
+        )
+        .unwrap();
+        assert_eq!(partial.epochs, 3);
+        assert!(partial.validate().is_ok());
+        let e = serde_json::from_str::<TrainConfig>(r#"{"epoch": 3}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown field `epoch`"), "{e}");
+        assert!(DeviceChoice::parse("gpu").is_err());
+        assert_eq!(DeviceChoice::parse("auto").unwrap(), DeviceChoice::Auto);
+        #[cfg(not(feature = "cuda"))]
+        assert!(DeviceChoice::Cuda
+            .device()
+            .unwrap_err()
+            .to_string()
+            .contains("--features cuda"));
+    }
+}

@@ -1,0 +1,89 @@
+//! Batches larger than memory allows, with the exact gradient: the "memory-efficient
+//! backpropagation" of Revaud et al. (2019) used by FastAP's `train_staged` (MATLAB) and
+//! SupRank's `engine/large_batch_update.py`.
+//!
+//! A rank loss couples every item of the batch, so the batch cannot be split into independent
+//! mini-batches. But its gradient factors through the embedding matrix `E` (`B × D`):
+//! `∂L/∂θ = Σ_i (∂L/∂e_i) · ∂e_i/∂θ`. So:
+//! 1. embed the batch chunk by chunk *without* a graph (memory: one chunk of activations);
+//! 2. compute the loss on `E` and its gradient `G = ∂L/∂E` (memory: the loss's own working set);
+//! 3. re-embed each chunk *with* a graph and back-propagate the scalar `Σ (E_chunk ⊙ G_chunk)`,
+//!    whose gradient with respect to θ is that chunk's share of `∂L/∂θ`; sum over the chunks.
+//!
+//! The result equals the direct gradient up to floating-point summation order, provided the
+//! forward pass of a chunk does not depend on the rest of the batch: BatchNorm must be frozen
+//! (the trainer refuses chunking with batch statistics, which would differ per chunk).
+
+use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
+use crate::losses::RankLoss;
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, Var};
+
+/// The loss value and the gradients of every variable that reaches it, for one batch, computed
+/// directly (one forward pass with a graph over the whole batch).
+pub fn direct_gradients(
+    forward: &dyn Fn(&Tensor) -> Result<Tensor>,
+    images: &Tensor,
+    labels: &Labels,
+    loss: &dyn RankLoss,
+) -> Result<(f64, GradStore)> {
+    let embeddings = forward(images)?;
+    let value = loss.forward(&embeddings, labels)?;
+    let scalar = scalar_value(&value)?;
+    Ok((scalar, value.backward()?))
+}
+
+/// The same loss value and gradients as [`direct_gradients`], computed with at most `chunk`
+/// images in a graph at a time (the three steps of the module documentation).
+///
+/// Gradients of variables used by the loss itself (proxies, …) are included.
+pub fn chunked_gradients(
+    forward: &dyn Fn(&Tensor) -> Result<Tensor>,
+    images: &Tensor,
+    labels: &Labels,
+    loss: &dyn RankLoss,
+    chunk: usize,
+) -> Result<(f64, GradStore)> {
+    if chunk == 0 {
+        return Err(Error::invalid("large_batch_chunk", "must be ≥ 1"));
+    }
+    let b = images.dim(0)?;
+    let starts: Vec<usize> = (0..b).step_by(chunk).collect();
+    // Step 1: embeddings without a graph.
+    let parts = starts
+        .iter()
+        .map(|&s| Ok(forward(&images.narrow(0, s, chunk.min(b - s))?)?.detach()))
+        .collect::<Result<Vec<_>>>()?;
+    let embeddings = Var::from_tensor(&Tensor::cat(&parts, 0)?)?;
+    // Step 2: the loss and its gradient with respect to the embedding matrix.
+    let value = loss.forward(embeddings.as_tensor(), labels)?;
+    let scalar = scalar_value(&value)?;
+    let mut grads = value.backward()?;
+    let grad_e = grads
+        .remove(embeddings.as_tensor())
+        .ok_or_else(|| Error::invalid("loss", "the loss does not depend on the embeddings"))?;
+    // Step 3: re-run each chunk with a graph and inject its slice of the gradient.
+    for &s in &starts {
+        let n = chunk.min(b - s);
+        let e = forward(&images.narrow(0, s, n)?)?;
+        let g = grad_e.narrow(0, s, n)?.detach();
+        let surrogate = (e * g)?.sum_all()?;
+        grads.extend(surrogate.backward()?)?;
+    }
+    Ok((scalar, grads))
+}
+
+/// The value of a scalar loss tensor, as `f64`; errors if it is not a scalar.
+pub(crate) fn scalar_value(value: &Tensor) -> Result<f64> {
+    if value.elem_count() != 1 {
+        return Err(Error::Shape(format!(
+            "the loss must be a scalar, got shape {:?}",
+            value.dims()
+        )));
+    }
+    Ok(value
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?[0])
+}

@@ -1,0 +1,21 @@
+//! Training: optimizers with PyTorch semantics ([`optim`]), learning-rate schedules and
+//! HAPPIER's backbone warm-up ([`schedule`]), the exact large-batch gradient of FastAP / SupRank
+//! ([`large_batch`]), checkpoints ([`checkpoint`]), the metrics log ([`log`]), the run
+//! configuration ([`config`]) and the [`Trainer`] that ties them together ([`trainer`]).
+
+pub mod checkpoint;
+pub mod config;
+pub mod large_batch;
+pub mod log;
+pub mod optim;
+pub mod schedule;
+pub mod trainer;
+
+pub use config::{
+    DataConfig, DeviceChoice, EvalConfig, GroupConfig, InputNorm, OptimizerConfig, OutputConfig,
+    SamplerConfig, TrainConfig,
+};
+pub use log::{LogRow, MetricsLog};
+pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
+pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
+pub use trainer::{run, EpochSummary, TrainReport, Trainer};

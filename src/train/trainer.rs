@@ -1,0 +1,554 @@
+//! The training loop: epochs of batches from a sampler, a rank loss, parameter groups with their
+//! schedule and HAPPIER's backbone warm-up, periodic retrieval evaluation, a metrics log, and
+//! checkpoints from which training resumes bit-identically.
+//!
+//! **Determinism.** Everything random is seeded: the initial weights ([`ParamStore`], by seed
+//! and variable name) and the batches (a pure function of the sampler seed and the epoch, see
+//! [`crate::samplers`]). There is no data augmentation and no dropout, so no other generator
+//! state exists. A checkpoint stores the variables (weights and BatchNorm statistics), the
+//! optimizer state (moments, momentum buffers, step counts, learning rates, on/off switches), the
+//! [`SamplerState`] and the step counter; the learning rate of every later step is a pure
+//! function of those. On the CPU candle's kernels are deterministic for a fixed thread count, so
+//! `N` epochs in one go and `k` epochs + resume + `N − k` epochs give the same bits (tested).
+
+use super::checkpoint;
+use super::config::{DynSampler, InputNorm, TrainConfig};
+use super::large_batch::{chunked_gradients, direct_gradients};
+use super::log::MetricsLog;
+use super::optim::{GroupState, Optimizer, ParamGroup};
+use super::schedule::{BackboneWarmup, ScheduleUnit};
+use crate::data::{retrieval_split, ImageSet};
+use crate::error::{Error, Result};
+use crate::losses::RankLoss;
+use crate::models::{EmbeddingNet, ParamStore, BACKBONE_PREFIX, HEAD_PREFIX};
+use crate::retrieval::{evaluate, EvalOptions, EvalReport};
+use crate::samplers::SamplerState;
+use candle_core::{DType, Device, Tensor};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Name of the backbone's parameter group.
+pub const BACKBONE_GROUP: &str = "backbone";
+/// Name of the head's parameter group.
+pub const HEAD_GROUP: &str = "head";
+/// Checkpoint file name in the output folder.
+pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
+/// Metrics file names in the output folder.
+pub const METRICS_CSV: &str = "metrics.csv";
+/// Parquet version of the metrics.
+pub const METRICS_PARQUET: &str = "metrics.parquet";
+/// Identifies the checkpoint layout.
+const CHECKPOINT_FORMAT: &str = "rankwise-train-1";
+
+/// torchvision's ImageNet channel means and standard deviations.
+const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The JSON document of a checkpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct CheckpointMeta {
+    format: String,
+    sampler: SamplerState,
+    global_step: u64,
+    optimizer: Vec<GroupState>,
+    config: TrainConfig,
+    log: MetricsLog,
+}
+
+/// What one epoch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpochSummary {
+    /// 1-based index of the epoch.
+    pub epoch: u64,
+    /// Mean loss over its batches.
+    pub mean_loss: f64,
+    /// Training images per second (forward, backward and optimizer step).
+    pub images_per_s: f64,
+    /// Number of batches.
+    pub batches: usize,
+    /// Whether the backbone was frozen (warm-up).
+    pub backbone_frozen: bool,
+}
+
+/// What [`Trainer::fit`] returns.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    /// The metrics log of the whole run (including epochs before a resume).
+    pub log: MetricsLog,
+    /// The last evaluation of this session, if any.
+    pub last_eval: Option<EvalReport>,
+    /// The summaries of the epochs trained in this session.
+    pub epochs: Vec<EpochSummary>,
+}
+
+/// A training run in progress.
+pub struct Trainer<'a> {
+    config: TrainConfig,
+    device: Device,
+    params: ParamStore,
+    model: EmbeddingNet,
+    optimizer: Optimizer,
+    sampler: DynSampler,
+    sampler_state: SamplerState,
+    loss: &'a dyn RankLoss,
+    train_set: ImageSet,
+    test_set: ImageSet,
+    mean: Tensor,
+    std: Tensor,
+    global_step: u64,
+    log: MetricsLog,
+}
+
+impl<'a> Trainer<'a> {
+    /// A trainer on the embedded dataset of `config.data` (train / test sides of its retrieval
+    /// split), resuming from `config.resume` if set.
+    pub fn new(config: TrainConfig, loss: &'a dyn RankLoss) -> Result<Self> {
+        config.validate()?;
+        let images = config.data.shapes().generate()?;
+        let split = retrieval_split(images.labels(), config.data.split_level)?;
+        let train = images.select(&split.train)?;
+        let test = images.select(&split.test)?;
+        Self::with_data(config, train, test, loss)
+    }
+
+    /// A trainer on given training and evaluation images (`config.data` is not used), resuming
+    /// from `config.resume` if set.
+    pub fn with_data(
+        config: TrainConfig,
+        train_set: ImageSet,
+        test_set: ImageSet,
+        loss: &'a dyn RankLoss,
+    ) -> Result<Self> {
+        config.validate()?;
+        let device = config.device.device()?;
+        let params = ParamStore::new(config.seed);
+        let model = EmbeddingNet::new(&config.model, params.var_builder(DType::F32, &device))?;
+        if let Some(path) = &config.pretrained {
+            params.load_safetensors(path, BACKBONE_PREFIX)?;
+        }
+        if config.large_batch_chunk.is_some() && model.uses_batch_statistics() {
+            return Err(Error::invalid(
+                "large_batch_chunk",
+                "chunked embedding gives the exact gradient only without batch statistics: \
+                 freeze the BatchNorm layers (frozen_bn = true) or drop large_batch_chunk",
+            ));
+        }
+        if train_set.image_shape() != test_set.image_shape() {
+            return Err(Error::Shape(format!(
+                "training images are {:?} but test images are {:?}",
+                train_set.image_shape(),
+                test_set.image_shape()
+            )));
+        }
+        let optimizer = Optimizer::new(vec![
+            ParamGroup {
+                name: BACKBONE_GROUP.into(),
+                algorithm: config.optimizer.backbone.algorithm,
+                lr: config.optimizer.backbone.lr,
+                params: params.trainable(BACKBONE_PREFIX),
+            },
+            ParamGroup {
+                name: HEAD_GROUP.into(),
+                algorithm: config.optimizer.head.algorithm,
+                lr: config.optimizer.head.lr,
+                params: params.trainable(HEAD_PREFIX),
+            },
+        ])?;
+        let sampler = config.sampler.build(train_set.labels(), config.seed)?;
+        let (mean, std) = input_statistics(config.input_norm, &train_set)?;
+        let c = mean.len();
+        let mean = Tensor::from_vec(mean, (1, c, 1, 1), &device)?;
+        let std = Tensor::from_vec(std, (1, c, 1, 1), &device)?;
+        let mut trainer = Trainer {
+            sampler_state: SamplerState {
+                seed: config.seed,
+                epoch: 0,
+            },
+            config,
+            device,
+            params,
+            model,
+            optimizer,
+            sampler,
+            loss,
+            train_set,
+            test_set,
+            mean,
+            std,
+            global_step: 0,
+            log: MetricsLog::default(),
+        };
+        if let Some(path) = trainer.config.resume.clone() {
+            trainer.resume(&path)?;
+        }
+        Ok(trainer)
+    }
+
+    /// The variables of the model.
+    pub fn params(&self) -> &ParamStore {
+        &self.params
+    }
+
+    /// The model.
+    pub fn model(&self) -> &EmbeddingNet {
+        &self.model
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// The metrics log so far.
+    pub fn log(&self) -> &MetricsLog {
+        &self.log
+    }
+
+    /// Number of epochs completed.
+    pub fn epochs_done(&self) -> u64 {
+        self.sampler_state.epoch
+    }
+
+    /// Number of optimizer steps completed.
+    pub fn global_step(&self) -> u64 {
+        self.global_step
+    }
+
+    /// The training images.
+    pub fn train_set(&self) -> &ImageSet {
+        &self.train_set
+    }
+
+    /// The evaluation images.
+    pub fn test_set(&self) -> &ImageSet {
+        &self.test_set
+    }
+
+    /// Images `indices` of `set`, normalised, on the training device.
+    fn batch_images(&self, set: &ImageSet, indices: &[usize]) -> Result<Tensor> {
+        let x = set.batch_tensor(indices, &self.device)?;
+        Ok(x.broadcast_sub(&self.mean)?.broadcast_div(&self.std)?)
+    }
+
+    /// Sets every group's learning rate for schedule tick `tick`.
+    fn apply_schedule(&mut self, tick: u64) -> Result<()> {
+        for group in [BACKBONE_GROUP, HEAD_GROUP] {
+            let base = self
+                .optimizer
+                .base_lr(group)
+                .ok_or_else(|| Error::invalid("group", format!("no group `{group}`")))?;
+            let lr = self.config.schedule.lr(base, tick);
+            self.optimizer.set_lr(group, lr)?;
+        }
+        Ok(())
+    }
+
+    /// Trains one epoch (the next one of the sampler state).
+    pub fn train_epoch(&mut self) -> Result<EpochSummary> {
+        let epoch = self.sampler_state.epoch;
+        let batches = self.sampler_state.batches(self.sampler.as_ref())?;
+        if batches.is_empty() {
+            return Err(Error::invalid(
+                "sampler",
+                format!("epoch {} has no batch", epoch + 1),
+            ));
+        }
+        let warmup = BackboneWarmup {
+            epochs: self.config.backbone_warmup_epochs,
+        };
+        let frozen = warmup.backbone_frozen(epoch);
+        self.optimizer.set_enabled(BACKBONE_GROUP, !frozen)?;
+        let unit = self.config.schedule.unit;
+        if unit == ScheduleUnit::Epoch {
+            self.apply_schedule(warmup.epoch_ticks(epoch))?;
+        }
+        let total: usize = batches.iter().map(Vec::len).sum();
+        let pb = progress_bar(total, self.config.progress, epoch + 1);
+        let start = Instant::now();
+        let mut loss_sum = 0.0;
+        for batch in &batches {
+            if unit == ScheduleUnit::Iteration {
+                self.apply_schedule(self.global_step)?;
+            }
+            let x = self.batch_images(&self.train_set, batch)?;
+            let labels = self.train_set.labels().select(batch)?;
+            let model = &self.model;
+            let forward = |x: &Tensor| model.forward_t(x, true);
+            let (loss, grads) = match self.config.large_batch_chunk {
+                Some(chunk) if chunk < batch.len() => {
+                    chunked_gradients(&forward, &x, &labels, self.loss, chunk)?
+                }
+                _ => direct_gradients(&forward, &x, &labels, self.loss)?,
+            };
+            if !loss.is_finite() {
+                return Err(Error::invalid(
+                    "loss",
+                    format!(
+                        "the loss is {loss} at epoch {}, step {}",
+                        epoch + 1,
+                        self.global_step + 1
+                    ),
+                ));
+            }
+            self.optimizer.step(&grads)?;
+            self.global_step += 1;
+            loss_sum += loss;
+            self.log
+                .push(epoch + 1, self.global_step, "train", "loss", None, loss);
+            pb.inc(batch.len() as u64);
+            pb.set_message(format!("epoch {} loss {loss:.4}", epoch + 1));
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        pb.finish_and_clear();
+        let summary = EpochSummary {
+            epoch: epoch + 1,
+            mean_loss: loss_sum / batches.len() as f64,
+            images_per_s: total as f64 / seconds.max(1e-9),
+            batches: batches.len(),
+            backbone_frozen: frozen,
+        };
+        let step = self.global_step;
+        let e = epoch + 1;
+        self.log
+            .push(e, step, "train", "loss_mean", None, summary.mean_loss);
+        self.log
+            .push(e, step, "train", "images_per_s", None, summary.images_per_s);
+        self.log
+            .push(e, step, "train", "epoch_seconds", None, seconds);
+        for group in [BACKBONE_GROUP, HEAD_GROUP] {
+            let lr = self.optimizer.lr(group).unwrap_or(f64::NAN);
+            self.log
+                .push(e, step, "train", &format!("lr/{group}"), None, lr);
+        }
+        self.sampler_state = self.sampler_state.next();
+        Ok(summary)
+    }
+
+    /// Embeddings (`N × D`, on the training device) of every image of `set`, in evaluation mode,
+    /// `config.eval.batch_size` images at a time.
+    pub fn embed(&self, set: &ImageSet) -> Result<Tensor> {
+        let n = set.len();
+        let bs = self.config.eval.batch_size;
+        let mut parts = Vec::with_capacity(n.div_ceil(bs));
+        for start in (0..n).step_by(bs) {
+            let idx: Vec<usize> = (start..(start + bs).min(n)).collect();
+            let x = self.batch_images(set, &idx)?;
+            parts.push(self.model.forward_t(&x, false)?.detach());
+        }
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// Retrieval evaluation of the test images against themselves (each query removed from its
+    /// own list), logged under `test` at the current epoch.
+    pub fn evaluate(&mut self) -> Result<EvalReport> {
+        let emb = self.embed(&self.test_set)?;
+        let opts = EvalOptions {
+            recall_ks: self.config.eval.recall_ks.clone(),
+            device: self.device.clone(),
+            ..EvalOptions::default()
+        };
+        let report = evaluate(&emb, self.test_set.labels(), None, &opts)?;
+        let (e, s) = (self.sampler_state.epoch, self.global_step);
+        for row in &report.rows {
+            self.log
+                .push(e, s, "test", &row.metric, row.level, row.value);
+        }
+        Ok(report)
+    }
+
+    /// Saves a checkpoint to `path` atomically.
+    pub fn save_checkpoint(&self, path: &Path) -> Result<()> {
+        let mut tensors: Vec<(String, Tensor)> = self
+            .params
+            .all()
+            .into_iter()
+            .map(|(name, var)| (format!("model.{name}"), var.as_tensor().clone()))
+            .collect();
+        tensors.extend(self.optimizer.state_tensors());
+        let meta = CheckpointMeta {
+            format: CHECKPOINT_FORMAT.into(),
+            sampler: self.sampler_state,
+            global_step: self.global_step,
+            optimizer: self.optimizer.group_states(),
+            config: self.config.clone(),
+            log: self.log.clone(),
+        };
+        let json = serde_json::to_string(&meta)
+            .map_err(|e| Error::file(path, format!("cannot serialise the checkpoint: {e}")))?;
+        checkpoint::save(path, &tensors, &json)
+    }
+
+    /// Restores the state saved by [`Trainer::save_checkpoint`]. The checkpoint must come from a
+    /// run with the same seed, data, model and sampler (the error names the field that differs);
+    /// the number of epochs, evaluation and output settings may change.
+    pub fn resume(&mut self, path: &Path) -> Result<()> {
+        let (tensors, json) = checkpoint::load(path, &self.device)?;
+        let meta: CheckpointMeta = serde_json::from_str(&json)
+            .map_err(|e| Error::file(path, format!("invalid checkpoint metadata: {e}")))?;
+        if meta.format != CHECKPOINT_FORMAT {
+            return Err(Error::file(
+                path,
+                format!(
+                    "checkpoint format `{}`, expected `{CHECKPOINT_FORMAT}`",
+                    meta.format
+                ),
+            ));
+        }
+        let old = &meta.config;
+        let mismatch = |field: &str| {
+            Error::file(
+                path,
+                format!("the checkpoint was trained with another `{field}` than this run"),
+            )
+        };
+        if old.seed != self.config.seed {
+            return Err(mismatch("seed"));
+        }
+        if old.model != self.config.model {
+            return Err(mismatch("model"));
+        }
+        if old.sampler != self.config.sampler {
+            return Err(mismatch("sampler"));
+        }
+        if old.data != self.config.data {
+            return Err(mismatch("data"));
+        }
+        let model_tensors: BTreeMap<String, Tensor> = tensors
+            .iter()
+            .filter_map(|(k, t)| k.strip_prefix("model.").map(|n| (n.to_string(), t.clone())))
+            .collect();
+        self.params.assign_all(&model_tensors, path)?;
+        self.optimizer.load_state(&meta.optimizer, &tensors, path)?;
+        self.sampler_state = meta.sampler;
+        self.global_step = meta.global_step;
+        self.log = meta.log;
+        Ok(())
+    }
+
+    /// Trains until `config.epochs` epochs are done, evaluating and writing the outputs as
+    /// configured.
+    pub fn fit(&mut self) -> Result<TrainReport> {
+        let mut last_eval = None;
+        let mut epochs = Vec::new();
+        let out_dir = self.config.output.dir.clone();
+        if let Some(dir) = &out_dir {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+        }
+        let evaluated_at_start = self
+            .log
+            .rows()
+            .iter()
+            .any(|r| r.split == "test" && r.epoch == 0);
+        if self.config.eval.at_start && self.sampler_state.epoch == 0 && !evaluated_at_start {
+            last_eval = Some(self.evaluate()?);
+        }
+        let total = self.config.epochs;
+        while self.sampler_state.epoch < total {
+            epochs.push(self.train_epoch()?);
+            let done = self.sampler_state.epoch;
+            if is_due(done, self.config.eval.every, total) {
+                last_eval = Some(self.evaluate()?);
+            }
+            if let Some(dir) = &out_dir {
+                if is_due(done, self.config.output.checkpoint_every, total) {
+                    self.save_checkpoint(&dir.join(CHECKPOINT_FILE))?;
+                }
+                self.write_metrics(dir)?;
+            }
+        }
+        Ok(TrainReport {
+            log: self.log.clone(),
+            last_eval,
+            epochs,
+        })
+    }
+
+    /// Writes `metrics.csv` and `metrics.parquet` into `dir`.
+    pub fn write_metrics(&self, dir: &Path) -> Result<()> {
+        self.log.write_csv(&dir.join(METRICS_CSV))?;
+        self.log.write_parquet(&dir.join(METRICS_PARQUET))
+    }
+
+    /// The checkpoint path of the configured output folder, if any.
+    pub fn checkpoint_path(&self) -> Option<PathBuf> {
+        self.config
+            .output
+            .dir
+            .as_ref()
+            .map(|d| d.join(CHECKPOINT_FILE))
+    }
+}
+
+/// Whether a periodic action with period `every` is due after `done` of `total` epochs (always
+/// after the last; `every = 0` means only then).
+fn is_due(done: u64, every: u64, total: u64) -> bool {
+    done == total || (every > 0 && done % every == 0)
+}
+
+/// Per-channel mean and standard deviation used to normalise the inputs.
+fn input_statistics(norm: InputNorm, train: &ImageSet) -> Result<(Vec<f32>, Vec<f32>)> {
+    let c = train.image_shape().0;
+    match norm {
+        InputNorm::None => Ok((vec![0.0; c], vec![1.0; c])),
+        InputNorm::Imagenet => {
+            if c != 3 {
+                return Err(Error::invalid(
+                    "input_norm",
+                    format!("ImageNet statistics need 3 channels, the images have {c}"),
+                ));
+            }
+            Ok((IMAGENET_MEAN.to_vec(), IMAGENET_STD.to_vec()))
+        }
+        InputNorm::Dataset => {
+            let stats = train.channel_mean_std();
+            if let Some(ch) = stats.iter().position(|&(_, s)| s.is_nan() || s <= 0.0) {
+                return Err(Error::invalid(
+                    "input_norm",
+                    format!("channel {ch} of the training images is constant; use `none`"),
+                ));
+            }
+            Ok((
+                stats.iter().map(|&(m, _)| m as f32).collect(),
+                stats.iter().map(|&(_, s)| s as f32).collect(),
+            ))
+        }
+    }
+}
+
+fn progress_bar(images: usize, show: bool, epoch: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(images as u64);
+    pb.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{elapsed_precise}] {bar:30} {pos}/{len} images ({per_sec}, eta {eta})",
+        )
+        .expect("static progress template"),
+    );
+    pb.set_message(format!("epoch {epoch}"));
+    pb
+}
+
+/// Builds a [`Trainer`] from `config` (the embedded dataset) and trains it to the end:
+/// the library entry point of `rankwise train`.
+pub fn run(config: &TrainConfig, loss: &dyn RankLoss) -> Result<TrainReport> {
+    Trainer::new(config.clone(), loss)?.fit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periodic_actions() {
+        assert!(is_due(3, 0, 3));
+        assert!(!is_due(2, 0, 3));
+        assert!(is_due(2, 2, 5));
+        assert!(!is_due(3, 2, 5));
+        assert!(is_due(5, 2, 5));
+    }
+}

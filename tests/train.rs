@@ -1,0 +1,634 @@
+//! Optimizers against hand-computed steps, the exact large-batch gradient, and the trainer:
+//! warm-up, outputs, and bit-identical resume.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor, Var};
+use rankwise::hierarchy::Labels;
+use rankwise::losses::{check_batch, RankLoss};
+use rankwise::models::{
+    BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
+    SmallCnnConfig,
+};
+use rankwise::train::large_batch::{chunked_gradients, direct_gradients};
+use rankwise::train::{
+    AdamConfig, Algorithm, DataConfig, Decay, EvalConfig, GroupConfig, LrSchedule, Optimizer,
+    OptimizerConfig, OutputConfig, ParamGroup, SamplerConfig, SgdConfig, TrainConfig, Trainer,
+};
+
+/// A contrastive loss on cosine similarities (Hadsell et al., 2006), written here because the
+/// crate's losses live elsewhere: the mean over ordered pairs `i ≠ j` of `1 − s_ij` for
+/// positives (same fine class) and `max(0, s_ij − margin)` for negatives.
+struct Contrastive {
+    margin: f64,
+}
+
+impl RankLoss for Contrastive {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> rankwise::Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        let b = labels.len();
+        let norm = embeddings.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
+        let e = embeddings.broadcast_div(&norm)?;
+        let s = e.matmul(&e.t()?)?;
+        let mask = |same: bool| -> rankwise::Result<Tensor> {
+            let v: Vec<f64> = (0..b * b)
+                .map(|k| {
+                    let (i, j) = (k / b, k % b);
+                    f64::from(u8::from(
+                        i != j && (labels.fine(i) == labels.fine(j)) == same,
+                    ))
+                })
+                .collect();
+            Ok(Tensor::from_vec(v, (b, b), e.device())?.to_dtype(e.dtype())?)
+        };
+        let pos = (mask(true)? * (1.0 - &s)?)?;
+        let neg = (mask(false)? * (&s - self.margin)?.relu()?)?;
+        Ok(((pos + neg)?.sum_all()? / (b * (b - 1)) as f64)?)
+    }
+}
+
+fn cpu() -> Device {
+    Device::Cpu
+}
+
+fn values(t: &Tensor) -> Vec<f64> {
+    t.flatten_all()
+        .unwrap()
+        .to_dtype(DType::F64)
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// Gradients of `L = Σ_i c_i θ_i²` for every variable: `2 c ⊙ θ`.
+fn quadratic_grads(vars: &[(&Var, &[f64])]) -> GradStore {
+    let mut total: Option<Tensor> = None;
+    for (v, c) in vars {
+        let c = Tensor::new(*c, &cpu()).unwrap();
+        let term = (v.as_tensor().sqr().unwrap() * c)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        total = Some(match total {
+            None => term,
+            Some(t) => (t + term).unwrap(),
+        });
+    }
+    total.unwrap().backward().unwrap()
+}
+
+fn assert_close(a: &[f64], b: &[f64], tol: f64, what: &str) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert!(
+            (x - y).abs() <= tol * y.abs().max(1.0),
+            "{what}: {a:?} vs {b:?}"
+        );
+    }
+}
+
+/// Adam / AdamW by hand, in scalars, as PyTorch's documentation writes it.
+fn adam_by_hand(
+    theta0: &[f64],
+    c: &[f64],
+    lr: f64,
+    cfg: AdamConfig,
+    decoupled: bool,
+    steps: usize,
+) -> Vec<f64> {
+    let mut theta = theta0.to_vec();
+    let mut m = vec![0.0; theta.len()];
+    let mut v = vec![0.0; theta.len()];
+    for t in 1..=steps {
+        for i in 0..theta.len() {
+            let mut g = 2.0 * c[i] * theta[i];
+            if decoupled {
+                theta[i] *= 1.0 - lr * cfg.weight_decay;
+            } else {
+                g += cfg.weight_decay * theta[i];
+            }
+            m[i] = cfg.beta1 * m[i] + (1.0 - cfg.beta1) * g;
+            v[i] = cfg.beta2 * v[i] + (1.0 - cfg.beta2) * g * g;
+            let m_hat = m[i] / (1.0 - cfg.beta1.powi(t as i32));
+            let v_hat = v[i] / (1.0 - cfg.beta2.powi(t as i32));
+            theta[i] -= lr * m_hat / (v_hat.sqrt() + cfg.eps);
+        }
+    }
+    theta
+}
+
+/// SGD by hand, as PyTorch's documentation writes it.
+fn sgd_by_hand(theta0: &[f64], c: &[f64], lr: f64, cfg: SgdConfig, steps: usize) -> Vec<f64> {
+    let mut theta = theta0.to_vec();
+    let mut buf: Vec<Option<f64>> = vec![None; theta.len()];
+    for _ in 0..steps {
+        for i in 0..theta.len() {
+            let mut g = 2.0 * c[i] * theta[i] + cfg.weight_decay * theta[i];
+            if cfg.momentum != 0.0 {
+                let b = match buf[i] {
+                    None => g,
+                    Some(b) => cfg.momentum * b + (1.0 - cfg.dampening) * g,
+                };
+                buf[i] = Some(b);
+                g = if cfg.nesterov {
+                    g + cfg.momentum * b
+                } else {
+                    b
+                };
+            }
+            theta[i] -= lr * g;
+        }
+    }
+    theta
+}
+
+fn run_optimizer(
+    algorithm: Algorithm,
+    lr: f64,
+    theta0: &[f64],
+    c: &[f64],
+    steps: usize,
+) -> Vec<f64> {
+    let theta = Var::new(theta0, &cpu()).unwrap();
+    let mut opt = Optimizer::new(vec![ParamGroup {
+        name: "all".into(),
+        algorithm,
+        lr,
+        params: vec![("theta".into(), theta.clone())],
+    }])
+    .unwrap();
+    for _ in 0..steps {
+        let g = quadratic_grads(&[(&theta, c)]);
+        opt.step(&g).unwrap();
+    }
+    values(theta.as_tensor())
+}
+
+const THETA0: [f64; 4] = [1.0, -2.0, 0.5, 3.0];
+const C: [f64; 4] = [0.5, 0.25, -1.0, 0.1];
+
+#[test]
+fn adam_first_step_by_hand() {
+    // θ = 1, c = 0.5: g = 2·0.5·1 + λ·1 = 1.1 with λ = 0.1 (coupled L2); the bias-corrected
+    // first step is θ − lr · g / (|g| + ε) = 1 − 0.01 · 1.1 / (1.1 + 1e-8).
+    let cfg = AdamConfig {
+        weight_decay: 0.1,
+        ..AdamConfig::default()
+    };
+    let got = run_optimizer(Algorithm::Adam(cfg), 0.01, &[1.0], &[0.5], 1);
+    let expected = 1.0 - 0.01 * 1.1 / (1.1 + 1e-8);
+    assert!((got[0] - expected).abs() < 1e-15, "{got:?} vs {expected}");
+    // AdamW: θ ← θ(1 − lr·λ) = 0.999, then θ − lr · g / (|g| + ε) with g = 1 (no L2 in g).
+    let got = run_optimizer(Algorithm::AdamW(cfg), 0.01, &[1.0], &[0.5], 1);
+    let expected = 0.999 - 0.01 * 1.0 / (1.0 + 1e-8);
+    assert!((got[0] - expected).abs() < 1e-15, "{got:?} vs {expected}");
+}
+
+#[test]
+fn adam_and_adamw_match_the_formulas_over_several_steps() {
+    let cfg = AdamConfig {
+        beta1: 0.8,
+        beta2: 0.99,
+        eps: 1e-6,
+        weight_decay: 0.05,
+    };
+    for decoupled in [false, true] {
+        let algo = if decoupled {
+            Algorithm::AdamW(cfg)
+        } else {
+            Algorithm::Adam(cfg)
+        };
+        let got = run_optimizer(algo, 0.1, &THETA0, &C, 5);
+        let expected = adam_by_hand(&THETA0, &C, 0.1, cfg, decoupled, 5);
+        assert_close(&got, &expected, 1e-13, &format!("decoupled = {decoupled}"));
+    }
+    // Coupled and decoupled weight decay are different algorithms.
+    let coupled = run_optimizer(Algorithm::Adam(cfg), 0.1, &THETA0, &C, 5);
+    let decoupled = run_optimizer(Algorithm::AdamW(cfg), 0.1, &THETA0, &C, 5);
+    assert!(coupled
+        .iter()
+        .zip(&decoupled)
+        .any(|(a, b)| (a - b).abs() > 1e-4));
+}
+
+#[test]
+fn sgd_momentum_dampening_nesterov_match_the_formulas() {
+    // One hand-computed Nesterov step: θ = 1, c = 0.5, λ = 0.1: g = 1.1, buffer = g,
+    // update g + 0.9·g = 2.09, θ = 1 − 0.1·2.09.
+    let nesterov = SgdConfig {
+        momentum: 0.9,
+        dampening: 0.0,
+        nesterov: true,
+        weight_decay: 0.1,
+    };
+    let got = run_optimizer(Algorithm::Sgd(nesterov), 0.1, &[1.0], &[0.5], 1);
+    assert!((got[0] - (1.0 - 0.1 * 2.09)).abs() < 1e-15, "{got:?}");
+    for cfg in [
+        SgdConfig::default(),
+        SgdConfig {
+            momentum: 0.9,
+            dampening: 0.1,
+            nesterov: false,
+            weight_decay: 1e-2,
+        },
+        nesterov,
+    ] {
+        let got = run_optimizer(Algorithm::Sgd(cfg), 0.05, &THETA0, &C, 4);
+        let expected = sgd_by_hand(&THETA0, &C, 0.05, cfg, 4);
+        assert_close(&got, &expected, 1e-14, &format!("{cfg:?}"));
+    }
+    let bad = Algorithm::Sgd(SgdConfig {
+        momentum: 0.0,
+        nesterov: true,
+        ..SgdConfig::default()
+    });
+    let e = Optimizer::new(vec![ParamGroup {
+        name: "g".into(),
+        algorithm: bad,
+        lr: 0.1,
+        params: vec![("p".into(), Var::new(&[1f64], &cpu()).unwrap())],
+    }])
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nesterov"), "{e}");
+}
+
+#[test]
+fn groups_have_their_own_rates_switches_and_state() {
+    let a = Var::new(&THETA0, &cpu()).unwrap();
+    let b = Var::new(&THETA0, &cpu()).unwrap();
+    let untouched = Var::new(&[5.0f64], &cpu()).unwrap();
+    let sgd = Algorithm::Sgd(SgdConfig::default());
+    let adam = Algorithm::Adam(AdamConfig::default());
+    let mut opt = Optimizer::new(vec![
+        ParamGroup {
+            name: "backbone".into(),
+            algorithm: sgd,
+            lr: 0.01,
+            params: vec![("a".into(), a.clone()), ("u".into(), untouched.clone())],
+        },
+        ParamGroup {
+            name: "head".into(),
+            algorithm: adam,
+            lr: 0.02,
+            params: vec![("b".into(), b.clone())],
+        },
+    ])
+    .unwrap();
+    // Step 1 with the backbone off (HAPPIER warm-up), then 2 steps with both on.
+    opt.set_enabled("backbone", false).unwrap();
+    opt.step(&quadratic_grads(&[(&a, &C), (&b, &C)])).unwrap();
+    assert_eq!(values(a.as_tensor()), THETA0.to_vec());
+    opt.set_enabled("backbone", true).unwrap();
+    for _ in 0..2 {
+        opt.step(&quadratic_grads(&[(&a, &C), (&b, &C)])).unwrap();
+    }
+    assert_close(
+        &values(a.as_tensor()),
+        &sgd_by_hand(&THETA0, &C, 0.01, SgdConfig::default(), 2),
+        1e-14,
+        "a",
+    );
+    let expected_b = adam_by_hand(&THETA0, &C, 0.02, AdamConfig::default(), false, 3);
+    assert_close(&values(b.as_tensor()), &expected_b, 1e-13, "b");
+    // `u` never had a gradient: unchanged, and its step count was not advanced.
+    assert_eq!(values(untouched.as_tensor()), vec![5.0]);
+    let states = opt.group_states();
+    assert_eq!(states[0].steps["a"], 2);
+    assert_eq!(states[0].steps["u"], 0);
+    assert_eq!(states[1].steps["b"], 3);
+    // Duplicates are refused.
+    let dup = Optimizer::new(vec![
+        ParamGroup {
+            name: "x".into(),
+            algorithm: sgd,
+            lr: 0.1,
+            params: vec![("a".into(), a.clone())],
+        },
+        ParamGroup {
+            name: "y".into(),
+            algorithm: sgd,
+            lr: 0.1,
+            params: vec![("a".into(), a)],
+        },
+    ]);
+    assert!(dup
+        .unwrap_err()
+        .to_string()
+        .contains("`a` is in two groups"));
+}
+
+#[test]
+fn optimizer_state_round_trips() {
+    let cfg = Algorithm::Adam(AdamConfig::default());
+    let make = |theta: &Var| {
+        Optimizer::new(vec![ParamGroup {
+            name: "g".into(),
+            algorithm: cfg,
+            lr: 0.05,
+            params: vec![("t".into(), theta.clone())],
+        }])
+        .unwrap()
+    };
+    let straight = Var::new(&THETA0, &cpu()).unwrap();
+    let mut opt = make(&straight);
+    for _ in 0..4 {
+        opt.step(&quadratic_grads(&[(&straight, &C)])).unwrap();
+    }
+    let resumed = Var::new(&THETA0, &cpu()).unwrap();
+    let mut first = make(&resumed);
+    for _ in 0..2 {
+        first.step(&quadratic_grads(&[(&resumed, &C)])).unwrap();
+    }
+    let tensors = first.state_tensors().into_iter().collect();
+    let mut second = make(&resumed);
+    second
+        .load_state(&first.group_states(), &tensors, std::path::Path::new("mem"))
+        .unwrap();
+    for _ in 0..2 {
+        second.step(&quadratic_grads(&[(&resumed, &C)])).unwrap();
+    }
+    assert_eq!(values(straight.as_tensor()), values(resumed.as_tensor()));
+}
+
+#[test]
+fn chunked_large_batch_gradient_equals_the_direct_gradient() {
+    // f64 so that the only difference, the summation order, is far below the tolerance.
+    let store = ParamStore::new(5);
+    let cfg = EmbeddingNetConfig {
+        backbone: BackboneConfig::SmallCnn(SmallCnnConfig {
+            widths: vec![4, 6],
+            frozen_bn: true,
+            ..SmallCnnConfig::default()
+        }),
+        head: EmbeddingHeadConfig {
+            dim: 8,
+            ..EmbeddingHeadConfig::default()
+        },
+    };
+    let net = EmbeddingNet::new(&cfg, store.var_builder(DType::F64, &cpu())).unwrap();
+    let x = Tensor::randn(0f64, 1.0, (10, 3, 8, 8), &cpu()).unwrap();
+    let labels = Labels::from_fine(&[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]).unwrap();
+    let loss = Contrastive { margin: 0.1 };
+    let forward = |x: &Tensor| net.forward_t(x, true);
+    let (l_direct, g_direct) = direct_gradients(&forward, &x, &labels, &loss).unwrap();
+    for chunk in [1, 3, 4, 10] {
+        let (l_chunk, g_chunk) = chunked_gradients(&forward, &x, &labels, &loss, chunk).unwrap();
+        assert!(
+            (l_direct - l_chunk).abs() < 1e-14,
+            "loss {l_direct} vs {l_chunk}"
+        );
+        let mut checked = 0;
+        for (name, var) in store.trainable("") {
+            let a = values(g_direct.get(var.as_tensor()).unwrap());
+            let b = values(g_chunk.get(var.as_tensor()).unwrap());
+            let scale = a.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(scale > 0.0, "{name} has a zero gradient");
+            assert_close(
+                &b,
+                &a,
+                1e-11 * scale.max(1e-3),
+                &format!("chunk {chunk}: {name}"),
+            );
+            checked += 1;
+        }
+        assert_eq!(checked, store.trainable("").len());
+    }
+    assert!(chunked_gradients(&forward, &x, &labels, &loss, 0).is_err());
+}
+
+/// A run small enough for a test: 16 fine classes × 6 images of 16 × 16, half for training.
+fn tiny_config() -> TrainConfig {
+    TrainConfig {
+        seed: 3,
+        data: DataConfig {
+            seed: 0,
+            families: 2,
+            variants_per_family: 2,
+            fine_per_variant: 4,
+            images_per_class: 6,
+            image_size: 16,
+            split_level: 1,
+        },
+        model: EmbeddingNetConfig {
+            backbone: BackboneConfig::SmallCnn(SmallCnnConfig {
+                widths: vec![4, 8],
+                ..SmallCnnConfig::default()
+            }),
+            head: EmbeddingHeadConfig {
+                dim: 16,
+                ..EmbeddingHeadConfig::default()
+            },
+        },
+        sampler: SamplerConfig::MPerClass {
+            batch_size: 8,
+            samples_per_class: 2,
+            level: 0,
+            batches_per_epoch: None,
+            shuffle_within_batch: true,
+        },
+        epochs: 2,
+        optimizer: OptimizerConfig {
+            backbone: GroupConfig {
+                lr: 0.05,
+                algorithm: Algorithm::Sgd(SgdConfig {
+                    momentum: 0.9,
+                    dampening: 0.0,
+                    nesterov: true,
+                    weight_decay: 1e-4,
+                }),
+            },
+            head: GroupConfig {
+                lr: 1e-2,
+                algorithm: Algorithm::Adam(AdamConfig {
+                    weight_decay: 4e-4,
+                    ..AdamConfig::default()
+                }),
+            },
+        },
+        schedule: LrSchedule {
+            decay: Decay::Cosine {
+                t_max: 3,
+                eta_min: 1e-4,
+                torch_recursive: false,
+            },
+            ..LrSchedule::default()
+        },
+        eval: EvalConfig {
+            every: 1,
+            at_start: true,
+            recall_ks: vec![1, 4],
+            batch_size: 20,
+        },
+        progress: false,
+        ..TrainConfig::default()
+    }
+}
+
+fn snapshot(store: &ParamStore) -> Vec<(String, Vec<u64>)> {
+    store
+        .all()
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                n,
+                values(v.as_tensor())
+                    .into_iter()
+                    .map(f64::to_bits)
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.backbone_warmup_epochs = 1;
+    config.epochs = 3;
+
+    let mut straight = Trainer::new(config.clone(), &loss).unwrap();
+    let report = straight.fit().unwrap();
+    assert_eq!(report.epochs.len(), 3);
+    assert!(report.epochs[0].backbone_frozen && !report.epochs[1].backbone_frozen);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = config.clone();
+    first.epochs = 1;
+    first.output = OutputConfig {
+        dir: Some(dir.path().to_path_buf()),
+        checkpoint_every: 1,
+    };
+    let mut t1 = Trainer::new(first, &loss).unwrap();
+    t1.fit().unwrap();
+    let ckpt = t1.checkpoint_path().unwrap();
+    assert!(ckpt.exists());
+    drop(t1);
+
+    let mut second = config.clone();
+    second.resume = Some(ckpt.clone());
+    let mut t2 = Trainer::new(second, &loss).unwrap();
+    assert_eq!(t2.epochs_done(), 1);
+    t2.fit().unwrap();
+
+    assert_eq!(snapshot(straight.params()), snapshot(t2.params()));
+    let a = straight.optimizer().state_tensors();
+    let b = t2.optimizer().state_tensors();
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        let (va, vb) = (values(ta), values(tb));
+        assert!(
+            va.iter().zip(&vb).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{na}"
+        );
+    }
+    assert_eq!(
+        straight.optimizer().group_states(),
+        t2.optimizer().group_states()
+    );
+    assert_eq!(straight.global_step(), t2.global_step());
+    // The logged losses and evaluations agree too (timings aside).
+    for (split, metric, level) in [
+        ("train", "loss", None),
+        ("test", "R@1", Some(0)),
+        ("test", "H-AP", None),
+    ] {
+        assert_eq!(
+            straight.log().series(split, metric, level),
+            t2.log().series(split, metric, level),
+            "{metric}"
+        );
+    }
+
+    // A checkpoint of another model is refused with the field named.
+    let mut other = config;
+    other.model.head.dim = 8;
+    other.resume = Some(ckpt);
+    let e = Trainer::new(other, &loss).err().unwrap().to_string();
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("`model`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn warmup_freezes_the_backbone_and_outputs_are_written() {
+    let loss = Contrastive { margin: 0.2 };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tiny_config();
+    config.epochs = 1;
+    config.backbone_warmup_epochs = 1;
+    config.output.dir = Some(dir.path().join("run"));
+    let mut t = Trainer::new(config, &loss).unwrap();
+    let before = snapshot(t.params());
+    let report = t.fit().unwrap();
+    let after = snapshot(t.params());
+    for ((name, a), (_, b)) in before.iter().zip(&after) {
+        let trainable_backbone = name.starts_with("backbone.") && !name.contains("running_");
+        if trainable_backbone {
+            assert_eq!(a, b, "{name} moved during the warm-up");
+        }
+        if name.starts_with("head.") {
+            assert_ne!(a, b, "{name} did not learn");
+        }
+    }
+    // The evaluation before and after training is in the log and the CSV.
+    let r1 = report.log.series("test", "R@1", Some(0));
+    assert_eq!(r1.iter().map(|(e, _)| *e).collect::<Vec<_>>(), vec![0, 1]);
+    assert!(r1.iter().all(|(_, v)| (0.0..=1.0).contains(v)));
+    let csv = std::fs::read_to_string(dir.path().join("run/metrics.csv")).unwrap();
+    assert!(
+        csv.starts_with("epoch,step,split,metric,level,value\n"),
+        "{csv}"
+    );
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("1,") && l.contains(",test,R@1,0,")),
+        "{csv}"
+    );
+    assert!(dir.path().join("run/metrics.parquet").exists());
+    assert!(dir.path().join("run/checkpoint.safetensors").exists());
+}
+
+#[test]
+fn bad_settings_fail_with_the_field_named() {
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.large_batch_chunk = Some(4);
+    let e = Trainer::new(config, &loss).err().unwrap().to_string();
+    assert!(
+        e.contains("large_batch_chunk") && e.contains("frozen_bn"),
+        "{e}"
+    );
+    let mut config = tiny_config();
+    config.sampler = SamplerConfig::MPerClass {
+        batch_size: 7,
+        samples_per_class: 2,
+        level: 0,
+        batches_per_epoch: None,
+        shuffle_within_batch: true,
+    };
+    let e = Trainer::new(config, &loss).err().unwrap().to_string();
+    assert!(e.contains("batch_size"), "{e}");
+    let mut config = tiny_config();
+    config.pretrained = Some("/nonexistent/weights.safetensors".into());
+    let e = Trainer::new(config, &loss).err().unwrap().to_string();
+    assert!(e.contains("/nonexistent/weights.safetensors"), "{e}");
+}
+
+#[test]
+fn chunked_training_with_frozen_bn_runs() {
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.epochs = 1;
+    config.eval.at_start = false;
+    config.large_batch_chunk = Some(3);
+    if let BackboneConfig::SmallCnn(c) = &mut config.model.backbone {
+        c.frozen_bn = true;
+    }
+    let mut t = Trainer::new(config, &loss).unwrap();
+    let report = t.fit().unwrap();
+    assert!(report.epochs[0].mean_loss.is_finite());
+    assert_eq!(report.log.series("test", "R@1", Some(0)).len(), 1);
+}
