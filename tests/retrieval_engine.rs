@@ -429,3 +429,45 @@ fn dyml_protocol_averages_the_scales() {
     assert!((res.map - maps.iter().sum::<f64>() / 3.0).abs() < 1e-12);
     assert!(res.asi > 0.0 && res.asi <= 1.0);
 }
+
+#[test]
+fn knn_threshold_filter_is_exact_on_long_rows() {
+    // Rows of ≥ 16,384 references take the sampled-threshold path; small integer embeddings make
+    // ties frequent, so both the filter and the tie rule are exercised.
+    let mut rng = ChaCha8Rng::seed_from_u64(8);
+    let n = 20_000;
+    let emb = int_embeddings(&mut rng, n, 4);
+    let x = tensor(&emb);
+    let q = x.narrow(0, 0, 20).unwrap();
+    for (self_match, k) in [
+        (SelfMatch::SameIndex, 100),
+        (SelfMatch::None, 1),
+        (SelfMatch::DropFirst, 700),
+    ] {
+        let got = knn_with(
+            &q,
+            &x,
+            k,
+            self_match,
+            7,
+            Similarity::InnerProduct,
+            &Device::Cpu,
+            false,
+        )
+        .unwrap();
+        for i in 0..20 {
+            let mut order: Vec<usize> = (0..n)
+                .filter(|&j| !(self_match == SelfMatch::SameIndex && j == i))
+                .collect();
+            order.sort_by(|&a, &b| {
+                dot(&emb[i], &emb[b])
+                    .partial_cmp(&dot(&emb[i], &emb[a]))
+                    .unwrap()
+                    .then(a.cmp(&b))
+            });
+            let skip = usize::from(self_match == SelfMatch::DropFirst);
+            let expect: Vec<u32> = order[skip..skip + k].iter().map(|&j| j as u32).collect();
+            assert_eq!(got.neighbours(i), &expect[..], "query {i}, {self_match:?}");
+        }
+    }
+}

@@ -105,39 +105,83 @@ pub fn knn_with(
     while start < nq {
         let len = chunk_size.min(nq - start);
         let chunk = ops.chunk_scores(start, len)?;
-        indices[start * k..(start + len) * k]
-            .par_chunks_mut(k)
-            .zip(scores[start * k..(start + len) * k].par_chunks_mut(k))
-            .zip(chunk.par_chunks(nr))
-            .enumerate()
-            .for_each_init(
-                || Vec::with_capacity(nr),
-                |keys: &mut Vec<u64>, (r, ((idx_out, score_out), row))| {
-                    let qi = start + r;
-                    keys.clear();
-                    for (j, &s) in row.iter().enumerate() {
-                        if self_match == SelfMatch::SameIndex && j == qi {
-                            continue;
+        chunk.with_slice(|chunk| {
+            indices[start * k..(start + len) * k]
+                .par_chunks_mut(k)
+                .zip(scores[start * k..(start + len) * k].par_chunks_mut(k))
+                .zip(chunk.par_chunks(nr))
+                .enumerate()
+                .for_each_init(
+                    || (Vec::with_capacity(nr), Vec::new()),
+                    |(keys, sample): &mut (Vec<u64>, Vec<f32>),
+                     (r, ((idx_out, score_out), row))| {
+                        let qi = start + r;
+                        let skip = (self_match == SelfMatch::SameIndex).then_some(qi);
+                        // Only scores ≥ a threshold can be in the top `take`: a threshold taken from
+                        // a sample lets one cheap scan discard ~95% of the row before any selection.
+                        // If fewer than `take` scores pass, the full row is used, so the result is
+                        // exact either way.
+                        let threshold = sample_threshold(row, take, sample);
+                        collect_keys(row, skip, threshold, keys);
+                        if keys.len() < take {
+                            collect_keys(row, skip, f32::NEG_INFINITY, keys);
                         }
-                        keys.push(rank_key(s, j as u32));
-                    }
-                    // Partial selection: O(N) to find the k best, then sort only those.
-                    if take < keys.len() {
-                        keys.select_nth_unstable(take - 1);
-                        keys.truncate(take);
-                    }
-                    keys.sort_unstable();
-                    let first = take - k;
-                    for (o, &key) in keys[first..].iter().enumerate() {
-                        let j = (key & 0xffff_ffff) as usize;
-                        idx_out[o] = j as u32;
-                        score_out[o] = row[j];
-                    }
-                },
-            );
+                        // Partial selection: O(N) to find the k best, then sort only those.
+                        if take < keys.len() {
+                            keys.select_nth_unstable(take - 1);
+                            keys.truncate(take);
+                        }
+                        keys.sort_unstable();
+                        let first = take - k;
+                        for (o, &key) in keys[first..].iter().enumerate() {
+                            let j = (key & 0xffff_ffff) as usize;
+                            idx_out[o] = j as u32;
+                            score_out[o] = row[j];
+                        }
+                    },
+                );
+        })?;
         pb.inc(len as u64);
         start += len;
     }
     pb.finish_and_clear();
     Ok(Knn { k, indices, scores })
+}
+
+/// Packs the scores of `row` that are ≥ `threshold` (all of them for −∞), except `skip`.
+fn collect_keys(row: &[f32], skip: Option<usize>, threshold: f32, keys: &mut Vec<u64>) {
+    // Branch-free compaction: every key is written, the cursor only advances for a kept one,
+    // so the scan runs at memory speed whatever fraction passes.
+    keys.clear();
+    keys.resize(row.len() + 1, 0);
+    let mut n = 0;
+    for (j, &s) in row.iter().enumerate() {
+        keys[n] = rank_key(s, j as u32);
+        n += usize::from(s >= threshold);
+    }
+    keys.truncate(n);
+    if let Some(skip) = skip {
+        if row[skip] >= threshold {
+            let self_key = rank_key(row[skip], skip as u32);
+            keys.retain(|&k| k != self_key);
+        }
+    }
+}
+
+/// A score that about `2 · take` entries of `row` exceed, estimated from an evenly strided
+/// sample of 4096 entries; `−∞` when the row is too short for filtering to pay.
+fn sample_threshold(row: &[f32], take: usize, sample: &mut Vec<f32>) -> f32 {
+    const SAMPLE: usize = 4096;
+    let n = row.len();
+    if n < 4 * SAMPLE || 8 * take >= n {
+        return f32::NEG_INFINITY;
+    }
+    sample.clear();
+    sample.extend(row.iter().step_by(n / SAMPLE));
+    let m = sample.len();
+    // Expected position of the take-th best score in the sample, with a 2× margin (+16 for
+    // small k), so that the fallback is rare.
+    let pos = ((2 * take * m) / n + 16).min(m - 1);
+    let (_, t, _) = sample.select_nth_unstable_by(pos, |a, b| b.total_cmp(a));
+    *t
 }

@@ -1,0 +1,217 @@
+//! Losses benchmark of issue 3: forward + backward wall time and peak resident memory of every
+//! loss at `B ∈ {128, 256, 384, 1024, 4096}`, `D = 512`, `f32`, on the CPU, to compare with the
+//! straightforward PyTorch implementations of `benches/losses_vs_torch.py` (results and
+//! commands in `benches/losses_vs_torch.md`).
+//!
+//! ```text
+//! RAYON_NUM_THREADS=2 cargo bench --bench loss_bench                         # everything
+//! RAYON_NUM_THREADS=2 cargo bench --bench loss_bench -- --loss smooth-ap --batch 4096
+//! cargo bench --bench loss_bench -- --check-smooth-ap target/smooth_ap_check.json
+//! ```
+//!
+//! Losses (`--loss`, repeatable; default all): `smooth-ap` (paper: query not in its own list),
+//! `happier` (`HapLoss::default()` — paper mode, `H-rank^>` optimised — plus the 0.1-weighted
+//! clustering loss), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
+//! `triplet-semihard` (FaceNet semi-hard, margin 0.05). `--batch` is repeatable too.
+//!
+//! Labels: 4 images per fine class (`fine = i / 4`), and 2 coarse classes per batch
+//! (`coarse = fine mod 2`, SOP's hierarchical sampler), used by HAPPIER only. Embeddings:
+//! standard normal (ChaCha8, seed 0), L2-normalised inside each loss.
+//!
+//! Each configuration: one warm-up run, then `--reps` timed runs (default 5 up to B = 384, 3 at
+//! 1024, 2 at 4096) of forward + backward (the gradient is read back to force it); the median
+//! is reported. The peak RSS (`VmHWM`) is reset through `/proc/self/clear_refs` before each
+//! configuration (after the embeddings are made), so it is the peak of that configuration plus
+//! the process's baseline; for a clean number run one configuration per process. One JSON line
+//! per configuration on stdout.
+//!
+//! `--check-smooth-ap PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP
+//! value and gradient to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use rankwise::losses::cluster::ClusterLoss;
+use rankwise::losses::contrastive::Contrastive;
+use rankwise::losses::fastap::FastAp;
+use rankwise::losses::happier::{HapLoss, Happier};
+use rankwise::losses::rambo::{Rambo, RecallWeight};
+use rankwise::losses::smooth_ap::SmoothAp;
+use rankwise::losses::triplet::{Triplet, TripletMining};
+use rankwise::losses::RankLoss;
+use rankwise::Labels;
+use std::time::Instant;
+
+const DIM: usize = 512;
+const LOSSES: [&str; 6] = [
+    "smooth-ap",
+    "happier",
+    "fastap",
+    "rambo",
+    "contrastive",
+    "triplet-semihard",
+];
+const BATCHES: [usize; 5] = [128, 256, 384, 1024, 4096];
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn reset_peak_rss() {
+    // "5" resets VmHWM to the current RSS (Linux ≥ 4.0); ignored elsewhere.
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// Fine class `i / 4`, coarse class `fine mod 2` (two coarse classes per batch).
+fn labels(b: usize) -> Result<Labels> {
+    Ok(Labels::new(
+        (0..b as i64)
+            .map(|i| {
+                let fine = i / 4;
+                vec![fine, 1_000_000 + fine % 2]
+            })
+            .collect(),
+    )?)
+}
+
+fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
+    Ok(match name {
+        "smooth-ap" => Box::new(SmoothAp::default()),
+        "happier" => {
+            let mut classes = y.column(0);
+            classes.sort_unstable();
+            classes.dedup();
+            let cluster = ClusterLoss::new(&classes, DIM, 0, DType::F32, &Device::Cpu)?;
+            Box::new(Happier::new(HapLoss::default(), cluster))
+        }
+        "fastap" => Box::new(FastAp::default()),
+        "rambo" => Box::new(Rambo::recall(RecallWeight::LogLog)),
+        "contrastive" => Box::new(Contrastive::default()),
+        "triplet-semihard" => Box::new(Triplet {
+            mining: TripletMining::SemiHard,
+            ..Triplet::default()
+        }),
+        other => bail!("unknown loss {other}; one of {LOSSES:?}"),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn bench(name: &str, b: usize, reps: Option<usize>) -> Result<()> {
+    let reps = reps.unwrap_or(match b {
+        0..=384 => 5,
+        385..=1024 => 3,
+        _ => 2,
+    });
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let data: Vec<f32> = (0..b * DIM)
+        .map(|_| StandardNormal.sample(&mut rng))
+        .collect();
+    let y = labels(b)?;
+    let loss = make_loss(name, &y)?;
+    reset_peak_rss();
+    let mut times = Vec::new();
+    let mut value = f32::NAN;
+    for rep in 0..=reps {
+        let emb = Var::from_vec(data.clone(), (b, DIM), &Device::Cpu)?;
+        let t0 = Instant::now();
+        let l = loss.forward(emb.as_tensor(), &y)?;
+        let grads = l.backward()?;
+        let g = grads.get(&emb).context("no gradient for the embeddings")?;
+        let _ = g.sum_all()?.to_scalar::<f32>()?;
+        let dt = t0.elapsed().as_secs_f64();
+        value = l.to_scalar::<f32>()?;
+        if rep > 0 {
+            times.push(dt);
+        }
+    }
+    let line = serde_json::json!({
+        "impl": "rankwise",
+        "loss": name,
+        "B": b,
+        "D": DIM,
+        "threads": rayon::current_num_threads(),
+        "reps": reps,
+        "seconds": median(times.clone()),
+        "seconds_all": times,
+        "loss_value": value,
+        "peak_rss_mib": peak_rss_mib(),
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// Writes a B = 64 `f64` batch with our Smooth-AP value and gradient for the torch cross-check.
+fn check_smooth_ap(path: &str) -> Result<()> {
+    let b = 64;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
+    let data: Vec<f64> = (0..b * DIM)
+        .map(|_| StandardNormal.sample(&mut rng))
+        .collect();
+    let y = labels(b)?;
+    let emb = Var::from_tensor(&Tensor::from_vec(data.clone(), (b, DIM), &Device::Cpu)?)?;
+    let l = SmoothAp::default().forward(emb.as_tensor(), &y)?;
+    let grads = l.backward()?;
+    let g = grads
+        .get(&emb)
+        .context("no gradient")?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let value = l.to_scalar::<f64>()?;
+    let out = serde_json::json!({
+        "B": b,
+        "D": DIM,
+        "fine": y.column(0),
+        "embeddings": data,
+        "smooth_ap_loss": value,
+        "smooth_ap_grad": g,
+    });
+    std::fs::write(path, out.to_string())?;
+    println!(
+        "{}",
+        serde_json::json!({"check": "smooth-ap", "B": b, "dtype": "f64", "rankwise_loss": value, "written": path})
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let mut losses: Vec<String> = Vec::new();
+    let mut batches: Vec<usize> = Vec::new();
+    let mut reps = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--loss" => losses.push(args.next().context("--loss NAME")?),
+            "--batch" => batches.push(args.next().context("--batch B")?.parse()?),
+            "--reps" => reps = Some(args.next().context("--reps N")?.parse()?),
+            "--check-smooth-ap" => {
+                return check_smooth_ap(&args.next().context("--check-smooth-ap PATH")?)
+            }
+            // `cargo bench` passes `--bench` to harness-less targets.
+            "--bench" => {}
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    if losses.is_empty() {
+        losses = LOSSES.iter().map(|s| s.to_string()).collect();
+    }
+    if batches.is_empty() {
+        batches = BATCHES.to_vec();
+    }
+    for b in &batches {
+        for name in &losses {
+            bench(name, *b, reps)?;
+        }
+    }
+    Ok(())
+}
