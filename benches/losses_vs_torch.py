@@ -49,9 +49,10 @@ import torch
 DIM = 512
 LOSSES = ["smooth-ap", "happier", "fastap", "contrastive", "triplet-semihard"]
 BATCHES = [128, 256, 384, 1024, 4096]
-# Rough count of B^3-sized float tensors alive at the peak of forward + backward; a
+# B^3-sized f32 tensors' worth of memory at the peak of forward + backward, from the peak RSS
+# measured at B = 384 minus the ~516 MiB of `import torch` (9.1, 9.7 and 4.6), rounded up; a
 # configuration is skipped when count * B^3 * 4 bytes exceeds the limit.
-CUBE_TENSORS = {"smooth-ap": 6, "happier": 10, "triplet-semihard": 4}
+CUBE_TENSORS = {"smooth-ap": 10, "happier": 10, "triplet-semihard": 5}
 LIMIT_GB = 12.0
 
 
@@ -284,11 +285,12 @@ def check(path):
     loss.backward()
     ours = ref["smooth_ap_loss"]
     g_ref = torch.tensor(ref["smooth_ap_grad"], dtype=torch.float64).view(b, d)
-    diff = abs(float(loss) - ours)
+    value = float(loss.detach())
+    diff = abs(value - ours)
     gdiff = float((emb.grad - g_ref).abs().max())
     print(json.dumps({
         "check": "smooth-ap", "B": b, "dtype": "float64",
-        "torch_loss": float(loss), "rankwise_loss": ours, "abs_diff": diff,
+        "torch_loss": value, "rankwise_loss": ours, "abs_diff": diff,
         "grad_max_abs_diff": gdiff, "grad_max_abs": float(g_ref.abs().max()),
         "pass_1e-10": diff <= 1e-10,
     }))

@@ -418,6 +418,25 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// Reads a TOML recipe (e.g. `configs/embedded_smooth_ap.toml`). Missing fields take their
+    /// defaults; an unknown field or a wrong type is an error naming the file, the line and the
+    /// key, and the result is validated.
+    pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let config: TrainConfig =
+            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        config
+            .validate()
+            .map_err(|e| Error::file(path, e.to_string()))?;
+        Ok(config)
+    }
+
+    /// The configuration as a TOML recipe (every field written, so it documents itself).
+    pub fn to_toml_string(&self) -> Result<String> {
+        toml::to_string(self).map_err(|e| Error::invalid("config", e.to_string()))
+    }
+
     /// Errors naming the first invalid field that can be checked without the data.
     pub fn validate(&self) -> Result<()> {
         if self.epochs == 0 {
@@ -433,6 +452,30 @@ impl TrainConfig {
         self.optimizer.backbone.algorithm.validate()?;
         self.optimizer.head.algorithm.validate()?;
         self.data.shapes().validate()
+    }
+}
+
+#[cfg(test)]
+mod toml_tests {
+    use super::*;
+
+    #[test]
+    fn toml_round_trip_and_errors_name_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("recipe.toml");
+        let config = TrainConfig {
+            epochs: 3,
+            ..TrainConfig::default()
+        };
+        std::fs::write(&path, config.to_toml_string().unwrap()).unwrap();
+        assert_eq!(TrainConfig::from_toml_file(&path).unwrap(), config);
+
+        std::fs::write(&path, "epochs = 2\nepochz = 3\n").unwrap();
+        let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
+        assert!(e.contains("recipe.toml") && e.contains("epochz"), "{e}");
+        std::fs::write(&path, "epochs = 0\n").unwrap();
+        let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
+        assert!(e.contains("recipe.toml") && e.contains("epochs"), "{e}");
     }
 }
 
