@@ -4,6 +4,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use rankwise::hierarchy::Labels;
+use rankwise::losses::config::{HappierConfig, LossConfig, RamboConfig};
 use rankwise::losses::{check_batch, RankLoss};
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
@@ -444,6 +445,7 @@ fn tiny_config() -> TrainConfig {
                     ..AdamConfig::default()
                 }),
             },
+            ..OptimizerConfig::default()
         },
         schedule: LrSchedule {
             decay: Decay::Cosine {
@@ -550,6 +552,98 @@ fn resume_continues_bit_identically() {
         e.contains("checkpoint.safetensors") && e.contains("`model`"),
         "{e}"
     );
+}
+
+fn loss_vars_bits(trainer: &Trainer) -> Vec<(String, Vec<u64>)> {
+    trainer
+        .loss()
+        .trainable_vars()
+        .into_iter()
+        .map(|(n, v)| {
+            let bits = values(v.as_tensor()).into_iter().map(f64::to_bits);
+            (n, bits.collect())
+        })
+        .collect()
+}
+
+/// Losses built from the recipe, with their own variables (HAPPIER's proxies, in the `loss`
+/// parameter group) and their own state (RaMBO's score memory), resume bit-identically too.
+#[test]
+fn losses_from_the_config_with_proxies_or_memory_resume_bit_identically() {
+    let happier = LossConfig::Happier(HappierConfig::default());
+    let rambo = LossConfig::Rambo(RamboConfig {
+        memory: 2,
+        half_normal_margin: true,
+        ..RamboConfig::default()
+    });
+    for loss in [happier, rambo] {
+        let mut config = tiny_config();
+        config.loss = loss.clone();
+        config.epochs = 2;
+        config.eval.at_start = false;
+        let mut straight = Trainer::from_config(config.clone()).unwrap();
+        straight.fit().unwrap();
+        let has_proxies = matches!(loss, LossConfig::Happier(_));
+        assert_eq!(
+            straight.optimizer().group_names().contains(&"loss"),
+            has_proxies,
+            "{}",
+            loss.name()
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut first = config.clone();
+        first.epochs = 1;
+        first.output = OutputConfig {
+            dir: Some(dir.path().to_path_buf()),
+            checkpoint_every: 1,
+        };
+        let mut t1 = Trainer::from_config(first).unwrap();
+        t1.fit().unwrap();
+        let ckpt = t1.checkpoint_path().unwrap();
+        drop(t1);
+        let mut second = config.clone();
+        second.resume = Some(ckpt.clone());
+        let mut t2 = Trainer::from_config(second).unwrap();
+        t2.fit().unwrap();
+
+        assert_eq!(
+            snapshot(straight.params()),
+            snapshot(t2.params()),
+            "{}",
+            loss.name()
+        );
+        assert_eq!(
+            loss_vars_bits(&straight),
+            loss_vars_bits(&t2),
+            "{}",
+            loss.name()
+        );
+        assert_eq!(
+            straight.loss().state_json().unwrap(),
+            t2.loss().state_json().unwrap(),
+            "{}",
+            loss.name()
+        );
+        assert_eq!(
+            straight.log().series("train", "loss", None),
+            t2.log().series("train", "loss", None),
+            "{}",
+            loss.name()
+        );
+        if has_proxies {
+            // The proxies were trained.
+            let fresh = Trainer::from_config(config.clone()).unwrap();
+            assert_ne!(loss_vars_bits(&fresh), loss_vars_bits(&straight));
+        }
+
+        // Resuming with another loss is refused with the field named.
+        let mut other = config;
+        other.loss = LossConfig::default();
+        other.resume = Some(ckpt);
+        let e = Trainer::from_config(other).err().unwrap().to_string();
+        assert!(e.contains("`loss`"), "{e}");
+    }
 }
 
 #[test]

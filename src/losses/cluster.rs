@@ -110,6 +110,11 @@ impl ClusterLoss {
 }
 
 impl RankLoss for ClusterLoss {
+    /// The proxies, named `proxies`.
+    fn trainable_vars(&self) -> Vec<(String, candle_core::Var)> {
+        vec![("proxies".into(), self.proxies.clone())]
+    }
+
     /// Mean cross-entropy of `v · normalize(P)ᵀ / σ` against the fine class.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;

@@ -171,6 +171,15 @@ impl Happier {
 }
 
 impl RankLoss for Happier {
+    /// The clustering loss's proxies, named `cluster.proxies`.
+    fn trainable_vars(&self) -> Vec<(String, candle_core::Var)> {
+        self.cluster
+            .trainable_vars()
+            .into_iter()
+            .map(|(name, var)| (format!("cluster.{name}"), var))
+            .collect()
+    }
+
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         if !(0.0..=1.0).contains(&self.lambda) {
             return Err(Error::invalid(

@@ -11,6 +11,7 @@
 
 pub mod blackbox_rank;
 pub mod cluster;
+pub mod config;
 pub mod contrastive;
 pub mod fastap;
 pub mod happier;
@@ -26,7 +27,7 @@ pub mod triplet;
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Tensor, Var};
 
 /// A loss over a batch of embeddings and their (hierarchical) labels.
 pub trait RankLoss {
@@ -36,6 +37,46 @@ pub trait RankLoss {
     /// the query takes part in its own retrieval set (the authors' code includes it; the papers'
     /// formulas do not).
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor>;
+
+    /// The loss's own learnable variables (e.g. the class proxies of HAPPIER's clustering loss
+    /// or of the normalised softmax), with names unique within the loss. The trainer gives them
+    /// their own parameter group and saves them in checkpoints. Most losses have none.
+    fn trainable_vars(&self) -> Vec<(String, Var)> {
+        Vec::new()
+    }
+
+    /// State that changes as the loss is used and that a checkpoint must keep for a
+    /// bit-identical resume (RaMBO's score memory), as JSON. `None` for stateless losses.
+    fn state_json(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Restores what [`RankLoss::state_json`] returned.
+    fn load_state_json(&self, _json: &str) -> Result<()> {
+        Err(Error::invalid(
+            "loss state",
+            "this loss keeps no state, but the checkpoint has some: was it trained with another loss?",
+        ))
+    }
+}
+
+/// A borrowed loss is a loss (so a trainer can hold either an owned or a borrowed one).
+impl<T: RankLoss + ?Sized> RankLoss for &T {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        (**self).forward(embeddings, labels)
+    }
+
+    fn trainable_vars(&self) -> Vec<(String, Var)> {
+        (**self).trainable_vars()
+    }
+
+    fn state_json(&self) -> Result<Option<String>> {
+        (**self).state_json()
+    }
+
+    fn load_state_json(&self, json: &str) -> Result<()> {
+        (**self).load_state_json(json)
+    }
 }
 
 /// Checks that `embeddings` is a finite `B × D` float matrix with one label row per item.

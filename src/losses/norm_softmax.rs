@@ -155,6 +155,11 @@ impl NormSoftmax {
 }
 
 impl RankLoss for NormSoftmax {
+    /// The proxies, named `proxies`.
+    fn trainable_vars(&self) -> Vec<(String, Var)> {
+        vec![("proxies".into(), self.proxies.clone())]
+    }
+
     /// Mean cross-entropy of the cosine logits against the class of column 0 of `labels` (use
     /// [`crate::losses::summed_levels`] or `labels.coarsen(l)` for another level).
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {

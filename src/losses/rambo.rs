@@ -174,6 +174,11 @@ impl PassCounter {
         self.0.load(Ordering::Relaxed)
     }
 
+    /// Sets the count (restoring a checkpoint).
+    pub fn set(&self, count: u64) {
+        self.0.store(count, Ordering::Relaxed)
+    }
+
     /// Returns the current count and increments it.
     fn next(&self) -> u64 {
         self.0.fetch_add(1, Ordering::Relaxed)
@@ -369,6 +374,22 @@ impl RankLoss for Rambo {
     /// The RaMBO loss of the batch without score memory. Normalises the embeddings itself.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         Ok(self.run(embeddings, labels, &ScoreMemory::new(0), false)?.0)
+    }
+
+    /// The forward-pass count, which keys the half-normal margin draws.
+    fn state_json(&self) -> Result<Option<String>> {
+        Ok(Some(self.passes.get().to_string()))
+    }
+
+    fn load_state_json(&self, json: &str) -> Result<()> {
+        let count: u64 = json.trim().parse().map_err(|_| {
+            Error::invalid(
+                "loss state",
+                format!("expected a RaMBO pass count, got `{json}`"),
+            )
+        })?;
+        self.passes.set(count);
+        Ok(())
     }
 }
 
@@ -633,7 +654,7 @@ fn mix(seed: u64, pass: u64) -> u64 {
 
 /// The detached score sequences of one batch (raw scores before the margin, and relevance), as
 /// RaMBO ranked them.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ScoreRows {
     scores: Vec<Vec<f64>>,
     relevant: Vec<Vec<bool>>,
@@ -689,7 +710,7 @@ impl ScoreRows {
 
 /// RaMBO's score memory (Sec. 4.3): the detached sequences of the last `capacity` (τ) batches,
 /// oldest first. Updated only by [`ScoreMemory::push`].
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ScoreMemory {
     capacity: usize,
     batches: VecDeque<ScoreRows>,
@@ -834,5 +855,121 @@ mod tests {
         off.push(batch(1.0));
         assert!(off.is_empty());
         assert!(ScoreRows::new(vec![vec![0.0]], vec![vec![true, false]]).is_err());
+    }
+}
+
+/// RaMBO with its score memory as a [`RankLoss`] for a training loop (Sec. 4.3): each forward
+/// pass ranks the batch together with the detached scores of the last τ batches, then stores
+/// the batch's own scores. The memory is state: call `forward` once per optimisation step (the
+/// trainer does, also with chunked large batches), and checkpoint it with
+/// [`RankLoss::state_json`].
+#[derive(Debug)]
+pub struct RamboWithMemory {
+    /// The loss.
+    pub rambo: Rambo,
+    memory: std::sync::Mutex<ScoreMemory>,
+}
+
+impl RamboWithMemory {
+    /// `rambo` with an empty memory of `capacity` (τ) batches.
+    pub fn new(rambo: Rambo, capacity: usize) -> Self {
+        RamboWithMemory {
+            rambo,
+            memory: std::sync::Mutex::new(ScoreMemory::new(capacity)),
+        }
+    }
+
+    /// A copy of the memory's current content.
+    pub fn memory(&self) -> ScoreMemory {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ScoreMemory> {
+        // A panic while the lock was held cannot leave the memory half-updated (`push` is the
+        // only mutation), so a poisoned lock is still consistent.
+        self.memory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct MemoryState {
+    passes: u64,
+    memory: ScoreMemory,
+}
+
+impl RankLoss for RamboWithMemory {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        let mut memory = self.lock();
+        let (loss, rows) = self
+            .rambo
+            .forward_with_memory(embeddings, labels, &memory)?;
+        memory.push(rows);
+        Ok(loss)
+    }
+
+    fn state_json(&self) -> Result<Option<String>> {
+        let state = MemoryState {
+            passes: self.rambo.passes.get(),
+            memory: self.memory(),
+        };
+        serde_json::to_string(&state)
+            .map(Some)
+            .map_err(|e| Error::invalid("loss state", e.to_string()))
+    }
+
+    fn load_state_json(&self, json: &str) -> Result<()> {
+        let state: MemoryState = serde_json::from_str(json)
+            .map_err(|e| Error::invalid("loss state", format!("not a RaMBO memory: {e}")))?;
+        if state.memory.capacity() != self.lock().capacity() {
+            return Err(Error::invalid(
+                "loss state",
+                format!(
+                    "the checkpoint's score memory holds {} batches, this loss {}",
+                    state.memory.capacity(),
+                    self.lock().capacity()
+                ),
+            ));
+        }
+        self.rambo.passes.set(state.passes);
+        *self.lock() = state.memory;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod memory_loss_tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn memory_loss_matches_explicit_memory_and_restores_its_state() {
+        let labels = Labels::new((0..8).map(|i| vec![i / 2]).collect()).unwrap();
+        let a = Tensor::randn(0f64, 1.0, (8, 4), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f64, 1.0, (8, 4), &Device::Cpu).unwrap();
+        let with_memory = RamboWithMemory::new(Rambo::default(), 1);
+        let la = with_memory.forward(&a, &labels).unwrap();
+        let lb = with_memory.forward(&b, &labels).unwrap();
+        // The same with the memory handled explicitly.
+        let rambo = Rambo::default();
+        let mut memory = ScoreMemory::new(1);
+        let (ea, rows) = rambo.forward_with_memory(&a, &labels, &memory).unwrap();
+        memory.push(rows);
+        let (eb, _) = rambo.forward_with_memory(&b, &labels, &memory).unwrap();
+        let v = |t: &Tensor| t.to_scalar::<f64>().unwrap();
+        assert_eq!(v(&la), v(&ea));
+        assert_eq!(v(&lb), v(&eb));
+        assert_ne!(v(&lb), v(&rambo.forward(&b, &labels).unwrap()));
+        // Saving and restoring the state gives the same next value.
+        let state = with_memory.state_json().unwrap().unwrap();
+        let restored = RamboWithMemory::new(Rambo::default(), 1);
+        restored.load_state_json(&state).unwrap();
+        assert_eq!(restored.memory(), with_memory.memory());
+        let next = v(&with_memory.forward(&a, &labels).unwrap());
+        assert_eq!(v(&restored.forward(&a, &labels).unwrap()), next);
+        assert!(RamboWithMemory::new(Rambo::default(), 2)
+            .load_state_json(&state)
+            .is_err());
     }
 }

@@ -84,6 +84,56 @@ impl SummedLevels {
 }
 
 impl RankLoss for SummedLevels {
+    /// Every term's variables, named `term<i>.<name>`.
+    fn trainable_vars(&self) -> Vec<(String, candle_core::Var)> {
+        self.terms
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| {
+                t.loss
+                    .trainable_vars()
+                    .into_iter()
+                    .map(move |(name, var)| (format!("term{i}.{name}"), var))
+            })
+            .collect()
+    }
+
+    /// The terms' states as a JSON array (`null` for a stateless term).
+    fn state_json(&self) -> Result<Option<String>> {
+        let states = self
+            .terms
+            .iter()
+            .map(|t| t.loss.state_json())
+            .collect::<Result<Vec<_>>>()?;
+        if states.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        serde_json::to_string(&states)
+            .map(Some)
+            .map_err(|e| Error::invalid("loss state", e.to_string()))
+    }
+
+    fn load_state_json(&self, json: &str) -> Result<()> {
+        let states: Vec<Option<String>> = serde_json::from_str(json)
+            .map_err(|e| Error::invalid("loss state", format!("not a Σ loss state: {e}")))?;
+        if states.len() != self.terms.len() {
+            return Err(Error::invalid(
+                "loss state",
+                format!(
+                    "{} term states for {} terms",
+                    states.len(),
+                    self.terms.len()
+                ),
+            ));
+        }
+        for (term, state) in self.terms.iter().zip(states) {
+            if let Some(s) = state {
+                term.loss.load_state_json(&s)?;
+            }
+        }
+        Ok(())
+    }
+
     /// `Σ_l w_l · loss_l(embeddings, labels.coarsen(l))`. Errors if a term's level does not
     /// exist in `labels`; each term's own checks and conventions apply.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {

@@ -130,6 +130,11 @@ impl EmbeddingNet {
         })
     }
 
+    /// The embedding dimension `D` (the head's output size).
+    pub fn dim(&self) -> usize {
+        self.config.head.dim
+    }
+
     /// The configuration.
     pub fn config(&self) -> &EmbeddingNetConfig {
         &self.config

@@ -166,7 +166,7 @@ impl ParamStore {
 }
 
 /// Copies `t` into `var` after checking shape and finiteness; errors name `name` and `source`.
-fn assign(var: &Var, t: &Tensor, name: &str, source: &Path) -> Result<()> {
+pub(crate) fn assign(var: &Var, t: &Tensor, name: &str, source: &Path) -> Result<()> {
     if t.dims() != var.dims() {
         return Err(Error::file(
             source,

@@ -6,6 +6,7 @@ use super::schedule::LrSchedule;
 use crate::data::ShapesConfig;
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
+use crate::losses::config::LossConfig;
 use crate::models::EmbeddingNetConfig;
 use crate::samplers::{
     BatchSampler, FastApConfig, FastApSampler, HierarchicalConfig, HierarchicalSampler,
@@ -288,7 +289,7 @@ pub struct GroupConfig {
     pub algorithm: Algorithm,
 }
 
-/// The two parameter groups of an embedding network.
+/// The parameter groups of an embedding network (and of the loss's proxies, if it has some).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct OptimizerConfig {
@@ -296,6 +297,10 @@ pub struct OptimizerConfig {
     pub backbone: GroupConfig,
     /// The head's group (HAPPIER: 2× the backbone's rate; Smooth-AP: 5×).
     pub head: GroupConfig,
+    /// The group of the loss's own variables — the proxies of HAPPIER's clustering loss and of
+    /// the normalised softmax (the authors give them their own optimizer with a much larger
+    /// rate, e.g. 10 for HAPPIER on SOP). Unused by losses without variables.
+    pub loss: GroupConfig,
 }
 
 impl Default for OptimizerConfig {
@@ -314,6 +319,12 @@ impl Default for OptimizerConfig {
             head: GroupConfig {
                 lr: 2e-3,
                 algorithm: adam,
+            },
+            // Proxies move fast in the authors' recipes; without weight decay, which would pull
+            // the (normalised anyway) proxies towards zero.
+            loss: GroupConfig {
+                lr: 1e-2,
+                algorithm: Algorithm::Adam(AdamConfig::default()),
             },
         }
     }
@@ -373,6 +384,9 @@ pub struct TrainConfig {
     pub pretrained: Option<PathBuf>,
     /// The batch sampler.
     pub sampler: SamplerConfig,
+    /// The loss (used by [`super::Trainer::from_config`]; a loss given to
+    /// [`super::Trainer::new`] replaces it).
+    pub loss: LossConfig,
     /// Number of epochs.
     pub epochs: u64,
     /// Optimizers of the two parameter groups.
@@ -404,6 +418,7 @@ impl Default for TrainConfig {
             model: EmbeddingNetConfig::default(),
             pretrained: None,
             sampler: SamplerConfig::default(),
+            loss: LossConfig::default(),
             epochs: 5,
             optimizer: OptimizerConfig::default(),
             schedule: LrSchedule::default(),
@@ -451,6 +466,8 @@ impl TrainConfig {
         self.schedule.validate()?;
         self.optimizer.backbone.algorithm.validate()?;
         self.optimizer.head.algorithm.validate()?;
+        self.optimizer.loss.algorithm.validate()?;
+        self.loss.validate()?;
         self.data.shapes().validate()
     }
 }

@@ -18,4 +18,4 @@ pub use config::{
 pub use log::{LogRow, MetricsLog};
 pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
 pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
-pub use trainer::{run, EpochSummary, TrainReport, Trainer};
+pub use trainer::{run, run_config, EpochSummary, TrainReport, Trainer};

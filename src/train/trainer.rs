@@ -19,6 +19,7 @@ use super::optim::{GroupState, Optimizer, ParamGroup};
 use super::schedule::{BackboneWarmup, ScheduleUnit};
 use crate::data::{retrieval_split, ImageSet};
 use crate::error::{Error, Result};
+use crate::losses::config::LossContext;
 use crate::losses::RankLoss;
 use crate::models::{EmbeddingNet, ParamStore, BACKBONE_PREFIX, HEAD_PREFIX};
 use crate::retrieval::{evaluate, EvalOptions, EvalReport};
@@ -34,6 +35,9 @@ use std::time::Instant;
 pub const BACKBONE_GROUP: &str = "backbone";
 /// Name of the head's parameter group.
 pub const HEAD_GROUP: &str = "head";
+/// Name of the parameter group of the loss's own variables (proxies), present only for losses
+/// that have some.
+pub const LOSS_GROUP: &str = "loss";
 /// Checkpoint file name in the output folder.
 pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
 /// Metrics file names in the output folder.
@@ -56,6 +60,9 @@ struct CheckpointMeta {
     optimizer: Vec<GroupState>,
     config: TrainConfig,
     log: MetricsLog,
+    /// The loss's state ([`RankLoss::state_json`]), e.g. RaMBO's score memory.
+    #[serde(default)]
+    loss_state: Option<String>,
 }
 
 /// What one epoch did.
@@ -93,7 +100,9 @@ pub struct Trainer<'a> {
     optimizer: Optimizer,
     sampler: DynSampler,
     sampler_state: SamplerState,
-    loss: &'a dyn RankLoss,
+    loss: Box<dyn RankLoss + 'a>,
+    /// Whether `loss` was built from `config.loss` (then a resumed checkpoint must have the same).
+    loss_from_config: bool,
     train_set: ImageSet,
     test_set: ImageSet,
     mean: Tensor,
@@ -104,23 +113,59 @@ pub struct Trainer<'a> {
 
 impl<'a> Trainer<'a> {
     /// A trainer on the embedded dataset of `config.data` (train / test sides of its retrieval
-    /// split), resuming from `config.resume` if set.
+    /// split) with the given loss (which replaces `config.loss`), resuming from `config.resume`
+    /// if set.
     pub fn new(config: TrainConfig, loss: &'a dyn RankLoss) -> Result<Self> {
-        config.validate()?;
-        let images = config.data.shapes().generate()?;
-        let split = retrieval_split(images.labels(), config.data.split_level)?;
-        let train = images.select(&split.train)?;
-        let test = images.select(&split.test)?;
+        let (train, test) = embedded_split(&config)?;
         Self::with_data(config, train, test, loss)
     }
 
-    /// A trainer on given training and evaluation images (`config.data` is not used), resuming
-    /// from `config.resume` if set.
+    /// A trainer on given training and evaluation images (`config.data` is not used) with the
+    /// given loss (which replaces `config.loss`), resuming from `config.resume` if set.
     pub fn with_data(
         config: TrainConfig,
         train_set: ImageSet,
         test_set: ImageSet,
         loss: &'a dyn RankLoss,
+    ) -> Result<Self> {
+        Self::assemble(
+            config,
+            train_set,
+            test_set,
+            |_, _| Ok(Box::new(loss)),
+            false,
+        )
+    }
+
+    /// A trainer on the embedded dataset of `config.data` with the loss of `config.loss`: what
+    /// `rankwise train --config` runs.
+    pub fn from_config(config: TrainConfig) -> Result<Trainer<'static>> {
+        let (train, test) = embedded_split(&config)?;
+        Trainer::from_config_with_data(config, train, test)
+    }
+
+    /// A trainer on given images with the loss of `config.loss` (proxy losses get one proxy per
+    /// class of `train_set`, seeded by `config.seed`).
+    pub fn from_config_with_data(
+        config: TrainConfig,
+        train_set: ImageSet,
+        test_set: ImageSet,
+    ) -> Result<Trainer<'static>> {
+        Trainer::assemble(
+            config,
+            train_set,
+            test_set,
+            |config, ctx| config.loss.build(ctx),
+            true,
+        )
+    }
+
+    fn assemble(
+        config: TrainConfig,
+        train_set: ImageSet,
+        test_set: ImageSet,
+        make_loss: impl FnOnce(&TrainConfig, &LossContext<'_>) -> Result<Box<dyn RankLoss + 'a>>,
+        loss_from_config: bool,
     ) -> Result<Self> {
         config.validate()?;
         let device = config.device.device()?;
@@ -143,7 +188,16 @@ impl<'a> Trainer<'a> {
                 test_set.image_shape()
             )));
         }
-        let optimizer = Optimizer::new(vec![
+        let loss = make_loss(
+            &config,
+            &LossContext {
+                train_labels: train_set.labels(),
+                dim: model.dim(),
+                seed: config.seed,
+                device: &device,
+            },
+        )?;
+        let mut groups = vec![
             ParamGroup {
                 name: BACKBONE_GROUP.into(),
                 algorithm: config.optimizer.backbone.algorithm,
@@ -156,7 +210,17 @@ impl<'a> Trainer<'a> {
                 lr: config.optimizer.head.lr,
                 params: params.trainable(HEAD_PREFIX),
             },
-        ])?;
+        ];
+        let loss_vars = loss.trainable_vars();
+        if !loss_vars.is_empty() {
+            groups.push(ParamGroup {
+                name: LOSS_GROUP.into(),
+                algorithm: config.optimizer.loss.algorithm,
+                lr: config.optimizer.loss.lr,
+                params: loss_vars,
+            });
+        }
+        let optimizer = Optimizer::new(groups)?;
         let sampler = config.sampler.build(train_set.labels(), config.seed)?;
         let (mean, std) = input_statistics(config.input_norm, &train_set)?;
         let c = mean.len();
@@ -174,6 +238,7 @@ impl<'a> Trainer<'a> {
             optimizer,
             sampler,
             loss,
+            loss_from_config,
             train_set,
             test_set,
             mean,
@@ -233,9 +298,24 @@ impl<'a> Trainer<'a> {
         Ok(x.broadcast_sub(&self.mean)?.broadcast_div(&self.std)?)
     }
 
+    /// The loss being trained.
+    pub fn loss(&self) -> &dyn RankLoss {
+        self.loss.as_ref()
+    }
+
+    /// Names of the optimizer's parameter groups.
+    fn group_names(&self) -> Vec<String> {
+        self.optimizer
+            .group_names()
+            .into_iter()
+            .map(String::from)
+            .collect()
+    }
+
     /// Sets every group's learning rate for schedule tick `tick`.
     fn apply_schedule(&mut self, tick: u64) -> Result<()> {
-        for group in [BACKBONE_GROUP, HEAD_GROUP] {
+        for group in self.group_names() {
+            let group = group.as_str();
             let base = self
                 .optimizer
                 .base_lr(group)
@@ -279,9 +359,9 @@ impl<'a> Trainer<'a> {
             let forward = |x: &Tensor| model.forward_t(x, true);
             let (loss, grads) = match self.config.large_batch_chunk {
                 Some(chunk) if chunk < batch.len() => {
-                    chunked_gradients(&forward, &x, &labels, self.loss, chunk)?
+                    chunked_gradients(&forward, &x, &labels, self.loss.as_ref(), chunk)?
                 }
-                _ => direct_gradients(&forward, &x, &labels, self.loss)?,
+                _ => direct_gradients(&forward, &x, &labels, self.loss.as_ref())?,
             };
             if !loss.is_finite() {
                 return Err(Error::invalid(
@@ -318,7 +398,8 @@ impl<'a> Trainer<'a> {
             .push(e, step, "train", "images_per_s", None, summary.images_per_s);
         self.log
             .push(e, step, "train", "epoch_seconds", None, seconds);
-        for group in [BACKBONE_GROUP, HEAD_GROUP] {
+        for group in self.group_names() {
+            let group = group.as_str();
             let lr = self.optimizer.lr(group).unwrap_or(f64::NAN);
             self.log
                 .push(e, step, "train", &format!("lr/{group}"), None, lr);
@@ -367,6 +448,12 @@ impl<'a> Trainer<'a> {
             .into_iter()
             .map(|(name, var)| (format!("model.{name}"), var.as_tensor().clone()))
             .collect();
+        tensors.extend(
+            self.loss
+                .trainable_vars()
+                .into_iter()
+                .map(|(name, var)| (format!("loss.{name}"), var.as_tensor().clone())),
+        );
         tensors.extend(self.optimizer.state_tensors());
         let meta = CheckpointMeta {
             format: CHECKPOINT_FORMAT.into(),
@@ -375,6 +462,7 @@ impl<'a> Trainer<'a> {
             optimizer: self.optimizer.group_states(),
             config: self.config.clone(),
             log: self.log.clone(),
+            loss_state: self.loss.state_json()?,
         };
         let json = serde_json::to_string(&meta)
             .map_err(|e| Error::file(path, format!("cannot serialise the checkpoint: {e}")))?;
@@ -416,11 +504,35 @@ impl<'a> Trainer<'a> {
         if old.data != self.config.data {
             return Err(mismatch("data"));
         }
+        if self.loss_from_config && old.loss != self.config.loss {
+            return Err(mismatch("loss"));
+        }
         let model_tensors: BTreeMap<String, Tensor> = tensors
             .iter()
             .filter_map(|(k, t)| k.strip_prefix("model.").map(|n| (n.to_string(), t.clone())))
             .collect();
         self.params.assign_all(&model_tensors, path)?;
+        for (name, var) in self.loss.trainable_vars() {
+            let key = format!("loss.{name}");
+            let t = tensors
+                .get(&key)
+                .ok_or_else(|| Error::file(path, format!("missing tensor `{key}` of the loss")))?;
+            crate::models::params::assign(&var, t, &key, path)?;
+        }
+        match &meta.loss_state {
+            Some(state) => self
+                .loss
+                .load_state_json(state)
+                .map_err(|e| Error::file(path, e.to_string()))?,
+            None => {
+                if self.loss.state_json()?.is_some() {
+                    return Err(Error::file(
+                        path,
+                        "the loss keeps state (e.g. RaMBO's score memory) but the checkpoint has none",
+                    ));
+                }
+            }
+        }
         self.optimizer.load_state(&meta.optimizer, &tensors, path)?;
         self.sampler_state = meta.sampler;
         self.global_step = meta.global_step;
@@ -533,10 +645,24 @@ fn progress_bar(images: usize, show: bool, epoch: u64) -> ProgressBar {
     pb
 }
 
-/// Builds a [`Trainer`] from `config` (the embedded dataset) and trains it to the end:
-/// the library entry point of `rankwise train`.
+/// Builds a [`Trainer`] from `config` (the embedded dataset) with the given loss and trains it
+/// to the end.
 pub fn run(config: &TrainConfig, loss: &dyn RankLoss) -> Result<TrainReport> {
     Trainer::new(config.clone(), loss)?.fit()
+}
+
+/// Builds a [`Trainer`] from `config`, loss included, and trains it to the end: the library
+/// entry point of `rankwise train --config`.
+pub fn run_config(config: &TrainConfig) -> Result<TrainReport> {
+    Trainer::from_config(config.clone())?.fit()
+}
+
+/// The train and test sides of the retrieval split of the embedded dataset of `config.data`.
+fn embedded_split(config: &TrainConfig) -> Result<(ImageSet, ImageSet)> {
+    config.validate()?;
+    let images = config.data.shapes().generate()?;
+    let split = retrieval_split(images.labels(), config.data.split_level)?;
+    Ok((images.select(&split.train)?, images.select(&split.test)?))
 }
 
 #[cfg(test)]
