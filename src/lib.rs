@@ -11,6 +11,7 @@
 
 pub mod data;
 pub mod error;
+pub mod experiments;
 pub mod hierarchy;
 pub mod io;
 pub mod losses;

@@ -945,7 +945,7 @@ fn bad_embeddings_and_shapes_are_clear_errors() {
         .forward(&zero, &labels)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("row 1 is zero"), "{e}");
+    assert!(e.contains("row 1 has zero norm"), "{e}");
     let ok = Tensor::from_vec(data, (4, 3), &Device::Cpu).unwrap();
     let e = SmoothAp {
         tau: -1.0,

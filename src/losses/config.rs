@@ -516,7 +516,7 @@ impl LossConfig {
 
 /// ΣwAP weights `w_l ∝ (l/L)^α`, `l = 1..L`, normalised to sum to 1 (HAPPIER supp. A.2: with
 /// these weights ΣwAP and H-AP give the same importance to each level).
-fn weighted_ap_weights(num_levels: usize, alpha: f64) -> Vec<f64> {
+pub(crate) fn weighted_ap_weights(num_levels: usize, alpha: f64) -> Vec<f64> {
     let l = num_levels as f64;
     let raw: Vec<f64> = (1..=num_levels)
         .map(|p| (p as f64 / l).powf(alpha))

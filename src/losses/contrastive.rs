@@ -16,9 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{
-    chunk_size, fine_ids, l2_normalize_rows, row_loss, PairMetric, RowLoss,
-};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -122,7 +120,7 @@ impl RankLoss for Contrastive {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
         self.validate()?;
-        let e = l2_normalize_rows(embeddings)?;
+        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = ContrastiveRows {
             loss: self.clone(),

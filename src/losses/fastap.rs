@@ -36,9 +36,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{
-    check_unit_rows, chunk_size, fine_ids, l2_normalize_rows, row_loss, RowLoss,
-};
+use crate::losses::pairwise_rows::{check_unit_rows, chunk_size, fine_ids, row_loss, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -263,7 +261,7 @@ impl RankLoss for FastAp {
         check_batch(embeddings, labels)?;
         let bins = Bins::new(self.num_bins)?;
         let e = if self.normalize {
-            l2_normalize_rows(embeddings)?
+            crate::losses::l2_normalize(embeddings, "embeddings")?
         } else {
             check_unit_rows(embeddings, 1e-4)?;
             embeddings.clone()

@@ -79,44 +79,37 @@ impl<T: RankLoss + ?Sized> RankLoss for &T {
     }
 }
 
+/// L2-normalises the rows of `rows` (`B × D`), differentiably — the normalisation of every
+/// loss. Errors on a row of zero or non-finite norm, naming `field` and the row, instead of
+/// producing NaN (PyTorch's `F.normalize` would silently return a zero vector, making every
+/// similarity 0). Models use [`crate::models::layers::l2_normalize`] instead, which clamps the
+/// norm like `F.normalize`, because a forward pass must not fail.
+pub fn l2_normalize(rows: &Tensor, field: &str) -> Result<Tensor> {
+    let norms = rows.sqr()?.sum_keepdim(1)?.sqrt()?;
+    let values = norms
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    if let Some(row) = values.iter().position(|&n| n <= 0.0 || !n.is_finite()) {
+        return Err(Error::invalid(
+            field,
+            format!("row {row} has zero norm and cannot be L2-normalised"),
+        ));
+    }
+    Ok(rows.broadcast_div(&norms)?)
+}
+
 /// Checks that `embeddings` is a finite `B × D` float matrix with one label row per item.
 ///
 /// Shared by every loss so that bad input fails with the same clear message instead of a NaN
 /// loss several steps later.
 pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
-    let dims = embeddings.dims();
-    if dims.len() != 2 {
+    let (b, _) = crate::retrieval::check_embeddings(embeddings, "embeddings")?;
+    if b != labels.len() {
         return Err(Error::Shape(format!(
-            "embeddings must be a B × D matrix, got shape {dims:?}"
-        )));
-    }
-    if dims[0] != labels.len() {
-        return Err(Error::Shape(format!(
-            "{} embeddings but {} label rows",
-            dims[0],
+            "{b} embeddings but {} label rows",
             labels.len()
         )));
-    }
-    if !matches!(
-        embeddings.dtype(),
-        DType::F32 | DType::F64 | DType::F16 | DType::BF16
-    ) {
-        return Err(Error::invalid(
-            "embeddings",
-            format!("expected a float tensor, got {:?}", embeddings.dtype()),
-        ));
-    }
-    // Scan the values themselves: candle's `max` skips NaN, so a reduction would hide them.
-    let d = dims[1].max(1);
-    let values = embeddings
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        return Err(Error::invalid(
-            "embeddings",
-            format!("row {} contains NaN or infinity", i / d),
-        ));
     }
     Ok(())
 }

@@ -15,7 +15,6 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::l2_normalize_rows;
 use crate::losses::{check_batch, RankLoss};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
@@ -46,11 +45,30 @@ impl NormSoftmax {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
+        if dim == 0 {
+            return Err(Error::invalid("dim", "must be at least 1"));
+        }
+        let bound = 1.0 / (dim as f64).sqrt();
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let init: Vec<f64> = (0..classes.len() * dim)
+            .map(|_| rng.random_range(-bound..bound))
+            .collect();
+        let proxies = Tensor::from_vec(init, (classes.len(), dim), device)?.to_dtype(dtype)?;
+        Self::with_proxies(classes, Var::from_tensor(&proxies)?)
+    }
+
+    /// Uses `proxies` (`C × D`, row `i` for `classes[i]`, distinct ids), e.g. restored from a
+    /// checkpoint, with σ = 0.05.
+    pub fn with_proxies(classes: &[ClassId], proxies: Var) -> Result<Self> {
         if classes.is_empty() {
             return Err(Error::invalid("classes", "at least one class is needed"));
         }
-        if dim == 0 {
-            return Err(Error::invalid("dim", "must be at least 1"));
+        let (c, _) = proxies.dims2()?;
+        if c != classes.len() {
+            return Err(Error::Shape(format!(
+                "{c} proxies for {} classes (need one per class)",
+                classes.len()
+            )));
         }
         let mut index = HashMap::with_capacity(classes.len());
         for (row, &c) in classes.iter().enumerate() {
@@ -61,16 +79,10 @@ impl NormSoftmax {
                 ));
             }
         }
-        let bound = 1.0 / (dim as f64).sqrt();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let init: Vec<f64> = (0..classes.len() * dim)
-            .map(|_| rng.random_range(-bound..bound))
-            .collect();
-        let proxies = Tensor::from_vec(init, (classes.len(), dim), device)?.to_dtype(dtype)?;
         Ok(NormSoftmax {
             temperature: 0.05,
             normalize_embeddings: true,
-            proxies: Var::from_tensor(&proxies)?,
+            proxies,
             classes: classes.to_vec(),
             index,
         })
@@ -127,11 +139,12 @@ impl NormSoftmax {
             )));
         }
         let v = if self.normalize_embeddings {
-            l2_normalize_rows(embeddings)?
+            crate::losses::l2_normalize(embeddings, "embeddings")?
         } else {
             embeddings.clone()
         };
-        let p = l2_normalize_rows(self.proxies.as_tensor())?.to_dtype(v.dtype())?;
+        let p = crate::losses::l2_normalize(self.proxies.as_tensor(), "proxies")?
+            .to_dtype(v.dtype())?;
         Ok((v.matmul(&p.t()?)? / self.temperature)?)
     }
 
@@ -144,7 +157,8 @@ impl NormSoftmax {
                 Error::invalid(
                     "labels",
                     format!(
-                        "class {c} of item {i} has no proxy (the loss was built for other classes)"
+                        "row {i}: class {c} has no proxy (the loss was built for {} other classes)",
+                        self.classes.len()
                     ),
                 )
             })?;
@@ -191,6 +205,6 @@ mod tests {
         let e = Tensor::new(&[[1f64, 0.0], [0.0, 1.0]], &Device::Cpu).unwrap();
         let y = Labels::from_fine(&[0, 5]).unwrap();
         let err = nsm.forward(&e, &y).unwrap_err().to_string();
-        assert!(err.contains("class 5 of item 1"), "{err}");
+        assert!(err.contains("row 1: class 5 has no proxy"), "{err}");
     }
 }

@@ -66,25 +66,6 @@ impl PairMetric {
     }
 }
 
-/// Divides each row of `embeddings` by its L2 norm (differentiably).
-///
-/// Errors on a row of zero norm, naming it, instead of producing NaN (`F.normalize` would
-/// silently return a zero vector, which makes every similarity 0).
-pub fn l2_normalize_rows(embeddings: &Tensor) -> Result<Tensor> {
-    let norms = embeddings.sqr()?.sum_keepdim(1)?.sqrt()?;
-    let values = norms
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    if let Some(row) = values.iter().position(|&n| n <= 0.0 || !n.is_finite()) {
-        return Err(Error::invalid(
-            "embeddings",
-            format!("row {row} has zero norm and cannot be L2-normalised"),
-        ));
-    }
-    Ok(embeddings.broadcast_div(&norms)?)
-}
-
 /// Errors unless every row of `embeddings` has unit L2 norm within `tolerance` (for losses run
 /// with `normalize = false`, whose formulas assume unit vectors).
 pub fn check_unit_rows(embeddings: &Tensor, tolerance: f64) -> Result<()> {
@@ -455,10 +436,15 @@ mod tests {
     #[test]
     fn normalisation_rejects_zero_rows() {
         let e = Tensor::new(&[[3f64, 4.0], [0.0, 0.0]], &Device::Cpu).unwrap();
-        let err = l2_normalize_rows(&e).unwrap_err().to_string();
+        let err = crate::losses::l2_normalize(&e, "embeddings")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("row 1"), "{err}");
         let e = Tensor::new(&[[3f64, 4.0]], &Device::Cpu).unwrap();
-        let n = l2_normalize_rows(&e).unwrap().to_vec2::<f64>().unwrap();
+        let n = crate::losses::l2_normalize(&e, "embeddings")
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap();
         assert_eq!(n, vec![vec![0.6, 0.8]]);
         assert!(check_unit_rows(&e, 1e-6).is_err());
     }

@@ -43,7 +43,7 @@
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::blackbox_rank::{blackbox_gradient, check_lambda, descending_ranks, RankUnits};
-use crate::losses::pairwise_rows::{chunk_size, fine_ids, l2_normalize_rows, row_loss, RowLoss};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
@@ -329,7 +329,7 @@ impl Rambo {
         check_batch(embeddings, labels)?;
         self.validate()?;
         let b = labels.len();
-        let e = l2_normalize_rows(embeddings)?;
+        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, b)?;
         let pass = self.passes.next();
         let draw_seed = match self.margin_mode {

@@ -307,28 +307,11 @@ impl QueryAp {
     }
 }
 
-/// L2-normalises the rows of `rows` (`B × D`); errors on a zero row, whose direction is
-/// undefined, naming `field` (e.g. "embeddings", "proxies").
-pub fn l2_normalize(rows: &Tensor, field: &str) -> Result<Tensor> {
-    let norms = rows.sqr()?.sum_keepdim(1)?.sqrt()?;
-    let values = norms
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    if let Some(row) = values.iter().position(|v| *v == 0.0) {
-        return Err(Error::invalid(
-            field,
-            format!("row {row} is zero and cannot be L2-normalised"),
-        ));
-    }
-    Ok(rows.broadcast_div(&norms)?)
-}
-
 /// The `B × B` matrix of scores `s_qj = ⟨v_q, v_j⟩`, cosine similarities when `normalize`
 /// (Smooth-AP Eq. 1; HAPPIER §3.1).
 pub fn similarity_matrix(embeddings: &Tensor, normalize: bool) -> Result<Tensor> {
     let v = if normalize {
-        l2_normalize(embeddings, "embeddings")?
+        crate::losses::l2_normalize(embeddings, "embeddings")?
     } else {
         embeddings.clone()
     };

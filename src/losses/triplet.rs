@@ -27,9 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{
-    chunk_size, fine_ids, l2_normalize_rows, row_loss, PairMetric, RowLoss,
-};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -85,7 +83,7 @@ impl RankLoss for Triplet {
                 format!("must be finite, got {}", self.margin),
             ));
         }
-        let e = l2_normalize_rows(embeddings)?;
+        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = TripletRows {
             loss: self.clone(),

@@ -211,8 +211,9 @@ fn plan(opts: &EvalOptions, num_levels: usize) -> Vec<MetricSpec> {
     specs
 }
 
-/// Checks an embedding matrix: 2-D, float, finite. `what` names it in errors.
-pub(crate) fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+/// Checks an embedding matrix: 2-D, float, finite (shared by the engine and every loss).
+/// `what` names it in errors; returns `(N, D)`.
+pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     let dims = x.dims();
     if dims.len() != 2 {
         return Err(Error::Shape(format!(

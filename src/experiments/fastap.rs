@@ -1,0 +1,132 @@
+//! FastAP (Cakir et al., CVPR 2019): the SOP rows of the poster's comparison (batch M = 96 and
+//! 256), the effect of the batch size, and the effect of the authors' meta-class pair sampler.
+//!
+//! The poster's claim is that larger batches help (a batch is a "retrieval set": more of the
+//! ranking is seen at once) and that sampling pairs of meta-classes (hard negatives from the
+//! same super-class) is essential. The quick scale scales the batch sizes to the recipe's base
+//! batch `B` (M = 256 ↔ `B`); the sweep runs `B/4 … 2B`.
+
+use super::table::{
+    batch_size, dataset_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Unit,
+    Variant,
+};
+use super::{ExperimentRecipe, Runner, Scale};
+use crate::error::Result;
+use crate::losses::config::{FastApConfig, LossConfig};
+use crate::train::{SamplerConfig, TrainConfig};
+
+/// The paper's key in `paper_tables/published/` and `configs/experiments/`.
+pub const PAPER: &str = "fastap";
+/// The poster's results table (SOP rows).
+pub const TABLE_MAIN: &str = "FastAP poster";
+/// Our batch-size sweep (no published values: the poster reports M = 96 and 256 only).
+pub const TABLE_BATCH: &str = "FastAP batch size";
+/// Sampler ablation (the authors' meta-class pairs vs m-per-class).
+pub const TABLE_SAMPLER: &str = "FastAP sampler";
+
+fn fastap(c: &mut TrainConfig) {
+    c.loss = LossConfig::FastAp(FastApConfig::default());
+}
+
+/// The batch sizes of the sweep for base batch `b`, rounded to multiples of `m` (each ≥ 2m).
+pub fn sweep_batches(b: usize, m: usize) -> Vec<usize> {
+    let mut out: Vec<usize> = [b / 4, b / 2, b, 2 * b]
+        .into_iter()
+        .map(|x| (x / m).max(2) * m)
+        .collect();
+    out.dedup();
+    out
+}
+
+fn samples_per_class(config: &TrainConfig) -> usize {
+    match &config.sampler {
+        SamplerConfig::MPerClass {
+            samples_per_class, ..
+        } => *samples_per_class,
+        _ => 1,
+    }
+}
+
+/// The tables' rows and columns for a base recipe.
+pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
+    let b = batch_size(base);
+    let m = samples_per_class(base);
+    let small = ((b * 96 / 256) / m).max(2) * m;
+    let recall = vec![
+        Column::same("R@1", Some(0)),
+        Column::same("R@10", Some(0)),
+        Column::same("R@100", Some(0)),
+        Column::same("R@1000", Some(0)),
+    ];
+    let main = vec![
+        Variant::new("FastAP ResNet-50, M = 96", move |c| {
+            fastap(c);
+            set_batch_size(c, small);
+        })
+        .note(format!("ours: batch {small}")),
+        Variant::new("FastAP ResNet-50, M = 256*", fastap).note(format!("ours: batch {b}")),
+    ];
+    let batch = sweep_batches(b, m)
+        .into_iter()
+        .map(|bs| {
+            Variant::with_setting("FastAP", format!("batch={bs}"), move |c| {
+                fastap(c);
+                set_batch_size(c, bs);
+            })
+        })
+        .collect();
+    let sampler = vec![
+        Variant::with_setting("FastAP", "sampler=m_per_class", fastap),
+        Variant::with_setting("FastAP", "sampler=meta_class_pairs", move |c| {
+            fastap(c);
+            // The authors' sampler: each batch draws from two classes of the level above the
+            // fine classes (SOP: two super-classes; the embedded data: two variants),
+            // batches_per_meta_pair batches in a row.
+            c.sampler = SamplerConfig::FastAp {
+                batch_size: b,
+                batches_per_meta_pair: 2,
+                class_level: 0,
+                meta_level: 1,
+                shuffle_within_class: false,
+            };
+        }),
+    ];
+    let summary = vec![Column::same("R@1", Some(0)), Column::same("mAP@R", Some(0))];
+    vec![
+        TableSpec {
+            name: TABLE_MAIN.into(),
+            variants: main,
+            columns: recall,
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: TABLE_BATCH.into(),
+            variants: batch,
+            columns: summary.clone(),
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: TABLE_SAMPLER.into(),
+            variants: sampler,
+            columns: summary,
+            unit: Unit::Percent,
+        },
+    ]
+}
+
+/// Trains every row at `scale` and returns our cells.
+pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
+    let base = recipe.base(scale)?;
+    run_tables(runner, &base, &dataset_name(scale), &tables(&base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_covers_a_quarter_to_twice_the_base_batch() {
+        assert_eq!(sweep_batches(64, 4), vec![16, 32, 64, 128]);
+        assert_eq!(sweep_batches(8, 2), vec![4, 8, 16]);
+    }
+}

@@ -1,0 +1,237 @@
+//! HAPPIER (Ramzi et al., ECCV 2022): hierarchical metrics of fine-only and hierarchical losses
+//! (Table 1), per-level AP (Table 3), the parts of the loss (Table 5), the relevance function
+//! used for training (Table 6), and the sweeps of α and λ (Fig. 4).
+//!
+//! The embedded dataset has three levels (fine class, variant, family), like DyML; SOP has two.
+//! "Coarse AP" is the AP at the coarsest level (positives = same family). Rows we do not
+//! implement (NCA++, CSL) are left out. Table 5's first row (a sigmoid surrogate "as in [38, 2]"
+//! instead of the paper's steps) is not run: its exact form is not specified.
+//!
+//! ΣwAP as a *test* metric (Table 6) is computed from the per-level APs of the evaluation by
+//! HAPPIER's Property 1, `ΣwAP = Σ_p w_p · AP^(p)`, with the weights `w_p ∝ p / L` that the
+//! ΣwAP training relevance uses (the paper does not give its weights).
+
+use super::table::{
+    dataset_name, run_tables, Column, Measured, Measurements, TableSpec, Unit, Variant,
+};
+use super::{ExperimentRecipe, Runner, Scale};
+use crate::error::Result;
+use crate::losses::config::{
+    weighted_ap_weights, HappierConfig, LossConfig, NormSoftmaxConfig, RelevanceKind,
+    RoadmapConfig, SmoothApConfig, SummedConfig, TripletConfig,
+};
+
+/// The paper's key in `paper_tables/published/` and `configs/experiments/`.
+pub const PAPER: &str = "happier";
+/// Table 1 (H-AP, ASI, NDCG).
+pub const TABLE_1: &str = "HAPPIER Table 1";
+/// Table 3 (fine R@1, fine AP, coarse AP).
+pub const TABLE_3: &str = "HAPPIER Table 3";
+/// Table 5 (the parts of the loss).
+pub const TABLE_5: &str = "HAPPIER Table 5";
+/// Table 6 (training relevance: H-AP vs ΣwAP).
+pub const TABLE_6: &str = "HAPPIER Table 6";
+/// Fig. 4a (α) and 4b (λ) sweeps.
+pub const FIG_4: &str = "HAPPIER Fig. 4";
+
+/// The α values of the Fig. 4a sweep (the paper trains HAPPIER_F with 3 and 5).
+pub const ALPHAS: [f64; 4] = [1.0, 2.0, 3.0, 5.0];
+/// The λ values of the Fig. 4b sweep.
+pub const LAMBDAS: [f64; 5] = [0.0, 0.1, 0.3, 0.5, 0.9];
+
+fn happier(alpha: f64, lambda: f64, relevance: RelevanceKind) -> LossConfig {
+    LossConfig::Happier(HappierConfig {
+        alpha,
+        lambda,
+        relevance,
+        ..HappierConfig::default()
+    })
+}
+
+fn triplet() -> LossConfig {
+    LossConfig::Triplet(TripletConfig::default())
+}
+
+fn nsm() -> LossConfig {
+    LossConfig::NormSoftmax(NormSoftmaxConfig::default())
+}
+
+fn summed(base: LossConfig) -> LossConfig {
+    LossConfig::Summed(SummedConfig {
+        base: Box::new(base),
+        levels: None,
+    })
+}
+
+fn fine_only(name: &str, loss: LossConfig) -> Variant {
+    Variant::new(name, move |c| c.loss = loss.clone())
+}
+
+/// The tables' rows and columns; `levels` is the number of label levels of the data.
+pub fn tables(levels: usize) -> Vec<TableSpec> {
+    let coarse = levels.saturating_sub(1);
+    let t1 = vec![
+        fine_only("Triplet SH [57] (fine)", triplet()),
+        fine_only("NSM [59] (fine)", nsm()),
+        fine_only(
+            "Smooth-AP [2] (fine)",
+            LossConfig::SmoothAp(SmoothApConfig::default()),
+        ),
+        fine_only(
+            "ROADMAP [42] (fine)",
+            LossConfig::Roadmap(RoadmapConfig::default()),
+        ),
+        fine_only("Σ TL_SH [57]", summed(triplet())),
+        fine_only("Σ NSM [59]", summed(nsm())),
+        fine_only("HAPPIER", happier(1.0, 0.1, RelevanceKind::Pop)),
+    ];
+    let t3 = vec![
+        fine_only("TL_SH [57]", triplet()),
+        fine_only("NSM [59]", nsm()),
+        fine_only(
+            "Smooth-AP [2]",
+            LossConfig::SmoothAp(SmoothApConfig::default()),
+        ),
+        fine_only(
+            "ROADMAP [42]",
+            LossConfig::Roadmap(RoadmapConfig::default()),
+        ),
+        fine_only("HAPPIER", happier(1.0, 0.1, RelevanceKind::Pop)),
+        fine_only("HAPPIER_F", happier(5.0, 0.1, RelevanceKind::Pop))
+            .note("ours: α = 5 (the paper's SOP setting)"),
+    ];
+    let t5 = vec![
+        Variant::with_setting("HAPPIER", "L_H-AP", |c| {
+            c.loss = happier(1.0, 0.0, RelevanceKind::Pop)
+        }),
+        Variant::with_setting("HAPPIER", "L_H-AP + L_clust", |c| {
+            c.loss = happier(1.0, 0.1, RelevanceKind::Pop)
+        }),
+    ];
+    let t6 = vec![
+        Variant::with_setting("train H-AP", "", |c| {
+            c.loss = happier(1.0, 0.0, RelevanceKind::Pop)
+        }),
+        Variant::with_setting("train ΣwAP", "", |c| {
+            c.loss = happier(1.0, 0.0, RelevanceKind::WeightedAp)
+        }),
+    ];
+    let mut sweep = Vec::new();
+    for alpha in ALPHAS {
+        sweep.push(Variant::with_setting(
+            "HAPPIER",
+            format!("alpha={alpha}"),
+            move |c| c.loss = happier(alpha, 0.1, RelevanceKind::Pop),
+        ));
+    }
+    for lambda in LAMBDAS {
+        sweep.push(Variant::with_setting(
+            "HAPPIER",
+            format!("lambda={lambda}"),
+            move |c| c.loss = happier(1.0, lambda, RelevanceKind::Pop),
+        ));
+    }
+    let hier = vec![
+        Column::same("H-AP", None),
+        Column::same("ASI", None),
+        Column::same("NDCG", None),
+    ];
+    vec![
+        TableSpec {
+            name: TABLE_1.into(),
+            variants: t1,
+            columns: hier.clone(),
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: TABLE_3.into(),
+            variants: t3,
+            columns: vec![
+                Column {
+                    paper: "Fine R@1",
+                    ours: "R@1",
+                    level: Some(0),
+                },
+                Column {
+                    paper: "Fine AP",
+                    ours: "mAP",
+                    level: Some(0),
+                },
+                Column {
+                    paper: "Coarse AP",
+                    ours: "mAP",
+                    level: Some(coarse),
+                },
+            ],
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: TABLE_5.into(),
+            variants: t5,
+            columns: vec![Column::same("H-AP", None)],
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: TABLE_6.into(),
+            variants: t6,
+            columns: vec![Column::same("H-AP", None), Column::same("NDCG", None)],
+            unit: Unit::Percent,
+        },
+        TableSpec {
+            name: FIG_4.into(),
+            variants: sweep,
+            columns: vec![
+                Column::same("H-AP", None),
+                Column {
+                    paper: "Fine AP",
+                    ours: "mAP",
+                    level: Some(0),
+                },
+                Column {
+                    paper: "Coarse AP",
+                    ours: "mAP",
+                    level: Some(coarse),
+                },
+            ],
+            unit: Unit::Percent,
+        },
+    ]
+}
+
+/// ΣwAP of a run (HAPPIER Property 1): `Σ_p w_p · AP^(p)`, `p = 1..L` from the coarsest match
+/// (label column `L − 1`) to the same fine class (column 0), with `w_p ∝ p / L`.
+pub fn sum_weighted_ap(run: &super::RunResult, levels: usize) -> Result<f64> {
+    let w = weighted_ap_weights(levels, 1.0);
+    let mut total = 0.0;
+    for (p, wp) in (1..=levels).zip(w) {
+        total += wp * run.metric("mAP", Some(levels - p))?;
+    }
+    Ok(total)
+}
+
+/// Trains every row at `scale` and returns our cells (Table 6 gets the ΣwAP column).
+pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
+    let base = recipe.base(scale)?;
+    let levels = 3;
+    let dataset = dataset_name(scale);
+    let mut out = run_tables(runner, &base, &dataset, &tables(levels))?;
+    let extra = out
+        .runs
+        .iter()
+        .filter(|r| r.table == TABLE_6)
+        .map(|r| {
+            Ok(Measured {
+                table: TABLE_6.into(),
+                method: r.method.clone(),
+                dataset: dataset.clone(),
+                metric: "ΣwAP".into(),
+                setting: r.setting.clone(),
+                value: 100.0 * sum_weighted_ap(&r.run, levels)?,
+                unit: "percent".into(),
+                note: String::new(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    out.cells.extend(extra);
+    Ok(out)
+}

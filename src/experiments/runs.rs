@@ -1,0 +1,223 @@
+//! One training run of an experiment — a recipe trained to the end and evaluated — and the
+//! on-disk cache that lets tables share runs.
+//!
+//! Many cells of the papers' tables are the same run (Smooth-AP with τ = 0.01 is a row of the
+//! main comparison and the centre of the τ, |P| and batch-size ablations; HAPPIER's default run
+//! appears in Tables 1, 3, 5 and in both sweeps of Fig. 4). A [`Runner`] keys each run by the
+//! full TOML text of its recipe and the crate version, stores its result as JSON (atomically) and
+//! returns the stored result the next time the same recipe is asked for, in this notebook or
+//! another one. Nothing else is cached: a changed hyperparameter is a new run.
+
+use crate::error::{Error, Result};
+use crate::io::write_atomically;
+use crate::train::{LogRow, TrainConfig, Trainer};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// What a finished run measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The run's label in the experiment (e.g. `smooth_ap tau=0.1`).
+    pub label: String,
+    /// The recipe, as TOML (the cache key, with the crate version).
+    pub recipe: String,
+    /// The final evaluation.
+    pub metrics: Vec<MetricValue>,
+    /// The metrics log of the run (training losses, evaluations after each epoch).
+    pub log: Vec<LogRow>,
+    /// Wall time of the training and evaluations, in seconds.
+    pub seconds: f64,
+    /// Number of test queries of the final evaluation.
+    pub test_queries: usize,
+}
+
+impl RunResult {
+    /// The final value of `metric` at `level`; an error naming the run if it was not measured.
+    pub fn metric(&self, metric: &str, level: Option<usize>) -> Result<f64> {
+        self.metrics
+            .iter()
+            .find(|m| m.metric == metric && m.level == level)
+            .map(|m| m.value)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "metric",
+                    format!(
+                        "run `{}` has no {metric}{}",
+                        self.label,
+                        level.map_or(String::new(), |l| format!(" at level {l}"))
+                    ),
+                )
+            })
+    }
+
+    /// `(epoch, value)` of a test metric over training (epoch 0 = before training).
+    pub fn curve(&self, metric: &str, level: Option<usize>) -> Vec<(u64, f64)> {
+        self.log
+            .iter()
+            .filter(|r| r.split == "test" && r.metric == metric && r.level == level)
+            .map(|r| (r.epoch, r.value))
+            .collect()
+    }
+
+    /// The mean training loss of each epoch.
+    pub fn loss_curve(&self) -> Vec<(u64, f64)> {
+        self.log
+            .iter()
+            .filter(|r| r.split == "train" && r.metric == "loss_mean")
+            .map(|r| (r.epoch, r.value))
+            .collect()
+    }
+}
+
+/// One metric of a run's final evaluation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricValue {
+    /// Metric name (`R@1`, `mAP@R`, `H-AP`, …).
+    pub metric: String,
+    /// The label column of a binary metric (0 = finest), `None` for H-AP, ASI and NDCG.
+    pub level: Option<usize>,
+    /// The value (NaN when no query could be counted).
+    #[serde(with = "crate::train::checkpoint::exact_f64")]
+    pub value: f64,
+}
+
+/// A labelled recipe to run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunSpec {
+    /// Label (for progress lines and error messages).
+    pub label: String,
+    /// The recipe (its loss included).
+    pub config: TrainConfig,
+}
+
+/// Trains recipes, caching the results on disk (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct Runner {
+    cache_dir: Option<PathBuf>,
+    verbose: bool,
+}
+
+impl Runner {
+    /// A runner caching into `cache_dir` (`None`: no cache). `verbose` prints one line per run
+    /// on standard output (progress bars are off: notebooks show standard output only).
+    pub fn new(cache_dir: Option<PathBuf>, verbose: bool) -> Self {
+        Runner { cache_dir, verbose }
+    }
+
+    /// The cache folder, if any.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// The result of `spec`: from the cache if the same recipe was run by this crate version,
+    /// otherwise trained now (and cached).
+    pub fn run(&self, spec: &RunSpec) -> Result<RunResult> {
+        let mut config = spec.config.clone();
+        // Outputs, resume and progress bars do not change the result; keep them out of the key.
+        config.output = Default::default();
+        config.resume = None;
+        config.progress = false;
+        let recipe = config.to_toml_string()?;
+        let key = format!("rankwise {}\n{recipe}", env!("CARGO_PKG_VERSION"));
+        let path = self
+            .cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{:016x}.json", fnv1a(key.as_bytes()))));
+        if let Some(path) = &path {
+            if let Some(hit) = read_cached(path, &recipe)? {
+                if self.verbose {
+                    println!("{}: cached ({:.0} s when run)", spec.label, hit.seconds);
+                }
+                return Ok(RunResult {
+                    label: spec.label.clone(),
+                    ..hit
+                });
+            }
+        }
+        if self.verbose {
+            println!("{}: training ({} epochs)…", spec.label, config.epochs);
+        }
+        let start = Instant::now();
+        let mut trainer = Trainer::from_config(config)
+            .map_err(|e| Error::invalid("run", format!("`{}`: {e}", spec.label)))?;
+        let report = trainer
+            .fit()
+            .map_err(|e| Error::invalid("run", format!("`{}`: {e}", spec.label)))?;
+        let seconds = start.elapsed().as_secs_f64();
+        let eval = report.last_eval.ok_or_else(|| {
+            Error::invalid("run", format!("`{}` was never evaluated", spec.label))
+        })?;
+        let result = RunResult {
+            label: spec.label.clone(),
+            recipe,
+            metrics: eval
+                .rows
+                .iter()
+                .map(|r| MetricValue {
+                    metric: r.metric.clone(),
+                    level: r.level,
+                    value: r.value,
+                })
+                .collect(),
+            log: report.log.rows().to_vec(),
+            seconds,
+            test_queries: eval.num_queries,
+        };
+        if self.verbose {
+            let r1 = result.metric("R@1", Some(0)).unwrap_or(f64::NAN);
+            println!("{}: done in {seconds:.0} s, R@1 {r1:.4}", spec.label);
+        }
+        if let Some(path) = &path {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+            }
+            let json = serde_json::to_string(&result)
+                .map_err(|e| Error::file(path, format!("cannot serialise the run: {e}")))?;
+            write_atomically(path, |w| w.write_all(json.as_bytes()))?;
+        }
+        Ok(result)
+    }
+
+    /// Runs every spec, in order.
+    pub fn run_all(&self, specs: &[RunSpec]) -> Result<Vec<RunResult>> {
+        specs.iter().map(|s| self.run(s)).collect()
+    }
+}
+
+/// A cached result whose recipe is `recipe`, if the file exists. A hash collision (another
+/// recipe stored under the same name) counts as a miss; an unreadable file is an error naming it.
+fn read_cached(path: &Path, recipe: &str) -> Result<Option<RunResult>> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(path, e)),
+    };
+    let cached: RunResult = serde_json::from_str(&text).map_err(|e| {
+        Error::file(
+            path,
+            format!("not a cached run ({e}); delete the file to re-run"),
+        )
+    })?;
+    Ok((cached.recipe == recipe).then_some(cached))
+}
+
+/// 64-bit FNV-1a: a stable file name for a recipe (std's hasher may change between releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv1a_matches_the_reference_values() {
+        // Published FNV-1a 64 test vectors.
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+}

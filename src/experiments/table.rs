@@ -1,0 +1,264 @@
+//! The pieces every experiment shares: a [`Variant`] (one row of a paper's table: a method or
+//! a parameter value, as a change to the base recipe) and a [`Measured`] value (one cell of
+//! ours, to put beside the paper's).
+
+use super::runs::{RunResult, RunSpec};
+use crate::error::Result;
+use crate::train::TrainConfig;
+
+/// One row of a paper's table as a run: a change to the scale's base recipe.
+pub struct Variant {
+    /// The method as the paper's table names it (the `method` column of
+    /// `paper_tables/published/<paper>.csv`), so that ours lands beside the paper's.
+    pub method: String,
+    /// The swept or ablated parameter (`tau=0.1`, `batch=128`, …), empty if none.
+    pub setting: String,
+    /// How our run differs from the paper's row, if it does (e.g. `ours: batch 32` where the
+    /// paper's ablation used 64 — the quick scale halves every batch).
+    pub note: String,
+    /// Applies the row's loss and parameters to the base recipe.
+    pub apply: Box<dyn Fn(&mut TrainConfig)>,
+}
+
+impl std::fmt::Debug for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Variant")
+            .field("method", &self.method)
+            .field("setting", &self.setting)
+            .field("note", &self.note)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Variant {
+    /// A row with no swept parameter.
+    pub fn new(method: &str, apply: impl Fn(&mut TrainConfig) + 'static) -> Self {
+        Variant {
+            method: method.into(),
+            setting: String::new(),
+            note: String::new(),
+            apply: Box::new(apply),
+        }
+    }
+
+    /// A row of a sweep or ablation.
+    pub fn with_setting(
+        method: &str,
+        setting: impl Into<String>,
+        apply: impl Fn(&mut TrainConfig) + 'static,
+    ) -> Self {
+        Variant {
+            method: method.into(),
+            setting: setting.into(),
+            note: String::new(),
+            apply: Box::new(apply),
+        }
+    }
+
+    /// The same row with a note on how our run differs from the paper's.
+    pub fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = note.into();
+        self
+    }
+
+    /// The run of this row on top of `base`.
+    pub fn spec(&self, base: &TrainConfig) -> RunSpec {
+        let mut config = base.clone();
+        (self.apply)(&mut config);
+        let label = if self.setting.is_empty() {
+            self.method.clone()
+        } else {
+            format!("{} ({})", self.method, self.setting)
+        };
+        RunSpec { label, config }
+    }
+}
+
+/// One measured cell, in the layout of `paper_tables/published/<paper>.csv`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// The paper's table, e.g. `Smooth-AP Table 2`.
+    pub table: String,
+    /// The method, as the paper's table names it.
+    pub method: String,
+    /// The dataset we measured on, e.g. `embedded shapes (quick)`.
+    pub dataset: String,
+    /// Metric as the paper names it (`R@1`, `H-AP`, …).
+    pub metric: String,
+    /// Swept or ablated parameter, empty if none.
+    pub setting: String,
+    /// The value, in the paper's unit.
+    pub value: f64,
+    /// `percent` or `fraction`, as the paper prints it.
+    pub unit: String,
+    /// How our run differs from the paper's row, if it does.
+    pub note: String,
+}
+
+/// How one of our metrics is reported in a paper's column.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Column {
+    /// The paper's column name.
+    pub paper: &'static str,
+    /// Our metric name in the evaluation report.
+    pub ours: &'static str,
+    /// Our label column for binary metrics (0 = finest), `None` for hierarchical ones.
+    pub level: Option<usize>,
+}
+
+impl Column {
+    /// A column whose name is the same in the paper and in our report.
+    pub const fn same(name: &'static str, level: Option<usize>) -> Self {
+        Column {
+            paper: name,
+            ours: name,
+            level,
+        }
+    }
+}
+
+/// The unit a paper prints a table in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// Percent (our fractions × 100).
+    Percent,
+    /// Fractions, as printed (Smooth-AP Tables 4–5).
+    Fraction,
+}
+
+impl Unit {
+    /// `percent` or `fraction`, as in the published CSV files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Percent => "percent",
+            Unit::Fraction => "fraction",
+        }
+    }
+
+    fn factor(self) -> f64 {
+        match self {
+            Unit::Percent => 100.0,
+            Unit::Fraction => 1.0,
+        }
+    }
+}
+
+/// A paper table to reproduce: its rows as runs and its columns as metrics.
+#[derive(Debug)]
+pub struct TableSpec {
+    /// The table's name as in the published CSV (`Smooth-AP Table 2`).
+    pub name: String,
+    /// The rows.
+    pub variants: Vec<Variant>,
+    /// The columns.
+    pub columns: Vec<Column>,
+    /// The unit the paper prints.
+    pub unit: Unit,
+}
+
+/// A run of one row of one table.
+#[derive(Debug, Clone)]
+pub struct TableRun {
+    /// The table.
+    pub table: String,
+    /// The row's method.
+    pub method: String,
+    /// The row's setting.
+    pub setting: String,
+    /// What the run measured.
+    pub run: RunResult,
+}
+
+/// Everything an experiment measured.
+#[derive(Debug, Clone, Default)]
+pub struct Measurements {
+    /// Every cell of ours.
+    pub cells: Vec<Measured>,
+    /// Every run, by table row (a run shared by several rows appears once per row).
+    pub runs: Vec<TableRun>,
+}
+
+impl Measurements {
+    /// The run of `table`'s row `method` / `setting`.
+    pub fn run(&self, table: &str, method: &str, setting: &str) -> Option<&RunResult> {
+        self.runs
+            .iter()
+            .find(|r| r.table == table && r.method == method && r.setting == setting)
+            .map(|r| &r.run)
+    }
+}
+
+/// Trains (or fetches from the cache) every row of every table on top of `base` and collects
+/// the cells. `dataset` names where ours were measured.
+pub fn run_tables(
+    runner: &super::Runner,
+    base: &TrainConfig,
+    dataset: &str,
+    tables: &[TableSpec],
+) -> Result<Measurements> {
+    let mut out = Measurements::default();
+    for table in tables {
+        for variant in &table.variants {
+            let run = runner.run(&variant.spec(base))?;
+            for c in &table.columns {
+                out.cells.push(Measured {
+                    table: table.name.clone(),
+                    method: variant.method.clone(),
+                    dataset: dataset.into(),
+                    metric: c.paper.into(),
+                    setting: variant.setting.clone(),
+                    value: table.unit.factor() * run.metric(c.ours, c.level)?,
+                    unit: table.unit.name().into(),
+                    note: variant.note.clone(),
+                });
+            }
+            out.runs.push(TableRun {
+                table: table.name.clone(),
+                method: variant.method.clone(),
+                setting: variant.setting.clone(),
+                run,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Sets the batch size of an m-per-class sampler (other samplers are left as they are).
+pub fn set_batch_size(config: &mut TrainConfig, b: usize) {
+    if let crate::train::SamplerConfig::MPerClass { batch_size, .. } = &mut config.sampler {
+        *batch_size = b;
+    }
+}
+
+/// The batch size of the recipe's sampler.
+pub fn batch_size(config: &TrainConfig) -> usize {
+    use crate::train::SamplerConfig;
+    match &config.sampler {
+        SamplerConfig::MPerClass { batch_size, .. }
+        | SamplerConfig::Hierarchical { batch_size, .. }
+        | SamplerConfig::FastAp { batch_size, .. } => *batch_size,
+    }
+}
+
+/// Sets the positives per class `|P|` of an m-per-class sampler.
+pub fn set_samples_per_class(config: &mut TrainConfig, m: usize) {
+    if let crate::train::SamplerConfig::MPerClass {
+        samples_per_class, ..
+    } = &mut config.sampler
+    {
+        *samples_per_class = m;
+    }
+}
+
+/// Where our numbers were measured, for the tables: the dataset of the scale's recipe.
+pub fn dataset_name(scale: super::Scale) -> String {
+    match scale {
+        super::Scale::Tiny => "embedded shapes (tiny)".into(),
+        super::Scale::Quick => "embedded shapes (quick)".into(),
+        super::Scale::Paper => "paper dataset".into(),
+    }
+}
+
+/// The signature of every paper module's `measure`.
+pub type MeasureFn =
+    fn(&super::Runner, &super::ExperimentRecipe, super::Scale) -> Result<Measurements>;

@@ -1,0 +1,88 @@
+//! The experiments of every paper at the `tiny` scale: every row of every table trains and is
+//! evaluated, every cell is a finite number in its unit, and the run cache returns the same
+//! results without training again.
+
+use rankwise::experiments::{self, ExperimentRecipe, Runner, Scale};
+use std::path::Path;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn check(cells: &[experiments::Measured], what: &str) {
+    assert!(!cells.is_empty(), "{what}: no cell");
+    for c in cells {
+        let max = if c.unit == "percent" { 100.0 } else { 1.0 };
+        assert!(
+            c.value.is_finite() && (0.0..=max + 1e-9).contains(&c.value),
+            "{what}: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn every_experiment_runs_at_tiny_scale_and_is_cached() {
+    let cache = tempfile::tempdir().unwrap();
+    let runner = Runner::new(Some(cache.path().to_path_buf()), false);
+    let papers: [(&str, experiments::table::MeasureFn); 4] = [
+        ("smooth_ap", experiments::smooth_ap::measure),
+        ("fastap", experiments::fastap::measure),
+        ("rambo", experiments::rambo::measure),
+        ("happier", experiments::happier::measure),
+    ];
+    for (paper, measure) in papers {
+        let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
+        let m = measure(&runner, &recipe, Scale::Tiny).unwrap();
+        check(&m.cells, paper);
+        // Every run evaluated the metrics of every table column, once per table row.
+        let rows: usize = m.runs.len();
+        assert!(rows >= 2, "{paper}: {rows} rows");
+        // A second pass is served from the cache: identical cells.
+        let again = measure(&runner, &recipe, Scale::Tiny).unwrap();
+        assert_eq!(again.cells, m.cells, "{paper}");
+    }
+    // Shared rows were trained once: fewer cached runs than table rows overall.
+    let files = std::fs::read_dir(cache.path()).unwrap().count();
+    assert!(files > 10, "{files} cached runs");
+}
+
+#[test]
+fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error() {
+    for paper in ["smooth_ap", "fastap", "rambo", "happier"] {
+        let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
+        assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
+        if recipe.paper.is_none() {
+            let e = recipe.base(Scale::Paper).unwrap_err().to_string();
+            assert!(e.contains("[paper]"), "{e}");
+        }
+    }
+    let e = ExperimentRecipe::for_paper(root(), "no_such_paper")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no_such_paper.toml"), "{e}");
+    assert!(Scale::parse("medium").is_err());
+    assert_eq!(Scale::parse(" Quick ").unwrap(), Scale::Quick);
+}
+
+#[test]
+fn happier_sum_weighted_ap_follows_property_1() {
+    use rankwise::experiments::{MetricValue, RunResult};
+    let run = RunResult {
+        label: "x".into(),
+        recipe: String::new(),
+        metrics: (0..3)
+            .map(|l| MetricValue {
+                metric: "mAP".into(),
+                level: Some(l),
+                value: [0.3, 0.5, 0.9][l],
+            })
+            .collect(),
+        log: Vec::new(),
+        seconds: 0.0,
+        test_queries: 1,
+    };
+    // w_p ∝ p/3 for p = 1 (coarsest, column 2), 2 (column 1), 3 (fine, column 0).
+    let expect = (1.0 * 0.9 + 2.0 * 0.5 + 3.0 * 0.3) / 6.0;
+    let got = experiments::happier::sum_weighted_ap(&run, 3).unwrap();
+    assert!((got - expect).abs() < 1e-15, "{got} vs {expect}");
+}
