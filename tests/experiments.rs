@@ -41,6 +41,27 @@ fn every_experiment_runs_at_tiny_scale_and_is_cached() {
         let again = measure(&runner, &recipe, Scale::Tiny).unwrap();
         assert_eq!(again.cells, m.cells, "{paper}");
     }
+    // Every claim of every paper could be checked (every row it needs was measured).
+    let recipe = |p: &str| ExperimentRecipe::for_paper(root(), p).unwrap();
+    let tiny = |p: &str| recipe(p).base(Scale::Tiny).unwrap();
+    let claims = [
+        experiments::smooth_ap::claims(
+            &experiments::smooth_ap::measure(&runner, &recipe("smooth_ap"), Scale::Tiny).unwrap(),
+        ),
+        experiments::fastap::claims(
+            &experiments::fastap::measure(&runner, &recipe("fastap"), Scale::Tiny).unwrap(),
+            &tiny("fastap"),
+        ),
+        experiments::rambo::claims(
+            &experiments::rambo::measure(&runner, &recipe("rambo"), Scale::Tiny).unwrap(),
+        ),
+        experiments::happier::claims(
+            &experiments::happier::measure(&runner, &recipe("happier"), Scale::Tiny).unwrap(),
+        ),
+    ];
+    for c in claims.iter().flatten() {
+        assert!(c.holds.is_some(), "{c:?}");
+    }
     // Shared rows were trained once: fewer cached runs than table rows overall.
     let files = std::fs::read_dir(cache.path()).unwrap().count();
     assert!(files > 10, "{files} cached runs");

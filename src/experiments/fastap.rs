@@ -130,3 +130,43 @@ mod tests {
         assert_eq!(sweep_batches(8, 2), vec![4, 8, 16]);
     }
 }
+
+/// The poster's qualitative claims, checked on our measurements.
+pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> {
+    use super::table::Claim;
+    let b = batch_size(base);
+    let m_pc = samples_per_class(base);
+    let sweep: Vec<(String, Option<f64>)> = sweep_batches(b, m_pc)
+        .into_iter()
+        .map(|bs| {
+            let s = format!("batch={bs}");
+            let v = m.value(TABLE_BATCH, "FastAP", &s, "R@1");
+            (s, v)
+        })
+        .collect();
+    vec![
+        Claim::greater(
+            "Larger batches help: M = 256 beats M = 96 (poster, SOP R@1)",
+            (
+                "M=256 (ours: base batch)",
+                m.value(TABLE_MAIN, "FastAP ResNet-50, M = 256*", "", "R@1"),
+            ),
+            (
+                "M=96 (scaled)",
+                m.value(TABLE_MAIN, "FastAP ResNet-50, M = 96", "", "R@1"),
+            ),
+        ),
+        Claim::increasing("R@1 grows with the batch size", &sweep),
+        Claim::greater(
+            "Sampling pairs of meta-classes beats m-per-class batches (R@1)",
+            (
+                "meta-class pairs",
+                m.value(TABLE_SAMPLER, "FastAP", "sampler=meta_class_pairs", "R@1"),
+            ),
+            (
+                "m-per-class",
+                m.value(TABLE_SAMPLER, "FastAP", "sampler=m_per_class", "R@1"),
+            ),
+        ),
+    ]
+}

@@ -235,3 +235,103 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
     out.cells.extend(extra);
     Ok(out)
 }
+
+/// The paper's qualitative claims, checked on our measurements.
+pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
+    use super::table::Claim;
+    let t1 = |method: &str, metric: &str| m.value(TABLE_1, method, "", metric);
+    let t1_rows = [
+        "Triplet SH [57] (fine)",
+        "NSM [59] (fine)",
+        "Smooth-AP [2] (fine)",
+        "ROADMAP [42] (fine)",
+        "Σ TL_SH [57]",
+        "Σ NSM [59]",
+        "HAPPIER",
+    ];
+    let all = |metric: &str| -> Vec<(String, Option<f64>)> {
+        t1_rows
+            .iter()
+            .map(|r| (r.to_string(), t1(r, metric)))
+            .collect()
+    };
+    let t3 = |method: &str, metric: &str| m.value(TABLE_3, method, "", metric);
+    let t3_rows = [
+        "TL_SH [57]",
+        "NSM [59]",
+        "Smooth-AP [2]",
+        "ROADMAP [42]",
+        "HAPPIER",
+    ];
+    let coarse: Vec<(String, Option<f64>)> = t3_rows
+        .iter()
+        .map(|r| (r.to_string(), t3(r, "Coarse AP")))
+        .collect();
+    let sweep = |setting: String, metric: &str| m.value(FIG_4, "HAPPIER", &setting, metric);
+    let alphas: Vec<(String, Option<f64>)> = ALPHAS
+        .iter()
+        .map(|a| (format!("α={a}"), sweep(format!("alpha={a}"), "Fine AP")))
+        .collect();
+    vec![
+        Claim::best_of(
+            "HAPPIER has the best H-AP (Table 1)",
+            "HAPPIER",
+            &all("H-AP"),
+        ),
+        Claim::best_of("HAPPIER has the best ASI (Table 1)", "HAPPIER", &all("ASI")),
+        Claim::best_of(
+            "HAPPIER has the best NDCG (Table 1)",
+            "HAPPIER",
+            &all("NDCG"),
+        ),
+        Claim::greater(
+            "Summing a loss over levels improves ASI (Table 1: Σ TL_SH vs TL_SH)",
+            ("Σ TL_SH", t1("Σ TL_SH [57]", "ASI")),
+            ("TL_SH", t1("Triplet SH [57] (fine)", "ASI")),
+        ),
+        Claim::greater(
+            "Summing a loss over levels improves ASI (Table 1: Σ NSM vs NSM)",
+            ("Σ NSM", t1("Σ NSM [59]", "ASI")),
+            ("NSM", t1("NSM [59] (fine)", "ASI")),
+        ),
+        Claim::best_of(
+            "HAPPIER has the best coarse AP (Table 3)",
+            "HAPPIER",
+            &coarse,
+        ),
+        Claim::greater(
+            "HAPPIER_F (large α) improves the fine AP over HAPPIER (Table 3)",
+            ("HAPPIER_F", t3("HAPPIER_F", "Fine AP")),
+            ("HAPPIER", t3("HAPPIER", "Fine AP")),
+        ),
+        Claim::greater(
+            "The clustering loss improves H-AP (Table 5)",
+            (
+                "L_H-AP + L_clust",
+                m.value(TABLE_5, "HAPPIER", "L_H-AP + L_clust", "H-AP"),
+            ),
+            ("L_H-AP", m.value(TABLE_5, "HAPPIER", "L_H-AP", "H-AP")),
+        ),
+        Claim::greater(
+            "Training with H-AP gives the best test H-AP (Table 6)",
+            ("train H-AP", m.value(TABLE_6, "train H-AP", "", "H-AP")),
+            ("train ΣwAP", m.value(TABLE_6, "train ΣwAP", "", "H-AP")),
+        ),
+        Claim::greater(
+            "Training with ΣwAP gives the best test ΣwAP (Table 6)",
+            ("train ΣwAP", m.value(TABLE_6, "train ΣwAP", "", "ΣwAP")),
+            ("train H-AP", m.value(TABLE_6, "train H-AP", "", "ΣwAP")),
+        ),
+        Claim::increasing("Increasing α improves the fine AP (Fig. 4a)", &alphas),
+        Claim::greater(
+            "λ = 0.1 beats λ = 0 on H-AP (Fig. 4b: gain for 0 < λ < 0.5)",
+            ("λ=0.1", sweep("lambda=0.1".into(), "H-AP")),
+            ("λ=0", sweep("lambda=0".into(), "H-AP")),
+        ),
+        Claim::greater(
+            "λ = 0.3 beats λ = 0 on H-AP (Fig. 4b)",
+            ("λ=0.3", sweep("lambda=0.3".into(), "H-AP")),
+            ("λ=0", sweep("lambda=0".into(), "H-AP")),
+        ),
+    ]
+}

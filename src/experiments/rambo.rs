@@ -94,3 +94,39 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
     let base = recipe.base(scale)?;
     run_tables(runner, &base, &dataset_name(scale), &tables())
 }
+
+/// The paper's qualitative claims, checked on our measurements.
+pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
+    use super::table::Claim;
+    let r1 = |method: &str| m.value(TABLE_MAIN, method, "", "R@1");
+    let margin = RamboConfig::default().margin;
+    let ab =
+        |method: &str, mg: f64| m.value(TABLE_ABLATION, method, &format!("margin={mg}"), "R@1");
+    vec![
+        Claim::greater(
+            "The log log recall weighting beats log (Table 2, R@1)",
+            ("log log", r1("RaMBO_R50^512 log log")),
+            ("log", r1("RaMBO_R50^512 log")),
+        ),
+        Claim::best_of(
+            "RaMBO beats contrastive, triplet and FastAP (Table 2, R@1)",
+            "RaMBO log log",
+            &[
+                ("contrastive".to_string(), r1("Contrastive_G^512 [42]")),
+                ("triplet".to_string(), r1("Triplet_G^512 [42]")),
+                ("FastAP".to_string(), r1("FastAP_R50^512 [4]")),
+                ("RaMBO log log".to_string(), r1("RaMBO_R50^512 log log")),
+            ],
+        ),
+        Claim::greater(
+            "Optimising recall beats optimising AP for R@1 (Sec. 5)",
+            ("recall log log", ab("RaMBO log log", margin)),
+            ("AP loss", ab("RaMBO AP loss", margin)),
+        ),
+        Claim::greater(
+            "The margin α helps (Sec. 4.2, R@1)",
+            ("with margin", ab("RaMBO log log", margin)),
+            ("without margin", ab("RaMBO log log", 0.0)),
+        ),
+    ]
+}

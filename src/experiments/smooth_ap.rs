@@ -141,3 +141,43 @@ mod tests {
         assert_eq!(scaled_batch(1, 1, 10, 4), 4);
     }
 }
+
+/// The paper's qualitative claims, checked on our measurements.
+pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
+    use super::table::Claim;
+    let r1 = |method: &str| m.value(TABLE_MAIN, method, "", "R@1");
+    let ab = |setting: &str| m.value(TABLE_ABLATION, "Smooth-AP", setting, "mAP");
+    let entries = |settings: &[&str]| -> Vec<(String, Option<f64>)> {
+        settings.iter().map(|s| (s.to_string(), ab(s))).collect()
+    };
+    vec![
+        Claim::best_of(
+            "Smooth-AP beats FastAP and Blackbox AP at the same batch (Table 2, R@1)",
+            "Smooth-AP",
+            &[
+                ("FastAP".to_string(), r1("FastAP [5]")),
+                ("Blackbox AP".to_string(), r1("Blackbox AP [54]")),
+                ("Smooth-AP".to_string(), r1("Smooth-AP BS=224")),
+            ],
+        ),
+        Claim::greater(
+            "A larger batch improves Smooth-AP (Table 2: BS 384 > 224, R@1)",
+            ("larger batch", r1("Smooth-AP BS=384")),
+            ("base batch", r1("Smooth-AP BS=224")),
+        ),
+        Claim::best_of(
+            "τ = 0.01 is the best temperature (Table 5, mAP)",
+            "tau=0.01",
+            &entries(&["tau=0.1", "tau=0.01", "tau=0.001"]),
+        ),
+        Claim::best_of(
+            "Few positives per class (|P| = 4) is best (Table 5, mAP)",
+            "P=4",
+            &entries(&["P=4", "P=8", "P=16"]),
+        ),
+        Claim::increasing(
+            "A larger batch is better (Table 5, mAP, batch sizes scaled to ours)",
+            &entries(&["batch=64", "batch=128", "batch=256"]),
+        ),
+    ]
+}

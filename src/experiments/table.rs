@@ -262,3 +262,128 @@ pub fn dataset_name(scale: super::Scale) -> String {
 /// The signature of every paper module's `measure`.
 pub type MeasureFn =
     fn(&super::Runner, &super::ExperimentRecipe, super::Scale) -> Result<Measurements>;
+
+impl Measurements {
+    /// Our value of `metric` in `table`'s row `method` / `setting`.
+    pub fn value(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<f64> {
+        self.cells
+            .iter()
+            .find(|c| {
+                c.table == table && c.method == method && c.setting == setting && c.metric == metric
+            })
+            .map(|c| c.value)
+    }
+}
+
+/// One of a paper's qualitative claims, checked on our measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The claim, in the paper's words or close to them.
+    pub claim: String,
+    /// Whether our numbers agree (`None`: not measurable at this scale, e.g. a row is missing).
+    pub holds: Option<bool>,
+    /// The numbers the verdict rests on.
+    pub evidence: String,
+}
+
+impl Claim {
+    /// A claim that `a` beats `b` (higher is better), with both values shown.
+    pub fn greater(claim: &str, a: (&str, Option<f64>), b: (&str, Option<f64>)) -> Self {
+        let (holds, evidence) = match (a.1, b.1) {
+            (Some(x), Some(y)) => (Some(x > y), format!("{} {x:.2} vs {} {y:.2}", a.0, b.0)),
+            _ => (None, format!("{} or {} not measured", a.0, b.0)),
+        };
+        Claim {
+            claim: claim.into(),
+            holds,
+            evidence,
+        }
+    }
+
+    /// A claim that the entry named `best` has the largest value among `entries`.
+    pub fn best_of(claim: &str, best: &str, entries: &[(String, Option<f64>)]) -> Self {
+        let measured: Vec<(&String, f64)> = entries
+            .iter()
+            .filter_map(|(n, v)| v.map(|v| (n, v)))
+            .collect();
+        let evidence = entries
+            .iter()
+            .map(|(n, v)| match v {
+                Some(v) => format!("{n} {v:.2}"),
+                None => format!("{n} –"),
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let top = measured
+            .iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(n, _)| n.as_str());
+        let holds = if measured.len() == entries.len() && !entries.is_empty() {
+            Some(top == Some(best))
+        } else {
+            None
+        };
+        Claim {
+            claim: claim.into(),
+            holds,
+            evidence,
+        }
+    }
+
+    /// A claim that the values increase along `entries` (a monotone effect).
+    pub fn increasing(claim: &str, entries: &[(String, Option<f64>)]) -> Self {
+        let values: Vec<f64> = entries.iter().filter_map(|(_, v)| *v).collect();
+        let evidence = entries
+            .iter()
+            .map(|(n, v)| match v {
+                Some(v) => format!("{n}: {v:.2}"),
+                None => format!("{n}: –"),
+            })
+            .collect::<Vec<_>>()
+            .join(" → ");
+        let holds = (values.len() == entries.len() && values.len() >= 2)
+            .then(|| values.windows(2).all(|w| w[1] > w[0]));
+        Claim {
+            claim: claim.into(),
+            holds,
+            evidence,
+        }
+    }
+
+    /// `holds` / `does not hold` / `not measured`.
+    pub fn verdict(&self) -> &'static str {
+        match self.holds {
+            Some(true) => "holds",
+            Some(false) => "does not hold",
+            None => "not measured",
+        }
+    }
+}
+
+#[cfg(test)]
+mod claim_tests {
+    use super::*;
+
+    #[test]
+    fn claims_compare_and_report_missing_values() {
+        let c = Claim::greater("a beats b", ("a", Some(2.0)), ("b", Some(1.0)));
+        assert_eq!(c.holds, Some(true));
+        assert_eq!(c.evidence, "a 2.00 vs b 1.00");
+        assert_eq!(
+            Claim::greater("x", ("a", None), ("b", Some(1.0))).holds,
+            None
+        );
+        let e = |n: &str, v: Option<f64>| (n.to_string(), v);
+        let best = Claim::best_of("b best", "b", &[e("a", Some(1.0)), e("b", Some(3.0))]);
+        assert_eq!(best.holds, Some(true));
+        let not = Claim::best_of("a best", "a", &[e("a", Some(1.0)), e("b", Some(3.0))]);
+        assert_eq!(not.holds, Some(false));
+        assert_eq!(not.verdict(), "does not hold");
+        let inc = Claim::increasing(
+            "up",
+            &[e("1", Some(1.0)), e("2", Some(1.5)), e("3", Some(1.4))],
+        );
+        assert_eq!(inc.holds, Some(false));
+        assert_eq!(inc.evidence, "1: 1.00 → 2: 1.50 → 3: 1.40");
+    }
+}
