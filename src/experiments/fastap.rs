@@ -120,17 +120,6 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
     run_tables(runner, &base, &dataset_name(scale), &tables(&base))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sweep_covers_a_quarter_to_twice_the_base_batch() {
-        assert_eq!(sweep_batches(64, 4), vec![16, 32, 64, 128]);
-        assert_eq!(sweep_batches(8, 2), vec![4, 8, 16]);
-    }
-}
-
 /// The poster's qualitative claims, checked on our measurements.
 pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> {
     use super::table::Claim;
@@ -169,4 +158,15 @@ pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> 
             ),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sweep_covers_a_quarter_to_twice_the_base_batch() {
+        assert_eq!(sweep_batches(64, 4), vec![16, 32, 64, 128]);
+        assert_eq!(sweep_batches(8, 2), vec![4, 8, 16]);
+    }
 }

@@ -129,19 +129,6 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
     run_tables(runner, &base, &dataset_name(scale), &tables(&base))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn batches_scale_in_the_papers_ratio() {
-        assert_eq!(scaled_batch(64, 384, 224, 4), 108);
-        assert_eq!(scaled_batch(224, 384, 224, 4), 384);
-        assert_eq!(scaled_batch(8, 384, 224, 2), 14);
-        assert_eq!(scaled_batch(1, 1, 10, 4), 4);
-    }
-}
-
 /// The paper's qualitative claims, checked on our measurements.
 pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
     use super::table::Claim;
@@ -180,4 +167,17 @@ pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
             &entries(&["batch=64", "batch=128", "batch=256"]),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_scale_in_the_papers_ratio() {
+        assert_eq!(scaled_batch(64, 384, 224, 4), 108);
+        assert_eq!(scaled_batch(224, 384, 224, 4), 384);
+        assert_eq!(scaled_batch(8, 384, 224, 2), 14);
+        assert_eq!(scaled_batch(1, 1, 10, 4), 4);
+    }
 }
