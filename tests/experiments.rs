@@ -107,3 +107,21 @@ fn happier_sum_weighted_ap_follows_property_1() {
     let got = experiments::happier::sum_weighted_ap(&run, 3).unwrap();
     assert!((got - expect).abs() < 1e-15, "{got} vs {expect}");
 }
+
+#[test]
+fn measure_paper_writes_cells_and_claims() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let runner = Runner::new(Some(cache.path().to_path_buf()), false);
+    let (m, claims) = experiments::measure_paper("rambo", root(), &runner, Scale::Tiny).unwrap();
+    experiments::write_measurements(out.path(), "rambo", Scale::Tiny, &m, &claims).unwrap();
+    let csv = std::fs::read_to_string(out.path().join("rambo_tiny.csv")).unwrap();
+    assert_eq!(csv.lines().count(), m.cells.len() + 1);
+    assert!(csv.starts_with("table,method,setting,metric,value,unit,dataset,note\n"));
+    let md = std::fs::read_to_string(out.path().join("rambo_tiny_claims.md")).unwrap();
+    assert_eq!(md.matches("\n| ").count(), claims.len() + 1);
+    let e = experiments::measure_paper("ssr2", root(), &runner, Scale::Tiny)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("ssr2"), "{e}");
+}

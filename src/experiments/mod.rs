@@ -21,3 +21,99 @@ pub mod smooth_ap;
 pub use recipe::{ExperimentRecipe, Scale};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};
 pub use table::{Measured, Variant};
+
+use crate::error::{Error, Result};
+use std::path::Path;
+use table::{Claim, Measurements};
+
+/// The papers whose experiments are implemented, by key (`configs/experiments/<key>.toml`).
+pub const PAPERS: [&str; 4] = [
+    smooth_ap::PAPER,
+    fastap::PAPER,
+    rambo::PAPER,
+    happier::PAPER,
+];
+
+/// Runs one paper's experiments at `scale` (recipe from `configs/experiments/` under `root`)
+/// and checks its qualitative claims on our numbers.
+pub fn measure_paper(
+    paper: &str,
+    root: &Path,
+    runner: &Runner,
+    scale: Scale,
+) -> Result<(Measurements, Vec<Claim>)> {
+    let recipe = ExperimentRecipe::for_paper(root, paper)?;
+    Ok(match paper {
+        smooth_ap::PAPER => {
+            let m = smooth_ap::measure(runner, &recipe, scale)?;
+            let c = smooth_ap::claims(&m);
+            (m, c)
+        }
+        fastap::PAPER => {
+            let m = fastap::measure(runner, &recipe, scale)?;
+            let c = fastap::claims(&m, &recipe.base(scale)?);
+            (m, c)
+        }
+        rambo::PAPER => {
+            let m = rambo::measure(runner, &recipe, scale)?;
+            let c = rambo::claims(&m);
+            (m, c)
+        }
+        happier::PAPER => {
+            let m = happier::measure(runner, &recipe, scale)?;
+            let c = happier::claims(&m);
+            (m, c)
+        }
+        other => {
+            return Err(Error::invalid(
+                "paper",
+                format!("`{other}`: expected one of {}", PAPERS.join(", ")),
+            ))
+        }
+    })
+}
+
+/// Writes our cells as CSV (`table,method,setting,metric,value,unit,dataset,note`) and the
+/// claims as Markdown, atomically: `<dir>/<paper>_<scale>.csv` and `<dir>/<paper>_<scale>_claims.md`.
+pub fn write_measurements(
+    dir: &Path,
+    paper: &str,
+    scale: Scale,
+    m: &Measurements,
+    claims: &[Claim],
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let csv_path = dir.join(format!("{paper}_{scale}.csv"));
+    crate::io::write_atomically(&csv_path, |w| {
+        let mut out = csv::Writer::from_writer(w);
+        out.write_record([
+            "table", "method", "setting", "metric", "value", "unit", "dataset", "note",
+        ])?;
+        for c in &m.cells {
+            out.write_record([
+                c.table.as_str(),
+                &c.method,
+                &c.setting,
+                &c.metric,
+                &format!("{}", c.value),
+                &c.unit,
+                &c.dataset,
+                &c.note,
+            ])?;
+        }
+        out.flush()
+    })?;
+    let md_path = dir.join(format!("{paper}_{scale}_claims.md"));
+    let mut md = format!(
+        "# {paper}: the paper's claims at the `{scale}` scale\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+    );
+    for c in claims {
+        md.push_str(&format!(
+            "| {} | {} | {} |\n",
+            c.claim,
+            c.verdict(),
+            c.evidence
+        ));
+    }
+    crate::io::write_atomically(&md_path, |w| w.write_all(md.as_bytes()))
+}
