@@ -108,11 +108,13 @@ pub fn write_measurements(
         "# {paper}: the paper's claims at the `{scale}` scale\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
     );
     for c in claims {
+        // A `|` inside a cell (e.g. "|P|") would end it.
+        let cell = |t: &str| t.replace('|', "\\|");
         md.push_str(&format!(
             "| {} | {} | {} |\n",
-            c.claim,
+            cell(&c.claim),
             c.verdict(),
-            c.evidence
+            cell(&c.evidence)
         ));
     }
     crate::io::write_atomically(&md_path, |w| w.write_all(md.as_bytes()))

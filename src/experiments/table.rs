@@ -275,6 +275,16 @@ impl Measurements {
     }
 }
 
+/// A value for a claim's evidence: 2 decimals for percentages, 4 for fractions (values below
+/// 1.5), so that close fractions stay distinguishable.
+fn num(v: f64) -> String {
+    if v.abs() < 1.5 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
 /// One of a paper's qualitative claims, checked on our measurements.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -290,7 +300,10 @@ impl Claim {
     /// A claim that `a` beats `b` (higher is better), with both values shown.
     pub fn greater(claim: &str, a: (&str, Option<f64>), b: (&str, Option<f64>)) -> Self {
         let (holds, evidence) = match (a.1, b.1) {
-            (Some(x), Some(y)) => (Some(x > y), format!("{} {x:.2} vs {} {y:.2}", a.0, b.0)),
+            (Some(x), Some(y)) => (
+                Some(x > y),
+                format!("{} {} vs {} {}", a.0, num(x), b.0, num(y)),
+            ),
             _ => (None, format!("{} or {} not measured", a.0, b.0)),
         };
         Claim {
@@ -309,7 +322,7 @@ impl Claim {
         let evidence = entries
             .iter()
             .map(|(n, v)| match v {
-                Some(v) => format!("{n} {v:.2}"),
+                Some(v) => format!("{n} {}", num(*v)),
                 None => format!("{n} –"),
             })
             .collect::<Vec<_>>()
@@ -336,7 +349,7 @@ impl Claim {
         let evidence = entries
             .iter()
             .map(|(n, v)| match v {
-                Some(v) => format!("{n}: {v:.2}"),
+                Some(v) => format!("{n}: {}", num(*v)),
                 None => format!("{n}: –"),
             })
             .collect::<Vec<_>>()
@@ -368,7 +381,7 @@ mod claim_tests {
     fn claims_compare_and_report_missing_values() {
         let c = Claim::greater("a beats b", ("a", Some(2.0)), ("b", Some(1.0)));
         assert_eq!(c.holds, Some(true));
-        assert_eq!(c.evidence, "a 2.00 vs b 1.00");
+        assert_eq!(c.evidence, "a 2.00 vs b 1.0000");
         assert_eq!(
             Claim::greater("x", ("a", None), ("b", Some(1.0))).holds,
             None
@@ -384,6 +397,6 @@ mod claim_tests {
             &[e("1", Some(1.0)), e("2", Some(1.5)), e("3", Some(1.4))],
         );
         assert_eq!(inc.holds, Some(false));
-        assert_eq!(inc.evidence, "1: 1.00 → 2: 1.50 → 3: 1.40");
+        assert_eq!(inc.evidence, "1: 1.0000 → 2: 1.50 → 3: 1.4000");
     }
 }
