@@ -12,11 +12,13 @@
 pub mod data;
 pub mod error;
 pub mod experiments;
+pub mod fewshot;
 pub mod hierarchy;
 pub mod io;
 pub mod losses;
 pub mod metrics;
 pub mod models;
+pub mod rerank;
 pub mod retrieval;
 pub mod samplers;
 pub mod synthetic_embeddings;
