@@ -74,22 +74,33 @@ def cell_problems(index: int, cell: dict) -> list[str]:
     if cell.get("execution_count") is None:
         return [f"{label}: not executed (the run stopped before it)"]
     tags = cell.get("metadata", {}).get("tags", [])
+    outputs = cell.get("outputs", [])
     problems = []
-    for output in cell.get("outputs", []):
-        kind = output.get("output_type")
-        texts = _output_texts(output)
-        joined = "\n".join(texts)
-        if kind == "error":
+    for output in outputs:
+        if output.get("output_type") == "error":
             summary = f"{output.get('ename', '')}: {output.get('evalue', '')}".strip(": ")
             problems.append(f"{label}: error output: {summary[:500]}")
-        elif PANIC_MARKER in joined:
-            line = next(l for l in joined.splitlines() if PANIC_MARKER in l)
-            problems.append(f"{label}: panic: {line.strip()[:500]}")
-        elif kind == "execute_result" and _looks_like_error_result(joined):
-            problems.append(f"{label}: evaluated to an error: {joined.strip()[:500]}")
-        elif kind == "stream" and output.get("name") == "stderr":
-            if _looks_like_error_result(joined) or ALLOW_STDERR_TAG not in tags:
-                problems.append(f"{label}: wrote to stderr: {joined.strip()[:500]}")
+    # The kernel sends one stream output per line: judge the cell's text as a whole, and report
+    # each kind of problem once per cell.
+    all_text = "\n".join(t for output in outputs for t in _output_texts(output))
+    if PANIC_MARKER in all_text:
+        line = next(l for l in all_text.splitlines() if PANIC_MARKER in l)
+        problems.append(f"{label}: panic: {line.strip()[:500]}")
+    for output in outputs:
+        if output.get("output_type") == "execute_result":
+            text = "\n".join(_output_texts(output))
+            if _looks_like_error_result(text):
+                problems.append(f"{label}: evaluated to an error: {text.strip()[:500]}")
+    stderr = "".join(
+        _text(o.get("text"))
+        for o in outputs
+        if o.get("output_type") == "stream" and o.get("name") == "stderr"
+    )
+    error_line = any(_looks_like_error_result(line) for line in stderr.splitlines())
+    if stderr.strip() and (error_line or ALLOW_STDERR_TAG not in tags):
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        more = f" (+{len(lines) - 5} more lines)" if len(lines) > 5 else ""
+        problems.append(f"{label}: wrote to stderr: " + " | ".join(lines[:5])[:800] + more)
     return problems
 
 

@@ -91,6 +91,10 @@ def write_atomically(notebook, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600; give it the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             nbformat.write(notebook, f)
         os.replace(tmp, path)
@@ -117,7 +121,7 @@ def execute(path: Path, out_path: Path, cell_timeout: int) -> list[str]:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as err:
         # The partly executed notebook is still written: its outputs show what went wrong.
-        problems.append(f"{path}: execution stopped: {str(err).strip()[:2000]}")
+        problems.append(f"{path}: execution stopped: {str(err).strip()[:600]}")
     finally:
         elapsed = progress.close()
     write_atomically(notebook, out_path)

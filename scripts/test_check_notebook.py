@@ -44,12 +44,17 @@ class CellProblems(unittest.TestCase):
         self.assertIn(":dep rankwise", problem)
         self.assertIn("cannot find value `y`", problem)
 
-    def test_panic_in_any_stream_fails(self):
-        for name in ("stdout", "stderr"):
-            cell = code_cell([stream(name, "thread '<unnamed>' panicked at src/lib.rs:3:5:\nboom\n")])
-            [problem] = cell_problems(0, cell)
-            self.assertIn("panic", problem)
-            self.assertIn("src/lib.rs:3:5", problem)
+    def test_panic_fails_once_per_cell(self):
+        panic = [stream("stdout", "thread '<unnamed>' panicked at src/lib.rs:3:5:\n"), stream("stdout", "boom\n")]
+        [problem] = cell_problems(0, code_cell(panic))
+        self.assertIn("panic", problem)
+        self.assertIn("src/lib.rs:3:5", problem)
+        # On stderr (where the kernel sends it) the panic and the stderr text are both reported.
+        lines = [stream("stderr", f"line {i}\n") for i in range(9)] + [stream("stderr", "x panicked at y\n")]
+        problems = cell_problems(0, code_cell(lines))
+        self.assertEqual(len(problems), 2)
+        self.assertTrue(any("panic" in p for p in problems))
+        self.assertTrue(any("+5 more lines" in p for p in problems))
 
     def test_panic_in_display_data_fails(self):
         cell = code_cell([{"output_type": "display_data", "data": {"text/plain": ["x panicked at y"]}}])
