@@ -16,6 +16,7 @@ pub mod io;
 pub mod losses;
 pub mod metrics;
 pub mod models;
+pub mod report;
 pub mod retrieval;
 pub mod samplers;
 pub mod synthetic_embeddings;
