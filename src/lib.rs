@@ -18,6 +18,7 @@ pub mod io;
 pub mod losses;
 pub mod metrics;
 pub mod models;
+pub mod report;
 pub mod rerank;
 pub mod retrieval;
 pub mod samplers;

@@ -31,6 +31,8 @@
 //!   rate), P@k, binary ASI.
 //! - [`hierarchical`]: H-rank (HAPPIER Eq. 2), H-AP (Eq. 3) and the hierarchical PR curve
 //!   (Eqs. 9–11).
+//! - [`pr_curve`]: the binary precision–recall curve (its area is AP) and the mean interpolated
+//!   curve over queries, for figures.
 //! - [`set_intersection`]: hierarchical Average Set Intersection, ASI (HAPPIER supp. B.3).
 //! - [`discounted_gain`]: NDCG with gains `2^l − 1` (HAPPIER supp. B.3).
 //! - [`revisited`]: the revisited Oxford/Paris protocol (Radenović et al., CVPR 2018; SSR
@@ -41,6 +43,7 @@ pub mod binary;
 pub mod discounted_gain;
 pub mod fewshot;
 pub mod hierarchical;
+pub mod pr_curve;
 pub mod revisited;
 pub mod set_intersection;
 
@@ -51,6 +54,7 @@ pub use discounted_gain::ndcg;
 pub use hierarchical::{
     check_level_values, h_ap, h_ap_value_matched, h_ranks, hierarchical_pr_curve,
 };
+pub use pr_curve::precision_recall_curve;
 pub use set_intersection::asi;
 
 /// Number of distinct levels a `u8` can hold; the size of the per-level stack counters.
