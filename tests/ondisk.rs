@@ -13,8 +13,8 @@ use rankwise::models::{
 };
 use rankwise::train::data::DymlSubset;
 use rankwise::train::{
-    DatasetConfig, EvalConfig, ImageSettings, InputNorm, OutputConfig, SamplerConfig,
-    TestProtocol, TrainConfig, Trainer, TransformPreset,
+    DatasetConfig, EvalConfig, ImageSettings, InputNorm, OutputConfig, SamplerConfig, TestProtocol,
+    TrainConfig, Trainer, TransformPreset,
 };
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -165,7 +165,9 @@ fn sop_on_disk_trains_and_evaluates_end_to_end() {
     let run = dir.path().join("run");
     assert!(run.join("checkpoint.safetensors").exists());
     let csv = fs::read_to_string(run.join("metrics.csv")).unwrap();
-    assert!(csv.lines().any(|l| l.starts_with("2,") && l.contains(",test,R@1,0,")));
+    assert!(csv
+        .lines()
+        .any(|l| l.starts_with("2,") && l.contains(",test,R@1,0,")));
 }
 
 /// Augmentation is a pure function of (seed, epoch, image index): the same batch twice is the
@@ -297,7 +299,8 @@ fn missing_data_is_reported_with_the_script_that_prepares_it() {
     if let DatasetConfig::Sop { images, .. } = &mut config.dataset {
         images.check_files = false;
     }
-    let e = err(config.clone());
+    let mut trainer = Trainer::from_config(config.clone()).unwrap();
+    let e = trainer.fit().err().unwrap().to_string();
     assert!(e.contains("s1_final/5_2.png"), "{e}");
 
     // A real dataset with the embedded dataset's statistics, or a stray `[data]` table.
@@ -322,13 +325,21 @@ fn inshop_evaluates_queries_against_the_gallery() {
         lines.push(format!("{rel} id_{item:08} {status}"));
     };
     for item in 1..=4 {
-        let cat = if item <= 2 { "WOMEN/Dresses" } else { "MEN/Denim" };
+        let cat = if item <= 2 {
+            "WOMEN/Dresses"
+        } else {
+            "MEN/Denim"
+        };
         for k in 0..2 {
             add(cat, item, k, "train");
         }
     }
     for item in 10..=12 {
-        let cat = if item == 10 { "WOMEN/Dresses" } else { "MEN/Denim" };
+        let cat = if item == 10 {
+            "WOMEN/Dresses"
+        } else {
+            "MEN/Denim"
+        };
         add(cat, item, 0, "query");
         add(cat, item, 1, "gallery");
         add(cat, item, 2, "gallery");
@@ -366,7 +377,11 @@ fn dyml_vehicle_evaluates_each_scale_and_averages() {
             let name = format!("{}.png", fine * 2 + k as i64);
             write_image(root, &format!("train/imgs/{name}"), fine, k);
             let sep = if fine == 0 && k == 0 { "" } else { "\n" };
-            train.push_str(&format!("{sep}{name}, {}, {}, {fine}", fine / 2, fine / 2 + 10));
+            train.push_str(&format!(
+                "{sep}{name}, {}, {}, {fine}",
+                fine / 2,
+                fine / 2 + 10
+            ));
         }
     }
     write(root, "train/label.csv", train + "\n");
@@ -433,8 +448,8 @@ fn every_recipe_under_configs_is_valid() {
         .collect();
     assert!(paper.len() >= 10, "{files:?}");
     for path in &files {
-        let config = TrainConfig::from_toml_file(path)
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let config =
+            TrainConfig::from_toml_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         // The recipe survives a round trip through its TOML form.
         let text = config.to_toml_string().unwrap();
         let back: TrainConfig = toml::from_str(&text).unwrap();
@@ -442,7 +457,12 @@ fn every_recipe_under_configs_is_valid() {
     }
     for path in paper {
         let config = TrainConfig::from_toml_file(path).unwrap();
-        assert_ne!(config.dataset, DatasetConfig::Embedded, "{}", path.display());
+        assert_ne!(
+            config.dataset,
+            DatasetConfig::Embedded,
+            "{}",
+            path.display()
+        );
         let text = fs::read_to_string(path).unwrap();
         for key in ["# Reproduces:", "# Command:", "# Needs:", "# Departures"] {
             assert!(text.contains(key), "{} lacks `{key}`", path.display());

@@ -361,7 +361,10 @@ mod tests {
     #[test]
     fn output_size_is_set_by_the_last_sizing_step() {
         assert_eq!(output_size(&Transform::retrieval_train()), Some((224, 224)));
-        assert_eq!(output_size(&Transform::happier_sop_test()), Some((224, 224)));
+        assert_eq!(
+            output_size(&Transform::happier_sop_test()),
+            Some((224, 224))
+        );
         let t = Transform {
             ops: vec![Op::CenterCrop {
                 height: 8,
@@ -396,7 +399,11 @@ mod tests {
         let v: Vec<f32> = x.flatten_all().unwrap().to_vec1().unwrap();
         assert_eq!(v, vec![0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]);
         let streamed: Vec<Batch> = src
-            .stream(vec![vec![0], vec![1, 0]], View::Train { epoch: 3 }, &Device::Cpu)
+            .stream(
+                vec![vec![0], vec![1, 0]],
+                View::Train { epoch: 3 },
+                &Device::Cpu,
+            )
             .unwrap()
             .collect::<Result<_>>()
             .unwrap();

@@ -1,8 +1,8 @@
 //! The configuration of a training run: serde structures (TOML- and JSON-ready; every field has
 //! a default, unknown fields are errors) that [`super::run`] turns into a [`super::Trainer`].
 
-use super::optim::{AdamConfig, Algorithm};
 use super::data::DatasetConfig;
+use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
 use crate::data::ShapesConfig;
 use crate::error::{Error, Result};

@@ -406,7 +406,10 @@ impl DatasetConfig {
             return Ok(());
         };
         if self.root().is_some_and(|r| r.as_os_str().is_empty()) {
-            return Err(Error::invalid("dataset.root", "must name the dataset folder"));
+            return Err(Error::invalid(
+                "dataset.root",
+                "must name the dataset folder",
+            ));
         }
         if images.prefetch == 0 {
             return Err(Error::invalid("dataset.images.prefetch", "must be ≥ 1"));
@@ -478,9 +481,8 @@ impl DatasetConfig {
 /// `round(v · crop / 224)`, at least 1 (padding may become 0): the preset for a final crop of
 /// `crop` instead of 224.
 pub fn scale_sizes(transform: &Transform, crop: u32) -> Transform {
-    let s = |v: u32| -> u32 {
-        ((v as f64 * crop as f64 / PRESET_CROP as f64).round() as u32).max(1)
-    };
+    let s =
+        |v: u32| -> u32 { ((v as f64 * crop as f64 / PRESET_CROP as f64).round() as u32).max(1) };
     let ops = transform
         .ops
         .iter()
@@ -680,7 +682,10 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
         DatasetConfig::Embedded => unreachable!("handled above"),
         DatasetConfig::Sop { .. } => {
             let d = sop::load(root).map_err(hint)?;
-            (d.train, TestProtocol::Separate(vec![within("test", d.test)?]))
+            (
+                d.train,
+                TestProtocol::Separate(vec![within("test", d.test)?]),
+            )
         }
         DatasetConfig::Cub { .. } | DatasetConfig::Cars { .. } => {
             let d = if matches!(dataset, DatasetConfig::Cub { .. }) {
@@ -689,7 +694,10 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
                 cub_cars::load_cars(root)
             }
             .map_err(hint)?;
-            (d.train, TestProtocol::Separate(vec![within("test", d.test)?]))
+            (
+                d.train,
+                TestProtocol::Separate(vec![within("test", d.test)?]),
+            )
         }
         DatasetConfig::Inaturalist {
             hierarchy,
@@ -709,7 +717,10 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
                 taxonomy_file: taxonomy_file.clone(),
             };
             let d = inaturalist::load(root, &inat).map_err(hint)?;
-            (d.train, TestProtocol::Separate(vec![within("test", d.test)?]))
+            (
+                d.train,
+                TestProtocol::Separate(vec![within("test", d.test)?]),
+            )
         }
         DatasetConfig::Inshop { .. } => {
             let d = inshop::load(root).map_err(hint)?;
@@ -846,10 +857,13 @@ mod tests {
         sop.validate(InputNorm::Imagenet).unwrap();
         let (train, test) = sop.transforms(InputNorm::None).unwrap();
         assert_eq!(train.normalize, Normalize::NONE);
-        assert_eq!(test, Transform {
-            normalize: Normalize::NONE,
-            ..Transform::happier_sop_test()
-        });
+        assert_eq!(
+            test,
+            Transform {
+                normalize: Normalize::NONE,
+                ..Transform::happier_sop_test()
+            }
+        );
         assert!(DatasetConfig::Embedded.validate(InputNorm::Dataset).is_ok());
         let vid = DatasetConfig::VehicleId {
             root: "/data/v".into(),

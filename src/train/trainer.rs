@@ -162,7 +162,11 @@ impl<'a> Trainer<'a> {
 
     /// A trainer on given training images and test protocol (`config.data` and
     /// `config.dataset` are not used) with the given loss (which replaces `config.loss`).
-    pub fn with_run_data(config: TrainConfig, data: RunData, loss: &'a dyn RankLoss) -> Result<Self> {
+    pub fn with_run_data(
+        config: TrainConfig,
+        data: RunData,
+        loss: &'a dyn RankLoss,
+    ) -> Result<Self> {
         Self::assemble(config, data, |_, _| Ok(Box::new(loss)), false)
     }
 
@@ -185,7 +189,10 @@ impl<'a> Trainer<'a> {
     }
 
     /// A trainer on given training images and test protocol with the loss of `config.loss`.
-    pub fn from_config_with_run_data(config: TrainConfig, data: RunData) -> Result<Trainer<'static>> {
+    pub fn from_config_with_run_data(
+        config: TrainConfig,
+        data: RunData,
+    ) -> Result<Trainer<'static>> {
         Trainer::assemble(config, data, |config, ctx| config.loss.build(ctx), true)
     }
 
@@ -516,12 +523,12 @@ impl<'a> Trainer<'a> {
                 let mut embedded = Vec::with_capacity(sets.len());
                 for set in &sets {
                     let gallery = set.gallery.as_ref().ok_or_else(|| {
-                        Error::invalid(
-                            "test",
-                            format!("DyML scale `{}` has no gallery", set.split),
-                        )
+                        Error::invalid("test", format!("DyML scale `{}` has no gallery", set.split))
                     })?;
-                    embedded.push((self.embed(set.queries.as_ref())?, self.embed(gallery.as_ref())?));
+                    embedded.push((
+                        self.embed(set.queries.as_ref())?,
+                        self.embed(gallery.as_ref())?,
+                    ));
                 }
                 let scales: Vec<DymlScale<'_>> = sets
                     .iter()
@@ -531,11 +538,7 @@ impl<'a> Trainer<'a> {
                         queries: q,
                         query_labels: set.queries.labels(),
                         gallery: g,
-                        gallery_labels: set
-                            .gallery
-                            .as_ref()
-                            .expect("checked above")
-                            .labels(),
+                        gallery_labels: set.gallery.as_ref().expect("checked above").labels(),
                     })
                     .collect();
                 let result = evaluate_dyml(&scales, &opts)?;
