@@ -1,13 +1,16 @@
 //! Datasets: in-memory images with hierarchical labels, class-disjoint splits, the embedded
 //! procedurally generated default dataset, loaders for the papers' real datasets, and the image
-//! pipeline that decodes and augments their files into batches.
+//! pipeline that decodes and augments their files into batches, and the [`ImageSource`]s that
+//! serve either kind to the trainer.
 
 pub mod image_set;
 pub mod loaders;
 pub mod pipeline;
 pub mod shapes;
+pub mod source;
 pub mod splits;
 
 pub use image_set::ImageSet;
 pub use shapes::{Nuisance, ShapesConfig};
+pub use source::{ImageSource, InMemorySource, Normalization, OnDiskSource, View};
 pub use splits::{few_shot_split, retrieval_split, FewShotFractions, FewShotSplit, RetrievalSplit};

@@ -1,6 +1,7 @@
 //! The configuration of a training run: serde structures (TOML- and JSON-ready; every field has
 //! a default, unknown fields are errors) that [`super::run`] turns into a [`super::Trainer`].
 
+use super::data::DatasetConfig;
 use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
 use crate::data::ShapesConfig;
@@ -374,8 +375,11 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Device.
     pub device: DeviceChoice,
-    /// The data.
+    /// The embedded dataset's settings (used when `dataset` is `embedded`, the default).
     pub data: DataConfig,
+    /// The dataset trained and evaluated on: the embedded one (default) or a real dataset on
+    /// disk ([`super::data`]).
+    pub dataset: DatasetConfig,
     /// Image normalisation.
     pub input_norm: InputNorm,
     /// The network.
@@ -414,6 +418,7 @@ impl Default for TrainConfig {
             seed: 0,
             device: DeviceChoice::Cpu,
             data: DataConfig::default(),
+            dataset: DatasetConfig::default(),
             input_norm: InputNorm::Dataset,
             model: EmbeddingNetConfig::default(),
             pretrained: None,
@@ -468,6 +473,17 @@ impl TrainConfig {
         self.optimizer.head.algorithm.validate()?;
         self.optimizer.loss.algorithm.validate()?;
         self.loss.validate()?;
+        self.dataset.validate(self.input_norm)?;
+        if self.dataset != DatasetConfig::Embedded && self.data != DataConfig::default() {
+            return Err(Error::invalid(
+                "data",
+                format!(
+                    "`[data]` configures the embedded dataset, but `dataset.kind` is `{}`: \
+                     remove the `[data]` table",
+                    self.dataset.name()
+                ),
+            ));
+        }
         self.data.shapes().validate()
     }
 }

@@ -1,10 +1,12 @@
 //! Training: optimizers with PyTorch semantics ([`optim`]), learning-rate schedules and
 //! HAPPIER's backbone warm-up ([`schedule`]), the exact large-batch gradient of FastAP / SupRank
 //! ([`large_batch`]), checkpoints ([`checkpoint`]), the metrics log ([`log`]), the run
-//! configuration ([`config`]) and the [`Trainer`] that ties them together ([`trainer`]).
+//! configuration ([`config`]), its data ([`data`]: the embedded dataset or a real one on disk)
+//! and the [`Trainer`] that ties them together ([`trainer`]).
 
 pub mod checkpoint;
 pub mod config;
+pub mod data;
 pub mod large_batch;
 pub mod log;
 pub mod optim;
@@ -15,7 +17,10 @@ pub use config::{
     DataConfig, DeviceChoice, EvalConfig, GroupConfig, InputNorm, OptimizerConfig, OutputConfig,
     SamplerConfig, TrainConfig,
 };
+pub use data::{
+    load_data, DatasetConfig, EvalSet, ImageSettings, RunData, TestProtocol, TransformPreset,
+};
 pub use log::{LogRow, MetricsLog};
 pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
 pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
-pub use trainer::{run, run_config, EpochSummary, TrainReport, Trainer};
+pub use trainer::{run, run_config, EpochSummary, Evaluation, TrainReport, Trainer};
