@@ -145,9 +145,16 @@ impl Runner {
             .fit()
             .map_err(|e| Error::invalid("run", format!("`{}`: {e}", spec.label)))?;
         let seconds = start.elapsed().as_secs_f64();
-        let eval = report.last_eval.ok_or_else(|| {
-            Error::invalid("run", format!("`{}` was never evaluated", spec.label))
-        })?;
+        // The experiments' recipes evaluate one test set (the embedded dataset's `test`, or
+        // the first set of a real dataset's protocol).
+        let eval = report
+            .last_eval
+            .as_ref()
+            .and_then(|e| e.reports.first())
+            .map(|(_, r)| r)
+            .ok_or_else(|| {
+                Error::invalid("run", format!("`{}` was never evaluated", spec.label))
+            })?;
         let result = RunResult {
             label: spec.label.clone(),
             recipe,

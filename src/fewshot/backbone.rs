@@ -9,6 +9,7 @@
 //! (Sec. 3.2); here a rank loss on the base classes stands in for them at CPU scale.
 
 use crate::data::{few_shot_split, FewShotFractions, ImageSet};
+use crate::data::source::InMemorySource;
 use crate::error::Result;
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::RankLoss;
@@ -72,6 +73,9 @@ pub fn quick_backbone_features(
     let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
     let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
     let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);
+    // The novel images are normalised like the training images the backbone saw.
+    let norm = crate::train::data::input_normalization(config.train.input_norm, &base)?;
+    let novel_source = InMemorySource::new(novel.clone(), norm)?;
     let mut trainer = Trainer::with_data(config.train.clone(), base, val, loss)?;
     let report = if config.train_backbone {
         Some(trainer.fit()?)
@@ -79,7 +83,7 @@ pub fn quick_backbone_features(
         None
     };
     Ok(BackboneFeatures {
-        features: trainer.embed(&novel)?,
+        features: trainer.embed(&novel_source)?,
         labels: novel.labels().clone(),
         base_classes: split.base_classes,
         novel_classes: split.novel_classes,
