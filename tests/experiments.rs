@@ -9,14 +9,17 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-fn check(cells: &[experiments::Measured], what: &str) {
+fn check(cells: &[rankwise::report::Measured], what: &str) {
     assert!(!cells.is_empty(), "{what}: no cell");
     for c in cells {
-        let max = if c.unit == "percent" { 100.0 } else { 1.0 };
+        // Our metrics are fractions; the comparison converts them to the paper's unit.
+        assert_eq!(c.unit, rankwise::report::Unit::Fraction, "{what}: {c:?}");
         assert!(
-            c.value.is_finite() && (0.0..=max + 1e-9).contains(&c.value),
+            c.value.is_finite() && (0.0..=1.0 + 1e-9).contains(&c.value),
             "{what}: {c:?}"
         );
+        assert_eq!(c.provenance.scale, Scale::Tiny, "{what}: {c:?}");
+        assert_eq!(c.provenance.dataset, "embedded shapes", "{what}: {c:?}");
     }
 }
 
@@ -81,8 +84,8 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         .unwrap_err()
         .to_string();
     assert!(e.contains("no_such_paper.toml"), "{e}");
-    assert!(Scale::parse("medium").is_err());
-    assert_eq!(Scale::parse(" Quick ").unwrap(), Scale::Quick);
+    assert!("medium".parse::<Scale>().is_err());
+    assert_eq!("Quick".parse::<Scale>().unwrap(), Scale::Quick);
 }
 
 #[test]
@@ -109,6 +112,58 @@ fn happier_sum_weighted_ap_follows_property_1() {
 }
 
 #[test]
+fn reproduce_paper_joins_the_published_values_and_writes_tables_and_figures() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let runner = Runner::new(Some(cache.path().to_path_buf()), false);
+    for paper in experiments::PAPERS {
+        let r = experiments::reproduce_paper(paper, root(), &runner, Scale::Tiny).unwrap();
+        // Our cells must land beside the paper's: every table the paper has gets at least one
+        // cell with both sides (a mistyped method, setting or dataset would leave ours alone).
+        let published: Vec<&str> = r
+            .tables
+            .iter()
+            .filter(|t| !t.table.contains("(ours)"))
+            .map(|t| t.table.as_str())
+            .collect();
+        assert!(!published.is_empty(), "{paper}");
+        for t in &r.tables {
+            let both = t
+                .comparison
+                .rows()
+                .iter()
+                .filter(|row| row.status == rankwise::report::Status::Both)
+                .count();
+            if t.table.contains("(ours)") {
+                assert_eq!(both, 0, "{paper} {}", t.table);
+            } else {
+                assert!(both > 0, "{paper} {}: no cell joined the paper's", t.table);
+            }
+        }
+        assert!(!r.figures.is_empty(), "{paper}");
+        let tables_dir = out.path().join("paper_tables");
+        let figures_dir = out.path().join("figures");
+        let (page, pngs) = experiments::write_paper(&tables_dir, &figures_dir, &r).unwrap();
+        let md = std::fs::read_to_string(&page).unwrap();
+        assert!(md.contains("`tiny` scale"), "{md}");
+        assert!(md.contains("## The paper's claims on our numbers"), "{md}");
+        for png in &pngs {
+            let bytes = std::fs::read(png).unwrap();
+            assert!(bytes.starts_with(b"\x89PNG"), "{}", png.display());
+            assert!(md.contains(&format!(
+                "../figures/{}",
+                png.file_name().unwrap().to_string_lossy()
+            )));
+        }
+        for t in &r.tables {
+            let stem = experiments::publish::slug(&t.table);
+            let csv = tables_dir.join(paper).join(format!("{stem}.csv"));
+            assert!(csv.exists(), "{}", csv.display());
+        }
+    }
+}
+
+#[test]
 fn measure_paper_writes_cells_and_claims() {
     let cache = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -117,7 +172,9 @@ fn measure_paper_writes_cells_and_claims() {
     experiments::write_measurements(out.path(), "rambo", Scale::Tiny, &m, &claims).unwrap();
     let csv = std::fs::read_to_string(out.path().join("rambo_tiny.csv")).unwrap();
     assert_eq!(csv.lines().count(), m.cells.len() + 1);
-    assert!(csv.starts_with("table,method,setting,metric,value,unit,dataset,note\n"));
+    assert!(
+        csv.starts_with("table,method,dataset,metric,setting,value,unit,our_data,scale,detail\n")
+    );
     let md = std::fs::read_to_string(out.path().join("rambo_tiny_claims.md")).unwrap();
     assert_eq!(md.matches("\n| ").count(), claims.len() + 1);
     let e = experiments::measure_paper("ssr2", root(), &runner, Scale::Tiny)

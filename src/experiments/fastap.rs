@@ -7,8 +7,7 @@
 //! batch `B` (M = 256 ↔ `B`); the sweep runs `B/4 … 2B`.
 
 use super::table::{
-    batch_size, dataset_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Unit,
-    Variant,
+    batch_size, data_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Variant,
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
@@ -18,11 +17,15 @@ use crate::train::{SamplerConfig, TrainConfig};
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
 pub const PAPER: &str = "fastap";
 /// The poster's results table (SOP rows).
-pub const TABLE_MAIN: &str = "FastAP poster";
+pub const TABLE_MAIN: &str = "Poster";
 /// Our batch-size sweep (no published values: the poster reports M = 96 and 256 only).
-pub const TABLE_BATCH: &str = "FastAP batch size";
-/// Sampler ablation (the authors' meta-class pairs vs m-per-class).
-pub const TABLE_SAMPLER: &str = "FastAP sampler";
+pub const TABLE_BATCH: &str = "Batch size (ours)";
+/// Sampler ablation (the authors' meta-class pairs vs m-per-class; no published values).
+pub const TABLE_SAMPLER: &str = "Sampler (ours)";
+/// The poster's setting of its ResNet-50 row with batch M = 96.
+pub const SETTING_96: &str = "backbone=ResNet-50;batch=96;dim=512";
+/// The poster's setting of its ResNet-50 row with batch M = 256.
+pub const SETTING_256: &str = "backbone=ResNet-50;batch=256;dim=512";
 
 fn fastap(c: &mut TrainConfig) {
     c.loss = LossConfig::FastAp(FastApConfig::default());
@@ -59,12 +62,12 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
         Column::same("R@1000", Some(0)),
     ];
     let main = vec![
-        Variant::new("FastAP ResNet-50, M = 96", move |c| {
+        Variant::with_setting("FastAP", SETTING_96, move |c| {
             fastap(c);
             set_batch_size(c, small);
         })
         .note(format!("ours: batch {small}")),
-        Variant::new("FastAP ResNet-50, M = 256*", fastap).note(format!("ours: batch {b}")),
+        Variant::with_setting("FastAP", SETTING_256, fastap).note(format!("ours: batch {b}")),
     ];
     let batch = sweep_batches(b, m)
         .into_iter()
@@ -92,24 +95,25 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
         }),
     ];
     let summary = vec![Column::same("R@1", Some(0)), Column::same("mAP@R", Some(0))];
+    let ours = data_name(base);
     vec![
         TableSpec {
             name: TABLE_MAIN.into(),
+            dataset: "SOP".into(),
             variants: main,
             columns: recall,
-            unit: Unit::Percent,
         },
         TableSpec {
             name: TABLE_BATCH.into(),
+            dataset: ours.clone(),
             variants: batch,
             columns: summary.clone(),
-            unit: Unit::Percent,
         },
         TableSpec {
             name: TABLE_SAMPLER.into(),
+            dataset: ours,
             variants: sampler,
             columns: summary,
-            unit: Unit::Percent,
         },
     ]
 }
@@ -117,7 +121,7 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
 /// Trains every row at `scale` and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
     let base = recipe.base(scale)?;
-    run_tables(runner, &base, &dataset_name(scale), &tables(&base))
+    run_tables(runner, &base, scale, &tables(&base))
 }
 
 /// The poster's qualitative claims, checked on our measurements.
@@ -138,11 +142,11 @@ pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> 
             "Larger batches help: M = 256 beats M = 96 (poster, SOP R@1)",
             (
                 "M=256 (ours: base batch)",
-                m.value(TABLE_MAIN, "FastAP ResNet-50, M = 256*", "", "R@1"),
+                m.value(TABLE_MAIN, "FastAP", SETTING_256, "R@1"),
             ),
             (
                 "M=96 (scaled)",
-                m.value(TABLE_MAIN, "FastAP ResNet-50, M = 96", "", "R@1"),
+                m.value(TABLE_MAIN, "FastAP", SETTING_96, "R@1"),
             ),
         ),
         Claim::increasing("R@1 grows with the batch size", &sweep),
@@ -158,6 +162,49 @@ pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> 
             ),
         ),
     ]
+}
+
+/// The figures: R@1 against our batch size, and the test R@1 of each batch size over training.
+pub fn figures(m: &Measurements, _tables: &[super::ReproducedTable]) -> Result<Vec<super::Figure>> {
+    use super::publish::training_curves;
+    use crate::report::{sweep, Sweep};
+    let mut points: Vec<(f64, f64)> = m
+        .cells
+        .iter()
+        .filter(|c| c.table == TABLE_BATCH && c.metric == "R@1")
+        .filter_map(|c| {
+            let b = crate::report::published::setting_value(&c.setting, "batch")?;
+            Some((b.parse::<f64>().ok()?, c.value))
+        })
+        .collect();
+    points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let ours = Sweep {
+        name: "R@1".into(),
+        paper: Vec::new(),
+        ours: points,
+    };
+    Ok(vec![
+        super::Figure {
+            stem: "fastap_batch".into(),
+            chart: sweep(
+                "FastAP: R@1 against the batch size (ours)",
+                "batch size",
+                "R@1",
+                &[ours],
+                true,
+            )?,
+        },
+        super::Figure {
+            stem: "fastap_training".into(),
+            chart: training_curves(
+                m,
+                TABLE_BATCH,
+                "R@1",
+                Some(0),
+                "FastAP: test R@1 during training, by batch size",
+            )?,
+        },
+    ])
 }
 
 #[cfg(test)]

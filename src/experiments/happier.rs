@@ -11,28 +11,32 @@
 //! HAPPIER's Property 1, `ΣwAP = Σ_p w_p · AP^(p)`, with the weights `w_p ∝ p / L` that the
 //! ΣwAP training relevance uses (the paper does not give its weights).
 
-use super::table::{
-    dataset_name, run_tables, Column, Measured, Measurements, TableSpec, Unit, Variant,
-};
+use super::table::{run_tables, Column, Measurements, TableSpec, Variant};
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
 use crate::losses::config::{
     weighted_ap_weights, HappierConfig, LossConfig, NormSoftmaxConfig, RelevanceKind,
     RoadmapConfig, SmoothApConfig, SummedConfig, TripletConfig,
 };
+use crate::report::{Measured, Unit};
 
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
 pub const PAPER: &str = "happier";
 /// Table 1 (H-AP, ASI, NDCG).
-pub const TABLE_1: &str = "HAPPIER Table 1";
+pub const TABLE_1: &str = "Table 1";
 /// Table 3 (fine R@1, fine AP, coarse AP).
-pub const TABLE_3: &str = "HAPPIER Table 3";
+pub const TABLE_3: &str = "Table 3";
 /// Table 5 (the parts of the loss).
-pub const TABLE_5: &str = "HAPPIER Table 5";
+pub const TABLE_5: &str = "Table 5";
 /// Table 6 (training relevance: H-AP vs ΣwAP).
-pub const TABLE_6: &str = "HAPPIER Table 6";
-/// Fig. 4a (α) and 4b (λ) sweeps.
-pub const FIG_4: &str = "HAPPIER Fig. 4";
+pub const TABLE_6: &str = "Table 6";
+/// Fig. 4a (α sweep).
+pub const FIG_4A: &str = "Fig. 4a";
+/// Fig. 4b (λ sweep).
+pub const FIG_4B: &str = "Fig. 4b";
+/// The paper's dataset column our values stand beside: iNat-base, the set of Tables 5–6 and
+/// Fig. 4 (the embedded dataset is hierarchical like it; SOP has two levels, we have three).
+pub const DATASET: &str = "iNat-base";
 
 /// The α values of the Fig. 4a sweep (the paper trains HAPPIER_F with 3 and 5).
 pub const ALPHAS: [f64; 4] = [1.0, 2.0, 3.0, 5.0];
@@ -67,25 +71,9 @@ fn fine_only(name: &str, loss: LossConfig) -> Variant {
     Variant::new(name, move |c| c.loss = loss.clone())
 }
 
-/// The tables' rows and columns; `levels` is the number of label levels of the data.
-pub fn tables(levels: usize) -> Vec<TableSpec> {
-    let coarse = levels.saturating_sub(1);
-    let t1 = vec![
-        fine_only("Triplet SH [57] (fine)", triplet()),
-        fine_only("NSM [59] (fine)", nsm()),
-        fine_only(
-            "Smooth-AP [2] (fine)",
-            LossConfig::SmoothAp(SmoothApConfig::default()),
-        ),
-        fine_only(
-            "ROADMAP [42] (fine)",
-            LossConfig::Roadmap(RoadmapConfig::default()),
-        ),
-        fine_only("Σ TL_SH [57]", summed(triplet())),
-        fine_only("Σ NSM [59]", summed(nsm())),
-        fine_only("HAPPIER", happier(1.0, 0.1, RelevanceKind::Pop)),
-    ];
-    let t3 = vec![
+/// The rows of the method comparison (Tables 1 and 3).
+fn methods() -> Vec<Variant> {
+    vec![
         fine_only("TL_SH [57]", triplet()),
         fine_only("NSM [59]", nsm()),
         fine_only(
@@ -96,105 +84,93 @@ pub fn tables(levels: usize) -> Vec<TableSpec> {
             "ROADMAP [42]",
             LossConfig::Roadmap(RoadmapConfig::default()),
         ),
+        fine_only("Σ TL_SH [57]", summed(triplet())),
+        fine_only("Σ NSM [59]", summed(nsm())),
         fine_only("HAPPIER", happier(1.0, 0.1, RelevanceKind::Pop)),
+    ]
+}
+
+/// The tables' rows and columns; `levels` is the number of label levels of the data.
+pub fn tables(levels: usize) -> Vec<TableSpec> {
+    let coarse = levels.saturating_sub(1);
+    let mut t3 = methods();
+    t3.push(
         fine_only("HAPPIER_F", happier(5.0, 0.1, RelevanceKind::Pop))
             .note("ours: α = 5 (the paper's SOP setting)"),
-    ];
+    );
     let t5 = vec![
-        Variant::with_setting("HAPPIER", "L_H-AP", |c| {
+        Variant::with_setting("HAPPIER", "surrogate=ours;clustering=off", |c| {
             c.loss = happier(1.0, 0.0, RelevanceKind::Pop)
         }),
-        Variant::with_setting("HAPPIER", "L_H-AP + L_clust", |c| {
+        Variant::with_setting("HAPPIER", "surrogate=ours;clustering=on", |c| {
             c.loss = happier(1.0, 0.1, RelevanceKind::Pop)
         }),
     ];
     let t6 = vec![
-        Variant::with_setting("train H-AP", "", |c| {
+        Variant::with_setting("HAPPIER", "train=H-AP", |c| {
             c.loss = happier(1.0, 0.0, RelevanceKind::Pop)
         }),
-        Variant::with_setting("train ΣwAP", "", |c| {
+        Variant::with_setting("HAPPIER", "train=ΣwAP", |c| {
             c.loss = happier(1.0, 0.0, RelevanceKind::WeightedAp)
         }),
     ];
-    let mut sweep = Vec::new();
-    for alpha in ALPHAS {
-        sweep.push(Variant::with_setting(
-            "HAPPIER",
-            format!("alpha={alpha}"),
-            move |c| c.loss = happier(alpha, 0.1, RelevanceKind::Pop),
-        ));
-    }
-    for lambda in LAMBDAS {
-        sweep.push(Variant::with_setting(
-            "HAPPIER",
-            format!("lambda={lambda}"),
-            move |c| c.loss = happier(1.0, lambda, RelevanceKind::Pop),
-        ));
-    }
+    let alphas = ALPHAS
+        .iter()
+        .map(|&alpha| {
+            Variant::with_setting("HAPPIER", format!("alpha={alpha}"), move |c| {
+                c.loss = happier(alpha, 0.1, RelevanceKind::Pop)
+            })
+        })
+        .collect();
+    let lambdas = LAMBDAS
+        .iter()
+        .map(|&lambda| {
+            Variant::with_setting("HAPPIER", format!("lambda={lambda}"), move |c| {
+                c.loss = happier(1.0, lambda, RelevanceKind::Pop)
+            })
+        })
+        .collect();
     let hier = vec![
         Column::same("H-AP", None),
         Column::same("ASI", None),
         Column::same("NDCG", None),
     ];
+    let fine_ap = Column {
+        paper: "Fine AP",
+        ours: "mAP",
+        level: Some(0),
+    };
+    let coarse_ap = Column {
+        paper: "Coarse AP",
+        ours: "mAP",
+        level: Some(coarse),
+    };
+    let fine_r1 = Column {
+        paper: "Fine R@1",
+        ours: "R@1",
+        level: Some(0),
+    };
+    let spec = |name: &str, variants, columns| TableSpec {
+        name: name.into(),
+        dataset: DATASET.into(),
+        variants,
+        columns,
+    };
     vec![
-        TableSpec {
-            name: TABLE_1.into(),
-            variants: t1,
-            columns: hier.clone(),
-            unit: Unit::Percent,
-        },
-        TableSpec {
-            name: TABLE_3.into(),
-            variants: t3,
-            columns: vec![
-                Column {
-                    paper: "Fine R@1",
-                    ours: "R@1",
-                    level: Some(0),
-                },
-                Column {
-                    paper: "Fine AP",
-                    ours: "mAP",
-                    level: Some(0),
-                },
-                Column {
-                    paper: "Coarse AP",
-                    ours: "mAP",
-                    level: Some(coarse),
-                },
-            ],
-            unit: Unit::Percent,
-        },
-        TableSpec {
-            name: TABLE_5.into(),
-            variants: t5,
-            columns: vec![Column::same("H-AP", None)],
-            unit: Unit::Percent,
-        },
-        TableSpec {
-            name: TABLE_6.into(),
-            variants: t6,
-            columns: vec![Column::same("H-AP", None), Column::same("NDCG", None)],
-            unit: Unit::Percent,
-        },
-        TableSpec {
-            name: FIG_4.into(),
-            variants: sweep,
-            columns: vec![
-                Column::same("H-AP", None),
-                Column {
-                    paper: "Fine AP",
-                    ours: "mAP",
-                    level: Some(0),
-                },
-                Column {
-                    paper: "Coarse AP",
-                    ours: "mAP",
-                    level: Some(coarse),
-                },
-            ],
-            unit: Unit::Percent,
-        },
+        spec(TABLE_1, methods(), hier),
+        spec(TABLE_3, t3, vec![fine_r1, fine_ap, coarse_ap]),
+        spec(TABLE_5, t5, vec![Column::same("H-AP", None)]),
+        spec(
+            TABLE_6,
+            t6,
+            vec![Column::same("H-AP", None), Column::same("NDCG", None)],
+        ),
+        spec(
+            FIG_4A,
+            alphas,
+            vec![fine_ap, Column::same("H-AP", None), coarse_ap],
+        ),
+        spec(FIG_4B, lambdas, vec![Column::same("H-AP", None), fine_ap]),
     ]
 }
 
@@ -213,25 +189,31 @@ pub fn sum_weighted_ap(run: &super::RunResult, levels: usize) -> Result<f64> {
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
     let base = recipe.base(scale)?;
     let levels = 3;
-    let dataset = dataset_name(scale);
-    let mut out = run_tables(runner, &base, &dataset, &tables(levels))?;
-    let extra = out
-        .runs
-        .iter()
-        .filter(|r| r.table == TABLE_6)
-        .map(|r| {
-            Ok(Measured {
-                table: TABLE_6.into(),
-                method: r.method.clone(),
-                dataset: dataset.clone(),
-                metric: "ΣwAP".into(),
-                setting: r.setting.clone(),
-                value: 100.0 * sum_weighted_ap(&r.run, levels)?,
-                unit: "percent".into(),
-                note: String::new(),
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let mut out = run_tables(runner, &base, scale, &tables(levels))?;
+    let mut extra = Vec::new();
+    for r in out.runs.iter().filter(|r| r.table == TABLE_6) {
+        // Same provenance as the run's other cells.
+        let provenance = out
+            .cells
+            .iter()
+            .find(|c| c.table == TABLE_6 && c.setting == r.setting)
+            .map(|c| c.provenance.clone())
+            .ok_or_else(|| {
+                crate::error::Error::invalid("Table 6", "a run without its H-AP and NDCG cells")
+            })?;
+        extra.push(
+            Measured::new(
+                TABLE_6,
+                r.method.clone(),
+                DATASET,
+                "ΣwAP",
+                sum_weighted_ap(&r.run, levels)?,
+                Unit::Fraction,
+                provenance,
+            )
+            .with_setting(r.setting.clone()),
+        );
+    }
     out.cells.extend(extra);
     Ok(out)
 }
@@ -241,10 +223,10 @@ pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
     use super::table::Claim;
     let t1 = |method: &str, metric: &str| m.value(TABLE_1, method, "", metric);
     let t1_rows = [
-        "Triplet SH [57] (fine)",
-        "NSM [59] (fine)",
-        "Smooth-AP [2] (fine)",
-        "ROADMAP [42] (fine)",
+        "TL_SH [57]",
+        "NSM [59]",
+        "Smooth-AP [2]",
+        "ROADMAP [42]",
         "Σ TL_SH [57]",
         "Σ NSM [59]",
         "HAPPIER",
@@ -256,22 +238,19 @@ pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
             .collect()
     };
     let t3 = |method: &str, metric: &str| m.value(TABLE_3, method, "", metric);
-    let t3_rows = [
-        "TL_SH [57]",
-        "NSM [59]",
-        "Smooth-AP [2]",
-        "ROADMAP [42]",
-        "HAPPIER",
-    ];
-    let coarse: Vec<(String, Option<f64>)> = t3_rows
+    let coarse: Vec<(String, Option<f64>)> = t1_rows
         .iter()
         .map(|r| (r.to_string(), t3(r, "Coarse AP")))
         .collect();
-    let sweep = |setting: String, metric: &str| m.value(FIG_4, "HAPPIER", &setting, metric);
     let alphas: Vec<(String, Option<f64>)> = ALPHAS
         .iter()
-        .map(|a| (format!("α={a}"), sweep(format!("alpha={a}"), "Fine AP")))
+        .map(|a| {
+            let v = m.value(FIG_4A, "HAPPIER", &format!("alpha={a}"), "Fine AP");
+            (format!("α={a}"), v)
+        })
         .collect();
+    let lambda = |l: &str| m.value(FIG_4B, "HAPPIER", &format!("lambda={l}"), "H-AP");
+    let t6 = |train: &str, metric: &str| m.value(TABLE_6, "HAPPIER", train, metric);
     vec![
         Claim::best_of(
             "HAPPIER has the best H-AP (Table 1)",
@@ -287,12 +266,12 @@ pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
         Claim::greater(
             "Summing a loss over levels improves ASI (Table 1: Σ TL_SH vs TL_SH)",
             ("Σ TL_SH", t1("Σ TL_SH [57]", "ASI")),
-            ("TL_SH", t1("Triplet SH [57] (fine)", "ASI")),
+            ("TL_SH", t1("TL_SH [57]", "ASI")),
         ),
         Claim::greater(
             "Summing a loss over levels improves ASI (Table 1: Σ NSM vs NSM)",
             ("Σ NSM", t1("Σ NSM [59]", "ASI")),
-            ("NSM", t1("NSM [59] (fine)", "ASI")),
+            ("NSM", t1("NSM [59]", "ASI")),
         ),
         Claim::best_of(
             "HAPPIER has the best coarse AP (Table 3)",
@@ -308,30 +287,73 @@ pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
             "The clustering loss improves H-AP (Table 5)",
             (
                 "L_H-AP + L_clust",
-                m.value(TABLE_5, "HAPPIER", "L_H-AP + L_clust", "H-AP"),
+                m.value(TABLE_5, "HAPPIER", "surrogate=ours;clustering=on", "H-AP"),
             ),
-            ("L_H-AP", m.value(TABLE_5, "HAPPIER", "L_H-AP", "H-AP")),
+            (
+                "L_H-AP",
+                m.value(TABLE_5, "HAPPIER", "surrogate=ours;clustering=off", "H-AP"),
+            ),
         ),
         Claim::greater(
             "Training with H-AP gives the best test H-AP (Table 6)",
-            ("train H-AP", m.value(TABLE_6, "train H-AP", "", "H-AP")),
-            ("train ΣwAP", m.value(TABLE_6, "train ΣwAP", "", "H-AP")),
+            ("train H-AP", t6("train=H-AP", "H-AP")),
+            ("train ΣwAP", t6("train=ΣwAP", "H-AP")),
         ),
         Claim::greater(
             "Training with ΣwAP gives the best test ΣwAP (Table 6)",
-            ("train ΣwAP", m.value(TABLE_6, "train ΣwAP", "", "ΣwAP")),
-            ("train H-AP", m.value(TABLE_6, "train H-AP", "", "ΣwAP")),
+            ("train ΣwAP", t6("train=ΣwAP", "ΣwAP")),
+            ("train H-AP", t6("train=H-AP", "ΣwAP")),
         ),
         Claim::increasing("Increasing α improves the fine AP (Fig. 4a)", &alphas),
         Claim::greater(
             "λ = 0.1 beats λ = 0 on H-AP (Fig. 4b: gain for 0 < λ < 0.5)",
-            ("λ=0.1", sweep("lambda=0.1".into(), "H-AP")),
-            ("λ=0", sweep("lambda=0".into(), "H-AP")),
+            ("λ=0.1", lambda("0.1")),
+            ("λ=0", lambda("0")),
         ),
         Claim::greater(
             "λ = 0.3 beats λ = 0 on H-AP (Fig. 4b)",
-            ("λ=0.3", sweep("lambda=0.3".into(), "H-AP")),
-            ("λ=0", sweep("lambda=0".into(), "H-AP")),
+            ("λ=0.3", lambda("0.3")),
+            ("λ=0", lambda("0")),
         ),
     ]
+}
+
+/// The figures: Fig. 4a (fine AP against α) and Fig. 4b (H-AP against λ), the paper's points
+/// (iNat-base, two per sweep, from its tables) beside ours, and the test H-AP of Table 1's
+/// methods over training.
+pub fn figures(m: &Measurements, tables: &[super::ReproducedTable]) -> Result<Vec<super::Figure>> {
+    use super::publish::{sweep_of, training_curves};
+    use crate::report::sweep;
+    Ok(vec![
+        super::Figure {
+            stem: "happier_alpha".into(),
+            chart: sweep(
+                "HAPPIER Fig. 4a: fine AP against α",
+                "α",
+                "Fine AP (%)",
+                &[sweep_of(tables, FIG_4A, "Fine AP", DATASET, "alpha")?],
+                false,
+            )?,
+        },
+        super::Figure {
+            stem: "happier_lambda".into(),
+            chart: sweep(
+                "HAPPIER Fig. 4b: H-AP against λ",
+                "λ",
+                "H-AP (%)",
+                &[sweep_of(tables, FIG_4B, "H-AP", DATASET, "lambda")?],
+                false,
+            )?,
+        },
+        super::Figure {
+            stem: "happier_training".into(),
+            chart: training_curves(
+                m,
+                TABLE_1,
+                "H-AP",
+                None,
+                "HAPPIER Table 1 methods: test H-AP during training",
+            )?,
+        },
+    ])
 }

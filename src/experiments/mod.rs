@@ -9,6 +9,7 @@
 //! the batch size, …) is code, mirroring the paper's table; everything else comes from the
 //! recipe.
 
+pub mod publish;
 pub mod recipe;
 pub mod runs;
 pub mod table;
@@ -18,13 +19,15 @@ pub mod happier;
 pub mod rambo;
 pub mod smooth_ap;
 
-pub use recipe::{ExperimentRecipe, Scale};
+pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
+pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};
-pub use table::{Measured, Variant};
+pub use table::{Claim, Measurements, Variant};
+
+use crate::report::{Paper, Published};
 
 use crate::error::{Error, Result};
 use std::path::Path;
-use table::{Claim, Measurements};
 
 /// The papers whose experiments are implemented, by key (`configs/experiments/<key>.toml`).
 pub const PAPERS: [&str; 4] = [
@@ -73,8 +76,40 @@ pub fn measure_paper(
     })
 }
 
-/// Writes our cells as CSV (`table,method,setting,metric,value,unit,dataset,note`) and the
-/// claims as Markdown, atomically: `<dir>/<paper>_<scale>.csv` and `<dir>/<paper>_<scale>_claims.md`.
+/// Runs one paper's experiments at `scale` and assembles what a reader needs: the claims, every
+/// table joined with the paper's values of `root/paper_tables/published/<paper>.csv`, and the
+/// figures. Runs come from `runner`'s cache when it has them.
+pub fn reproduce_paper(
+    paper: &str,
+    root: &Path,
+    runner: &Runner,
+    scale: Scale,
+) -> Result<PaperResults> {
+    let which: Paper = paper.parse()?;
+    let (measurements, claims) = measure_paper(paper, root, runner, scale)?;
+    let published = Published::for_paper(root.join("paper_tables").join("published"), which)?;
+    let tables = publish::comparisons(which, &published, &measurements)?;
+    let figures = match which {
+        Paper::SmoothAp => smooth_ap::figures(&measurements, &tables)?,
+        Paper::FastAp => fastap::figures(&measurements, &tables)?,
+        Paper::Rambo => rambo::figures(&measurements, &tables)?,
+        Paper::Happier => happier::figures(&measurements, &tables)?,
+        Paper::Ssr => Vec::new(),
+    };
+    Ok(PaperResults {
+        paper: which,
+        scale,
+        measurements,
+        claims,
+        tables,
+        figures,
+    })
+}
+
+/// Writes our cells as CSV (`table,method,dataset,metric,setting,value,unit,our_data,scale,detail`:
+/// the key of the paper's value it stands beside, then ours and where it comes from) and the
+/// claims as Markdown, atomically: `<dir>/<paper>_<scale>.csv` and
+/// `<dir>/<paper>_<scale>_claims.md`.
 pub fn write_measurements(
     dir: &Path,
     paper: &str,
@@ -87,18 +122,21 @@ pub fn write_measurements(
     crate::io::write_atomically(&csv_path, |w| {
         let mut out = csv::Writer::from_writer(w);
         out.write_record([
-            "table", "method", "setting", "metric", "value", "unit", "dataset", "note",
+            "table", "method", "dataset", "metric", "setting", "value", "unit", "our_data",
+            "scale", "detail",
         ])?;
         for c in &m.cells {
             out.write_record([
                 c.table.as_str(),
                 &c.method,
-                &c.setting,
-                &c.metric,
-                &format!("{}", c.value),
-                &c.unit,
                 &c.dataset,
-                &c.note,
+                &c.metric,
+                &c.setting,
+                &format!("{}", c.value),
+                c.unit.as_str(),
+                &c.provenance.dataset,
+                c.provenance.scale.as_str(),
+                &c.provenance.detail,
             ])?;
         }
         out.flush()

@@ -6,54 +6,17 @@ use crate::train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-/// How large an experiment is run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scale {
-    /// Seconds per run: a tiny slice of the embedded dataset, one epoch (CI checks that the
-    /// whole pipeline works; the numbers mean nothing).
-    Tiny,
-    /// Minutes per run on a CPU: the embedded dataset and the small CNN.
-    Quick,
-    /// The paper's setting (real dataset, ResNet, GPU).
-    Paper,
-}
+pub use crate::report::Scale;
 
-impl Scale {
-    /// Parses `tiny`, `quick` or `paper` (e.g. from the `RANKWISE_SCALE` environment variable).
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "tiny" => Ok(Scale::Tiny),
-            "quick" => Ok(Scale::Quick),
-            "paper" => Ok(Scale::Paper),
-            other => Err(Error::invalid(
-                "scale",
-                format!("`{other}`: expected tiny, quick or paper"),
-            )),
-        }
-    }
-
-    /// The scale named by the `RANKWISE_SCALE` environment variable, `default` if unset.
-    pub fn from_env(default: Scale) -> Result<Self> {
-        match std::env::var("RANKWISE_SCALE") {
-            Ok(v) if !v.trim().is_empty() => Scale::parse(&v),
-            _ => Ok(default),
-        }
-    }
-
-    /// `tiny`, `quick` or `paper`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Scale::Tiny => "tiny",
-            Scale::Quick => "quick",
-            Scale::Paper => "paper",
-        }
-    }
-}
-
-impl std::fmt::Display for Scale {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
+/// The scale named by the `RANKWISE_SCALE` environment variable (`tiny`, `quick` or `paper`),
+/// `default` if unset; an error naming the variable for any other value.
+pub fn scale_from_env(default: Scale) -> Result<Scale> {
+    match std::env::var("RANKWISE_SCALE") {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .map_err(|e| Error::invalid("RANKWISE_SCALE", format!("{e}"))),
+        _ => Ok(default),
     }
 }
 

@@ -9,8 +9,8 @@
 //! same ratios (`B`, `B·384/224`; `B/2`, `B`, `2B`), noted in each row.
 
 use super::table::{
-    batch_size, dataset_name, run_tables, set_batch_size, set_samples_per_class, Column,
-    Measurements, TableSpec, Unit, Variant,
+    batch_size, run_tables, set_batch_size, set_samples_per_class, Column, Measurements, TableSpec,
+    Variant,
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
@@ -21,9 +21,17 @@ use crate::losses::config::{
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
 pub const PAPER: &str = "smooth_ap";
 /// Table 2 (SOP, R@K).
-pub const TABLE_MAIN: &str = "Smooth-AP Table 2";
-/// Table 5 (ablations of τ, |P| and the batch size, mAP).
-pub const TABLE_ABLATION: &str = "Smooth-AP Table 5";
+pub const TABLE_MAIN: &str = "Table 2";
+/// Table 3, right (iNaturalist, R@K): the same runs, the paper's iNaturalist columns.
+pub const TABLE_INAT: &str = "Table 3 right";
+/// Table 5, τ ablation (mAP).
+pub const TABLE_TAU: &str = "Table 5 tau";
+/// Table 5, positives-per-class ablation (mAP).
+pub const TABLE_POSITIVES: &str = "Table 5 positives";
+/// Table 5, batch-size ablation (mAP).
+pub const TABLE_BATCH: &str = "Table 5 batch";
+/// The paper's dataset column our Table 5 values stand beside.
+pub const ABLATION_DATASET: &str = "VGGFace2-Test";
 
 fn smooth_ap(tau: f64) -> LossConfig {
     LossConfig::SmoothAp(SmoothApConfig {
@@ -47,18 +55,10 @@ fn samples_per_class(config: &crate::train::TrainConfig) -> usize {
     }
 }
 
-/// The tables' rows and columns for a base recipe.
-pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
-    let b = batch_size(base);
-    let m = samples_per_class(base);
-    let big = scaled_batch(b, 384, 224, m);
-    let recall = vec![
-        Column::same("R@1", Some(0)),
-        Column::same("R@10", Some(0)),
-        Column::same("R@100", Some(0)),
-        Column::same("R@1000", Some(0)),
-    ];
-    let main = vec![
+/// The rows of the method comparison (Tables 2 and 3): our batch `b` stands for the paper's
+/// 224 and `big` (same ratio) for 384.
+fn comparison_rows(b: usize, big: usize) -> Vec<Variant> {
+    vec![
         Variant::new("FastAP [5]", |c| {
             c.loss = LossConfig::FastAp(FastApConfig::default())
         })
@@ -67,9 +67,9 @@ pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
             c.loss = LossConfig::Rambo(RamboConfig::default())
         })
         .note(format!("ours: RaMBO log log, batch {b}")),
-        Variant::new("Smooth-AP BS=224", |c| c.loss = smooth_ap(0.01))
+        Variant::with_setting("Smooth-AP", "batch=224", |c| c.loss = smooth_ap(0.01))
             .note(format!("ours: batch {b}")),
-        Variant::new("Smooth-AP BS=384", move |c| {
+        Variant::with_setting("Smooth-AP", "batch=384", move |c| {
             c.loss = smooth_ap(0.01);
             set_batch_size(c, big);
         })
@@ -77,96 +77,179 @@ pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
         Variant::new("Contrastive (ours, no memory)", |c| {
             c.loss = LossConfig::Contrastive(ContrastiveConfig::default())
         }),
-        Variant::new("Triplet SH (ours)", |c| {
+        Variant::new("Triplet Semi-Hard [74]", |c| {
             c.loss = LossConfig::Triplet(TripletConfig::default())
         }),
-    ];
-    let mut ablation = Vec::new();
-    for tau in [0.1, 0.01, 0.001] {
-        ablation.push(Variant::with_setting(
-            "Smooth-AP",
-            format!("tau={tau}"),
-            move |c| c.loss = smooth_ap(tau),
-        ));
-    }
-    for p in [4, 8, 16] {
-        ablation.push(
-            Variant::with_setting("Smooth-AP", format!("P={p}"), move |c| {
+    ]
+}
+
+/// The tables' rows and columns for a base recipe.
+pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
+    let b = batch_size(base);
+    let m = samples_per_class(base);
+    let big = scaled_batch(b, 384, 224, m);
+    let recall = |ks: [&'static str; 4]| ks.map(|k| Column::same(k, Some(0))).to_vec();
+    let tau = [0.1, 0.01, 0.001]
+        .map(|tau| {
+            Variant::with_setting("Smooth-AP", format!("tau={tau}"), move |c| {
+                c.loss = smooth_ap(tau)
+            })
+        })
+        .into();
+    let positives = [4, 8, 16]
+        .map(|p| {
+            Variant::with_setting("Smooth-AP", format!("positives={p}"), move |c| {
                 c.loss = smooth_ap(0.01);
                 set_samples_per_class(c, p);
             })
-            .note(format!("ours: batch {b}")),
-        );
-    }
-    for (paper_b, ours) in [(64, b / 2), (128, b), (256, 2 * b)] {
-        ablation.push(
+            .note(format!("ours: batch {b}"))
+        })
+        .into();
+    let batches = [(64, b / 2), (128, b), (256, 2 * b)]
+        .map(|(paper_b, ours)| {
             Variant::with_setting("Smooth-AP", format!("batch={paper_b}"), move |c| {
                 c.loss = smooth_ap(0.01);
                 set_batch_size(c, ours);
             })
-            .note(format!("ours: batch {ours}")),
-        );
-    }
+            .note(format!("ours: batch {ours}"))
+        })
+        .into();
+    let map = || vec![Column::same("mAP", Some(0))];
+    let spec = |name: &str, dataset: &str, variants, columns| TableSpec {
+        name: name.into(),
+        dataset: dataset.into(),
+        variants,
+        columns,
+    };
     vec![
-        TableSpec {
-            name: TABLE_MAIN.into(),
-            variants: main,
-            columns: recall,
-            unit: Unit::Percent,
-        },
-        TableSpec {
-            name: TABLE_ABLATION.into(),
-            variants: ablation,
-            columns: vec![Column::same("mAP", Some(0))],
-            unit: Unit::Fraction,
-        },
+        spec(
+            TABLE_MAIN,
+            "SOP",
+            comparison_rows(b, big),
+            recall(["R@1", "R@10", "R@100", "R@1000"]),
+        ),
+        spec(
+            TABLE_INAT,
+            "iNaturalist",
+            comparison_rows(b, big),
+            recall(["R@1", "R@4", "R@16", "R@32"]),
+        ),
+        spec(TABLE_TAU, ABLATION_DATASET, tau, map()),
+        spec(TABLE_POSITIVES, ABLATION_DATASET, positives, map()),
+        spec(TABLE_BATCH, ABLATION_DATASET, batches, map()),
     ]
 }
 
 /// Trains every row of Tables 2 and 5 at `scale` and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
     let base = recipe.base(scale)?;
-    run_tables(runner, &base, &dataset_name(scale), &tables(&base))
+    run_tables(runner, &base, scale, &tables(&base))
 }
 
 /// The paper's qualitative claims, checked on our measurements.
 pub fn claims(m: &Measurements) -> Vec<super::table::Claim> {
     use super::table::Claim;
-    let r1 = |method: &str| m.value(TABLE_MAIN, method, "", "R@1");
-    let ab = |setting: &str| m.value(TABLE_ABLATION, "Smooth-AP", setting, "mAP");
-    let entries = |settings: &[&str]| -> Vec<(String, Option<f64>)> {
-        settings.iter().map(|s| (s.to_string(), ab(s))).collect()
+    let r1 = |method: &str, setting: &str| m.value(TABLE_MAIN, method, setting, "R@1");
+    let ab = |table: &str, setting: &str| m.value(table, "Smooth-AP", setting, "mAP");
+    let entries = |table: &str, settings: &[&str]| -> Vec<(String, Option<f64>)> {
+        settings
+            .iter()
+            .map(|s| (s.to_string(), ab(table, s)))
+            .collect()
     };
     vec![
         Claim::best_of(
             "Smooth-AP beats FastAP and Blackbox AP at the same batch (Table 2, R@1)",
             "Smooth-AP",
             &[
-                ("FastAP".to_string(), r1("FastAP [5]")),
-                ("Blackbox AP".to_string(), r1("Blackbox AP [54]")),
-                ("Smooth-AP".to_string(), r1("Smooth-AP BS=224")),
+                ("FastAP".to_string(), r1("FastAP [5]", "")),
+                ("Blackbox AP".to_string(), r1("Blackbox AP [54]", "")),
+                ("Smooth-AP".to_string(), r1("Smooth-AP", "batch=224")),
             ],
         ),
         Claim::greater(
             "A larger batch improves Smooth-AP (Table 2: BS 384 > 224, R@1)",
-            ("larger batch", r1("Smooth-AP BS=384")),
-            ("base batch", r1("Smooth-AP BS=224")),
+            ("larger batch", r1("Smooth-AP", "batch=384")),
+            ("base batch", r1("Smooth-AP", "batch=224")),
         ),
         Claim::best_of(
             "τ = 0.01 is the best temperature (Table 5, mAP)",
             "tau=0.01",
-            &entries(&["tau=0.1", "tau=0.01", "tau=0.001"]),
+            &entries(TABLE_TAU, &["tau=0.1", "tau=0.01", "tau=0.001"]),
         ),
         Claim::best_of(
             "Few positives per class (|P| = 4) is best (Table 5, mAP)",
-            "P=4",
-            &entries(&["P=4", "P=8", "P=16"]),
+            "positives=4",
+            &entries(
+                TABLE_POSITIVES,
+                &["positives=4", "positives=8", "positives=16"],
+            ),
         ),
         Claim::increasing(
             "A larger batch is better (Table 5, mAP, batch sizes scaled to ours)",
-            &entries(&["batch=64", "batch=128", "batch=256"]),
+            &entries(TABLE_BATCH, &["batch=64", "batch=128", "batch=256"]),
         ),
     ]
+}
+
+/// The figures: the τ, |P| and batch-size ablations (ours; the paper's values are face-retrieval
+/// mAPs near 0.9, printed in the tables, and would flatten our curves on a shared axis) and the
+/// test R@1 of Table 2's methods over training.
+pub fn figures(m: &Measurements, tables: &[super::ReproducedTable]) -> Result<Vec<super::Figure>> {
+    use super::publish::{sweep_of, training_curves};
+    use crate::report::sweep;
+    let ours_only = |table: &str, key: &str| -> Result<crate::report::Sweep> {
+        let mut s = sweep_of(tables, table, "mAP", ABLATION_DATASET, key)?;
+        s.paper.clear();
+        s.name = "mAP".into();
+        Ok(s)
+    };
+    let fig = |stem: &str, chart| super::Figure {
+        stem: stem.into(),
+        chart,
+    };
+    Ok(vec![
+        fig(
+            "smooth_ap_tau",
+            sweep(
+                "Smooth-AP Table 5: temperature τ (ours)",
+                "τ",
+                "mAP",
+                &[ours_only(TABLE_TAU, "tau")?],
+                true,
+            )?,
+        ),
+        fig(
+            "smooth_ap_positives",
+            sweep(
+                "Smooth-AP Table 5: positives per class |P| (ours)",
+                "|P|",
+                "mAP",
+                &[ours_only(TABLE_POSITIVES, "positives")?],
+                false,
+            )?,
+        ),
+        fig(
+            "smooth_ap_batch",
+            sweep(
+                "Smooth-AP Table 5: batch size (paper's; ours scaled ½, 1, 2×)",
+                "batch size (paper)",
+                "mAP",
+                &[ours_only(TABLE_BATCH, "batch")?],
+                true,
+            )?,
+        ),
+        fig(
+            "smooth_ap_training",
+            training_curves(
+                m,
+                TABLE_MAIN,
+                "R@1",
+                Some(0),
+                "Smooth-AP Table 2 methods: test R@1 during training",
+            )?,
+        ),
+    ])
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! The pieces every experiment shares: a [`Variant`] (one row of a paper's table: a method or
-//! a parameter value, as a change to the base recipe) and a [`Measured`] value (one cell of
-//! ours, to put beside the paper's).
+//! a parameter value, as a change to the base recipe), a [`TableSpec`] (rows × columns, keyed
+//! like `paper_tables/published/<paper>.csv`), the [`Measured`] cells of ours that
+//! [`crate::report::Comparison`] puts beside the paper's, and the paper's qualitative
+//! [`Claim`]s checked on them.
 
 use super::runs::{RunResult, RunSpec};
 use crate::error::Result;
+use crate::report::{Measured, Provenance, Scale, Unit};
 use crate::train::TrainConfig;
 
 /// One row of a paper's table as a run: a change to the scale's base recipe.
@@ -11,7 +14,9 @@ pub struct Variant {
     /// The method as the paper's table names it (the `method` column of
     /// `paper_tables/published/<paper>.csv`), so that ours lands beside the paper's.
     pub method: String,
-    /// The swept or ablated parameter (`tau=0.1`, `batch=128`, …), empty if none.
+    /// The paper's row setting (`tau=0.1`, `batch=128`, `backbone=R50;dim=512`, …) as in the
+    /// published CSV, empty if none. It names the paper's row; how our run differs goes in
+    /// [`Variant::note`].
     pub setting: String,
     /// How our run differs from the paper's row, if it does (e.g. `ours: batch 32` where the
     /// paper's ablation used 64 — the quick scale halves every batch).
@@ -74,31 +79,10 @@ impl Variant {
     }
 }
 
-/// One measured cell, in the layout of `paper_tables/published/<paper>.csv`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Measured {
-    /// The paper's table, e.g. `Smooth-AP Table 2`.
-    pub table: String,
-    /// The method, as the paper's table names it.
-    pub method: String,
-    /// The dataset we measured on, e.g. `embedded shapes (quick)`.
-    pub dataset: String,
-    /// Metric as the paper names it (`R@1`, `H-AP`, …).
-    pub metric: String,
-    /// Swept or ablated parameter, empty if none.
-    pub setting: String,
-    /// The value, in the paper's unit.
-    pub value: f64,
-    /// `percent` or `fraction`, as the paper prints it.
-    pub unit: String,
-    /// How our run differs from the paper's row, if it does.
-    pub note: String,
-}
-
 /// How one of our metrics is reported in a paper's column.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Column {
-    /// The paper's column name.
+    /// The paper's column name (the `metric` of `paper_tables/published/<paper>.csv`).
     pub paper: &'static str,
     /// Our metric name in the evaluation report.
     pub ours: &'static str,
@@ -117,43 +101,20 @@ impl Column {
     }
 }
 
-/// The unit a paper prints a table in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// Percent (our fractions × 100).
-    Percent,
-    /// Fractions, as printed (Smooth-AP Tables 4–5).
-    Fraction,
-}
-
-impl Unit {
-    /// `percent` or `fraction`, as in the published CSV files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Percent => "percent",
-            Unit::Fraction => "fraction",
-        }
-    }
-
-    fn factor(self) -> f64 {
-        match self {
-            Unit::Percent => 100.0,
-            Unit::Fraction => 1.0,
-        }
-    }
-}
-
 /// A paper table to reproduce: its rows as runs and its columns as metrics.
 #[derive(Debug)]
 pub struct TableSpec {
-    /// The table's name as in the published CSV (`Smooth-AP Table 2`).
+    /// The table's name as in `paper_tables/published/<paper>.csv` (`Table 2`, `Fig. 4a`), so
+    /// that our cells join the paper's; a name the paper does not have (`Loss and margin
+    /// (ours)`) makes a table of ours only.
     pub name: String,
+    /// The paper's dataset column our values stand beside (`SOP`), as in the published CSV.
+    /// What really produced them is in each cell's [`Provenance`].
+    pub dataset: String,
     /// The rows.
     pub variants: Vec<Variant>,
     /// The columns.
     pub columns: Vec<Column>,
-    /// The unit the paper prints.
-    pub unit: Unit,
 }
 
 /// A run of one row of one table.
@@ -172,7 +133,8 @@ pub struct TableRun {
 /// Everything an experiment measured.
 #[derive(Debug, Clone, Default)]
 pub struct Measurements {
-    /// Every cell of ours.
+    /// Every cell of ours, keyed like the paper's published values (our metrics are fractions,
+    /// [`Unit::Fraction`]; the comparison converts them to the paper's unit).
     pub cells: Vec<Measured>,
     /// Every run, by table row (a run shared by several rows appears once per row).
     pub runs: Vec<TableRun>,
@@ -189,28 +151,39 @@ impl Measurements {
 }
 
 /// Trains (or fetches from the cache) every row of every table on top of `base` and collects
-/// the cells. `dataset` names where ours were measured.
+/// the cells, each with its provenance: the data of `base`, `scale`, and the recipe in words
+/// (plus the row's note on how it differs from the paper's row).
 pub fn run_tables(
     runner: &super::Runner,
     base: &TrainConfig,
-    dataset: &str,
+    scale: Scale,
     tables: &[TableSpec],
 ) -> Result<Measurements> {
+    let data = data_name(base);
+    let recipe = describe_recipe(base);
     let mut out = Measurements::default();
     for table in tables {
         for variant in &table.variants {
             let run = runner.run(&variant.spec(base))?;
+            let detail = if variant.note.is_empty() {
+                recipe.clone()
+            } else {
+                format!("{recipe}; {}", variant.note)
+            };
+            let provenance = Provenance::new(data.clone(), scale, detail);
             for c in &table.columns {
-                out.cells.push(Measured {
-                    table: table.name.clone(),
-                    method: variant.method.clone(),
-                    dataset: dataset.into(),
-                    metric: c.paper.into(),
-                    setting: variant.setting.clone(),
-                    value: table.unit.factor() * run.metric(c.ours, c.level)?,
-                    unit: table.unit.name().into(),
-                    note: variant.note.clone(),
-                });
+                out.cells.push(
+                    Measured::new(
+                        table.name.clone(),
+                        variant.method.clone(),
+                        table.dataset.clone(),
+                        c.paper,
+                        run.metric(c.ours, c.level)?,
+                        Unit::Fraction,
+                        provenance.clone(),
+                    )
+                    .with_setting(variant.setting.clone()),
+                );
             }
             out.runs.push(TableRun {
                 table: table.name.clone(),
@@ -221,6 +194,43 @@ pub fn run_tables(
         }
     }
     Ok(out)
+}
+
+/// The data a recipe trains and tests on, in words (`embedded shapes`, `sop`, …).
+pub fn data_name(config: &TrainConfig) -> String {
+    match &config.dataset {
+        crate::train::DatasetConfig::Embedded => "embedded shapes".into(),
+        other => other.name(),
+    }
+}
+
+/// A recipe in a few words: backbone, embedding size, epochs, batch.
+pub fn describe_recipe(config: &TrainConfig) -> String {
+    let backbone = match &config.model.backbone {
+        crate::models::BackboneConfig::SmallCnn(c) => format!("small CNN {:?}", c.widths),
+        crate::models::BackboneConfig::Resnet(c) => format!("ResNet {:?}", c.depth),
+    };
+    let sampler = match &config.sampler {
+        crate::train::SamplerConfig::MPerClass {
+            batch_size,
+            samples_per_class,
+            ..
+        } => format!("batch {batch_size} ({samples_per_class} per class)"),
+        crate::train::SamplerConfig::Hierarchical { batch_size, .. } => {
+            format!("batch {batch_size} (hierarchical)")
+        }
+        crate::train::SamplerConfig::FastAp { batch_size, .. } => {
+            format!("batch {batch_size} (meta-class pairs)")
+        }
+    };
+    let epochs = match config.epochs {
+        1 => "1 epoch".to_string(),
+        n => format!("{n} epochs"),
+    };
+    format!(
+        "{backbone}, dim {}, {epochs}, {sampler}",
+        config.model.head.dim
+    )
 }
 
 /// Sets the batch size of an m-per-class sampler (other samplers are left as they are).
@@ -247,15 +257,6 @@ pub fn set_samples_per_class(config: &mut TrainConfig, m: usize) {
     } = &mut config.sampler
     {
         *samples_per_class = m;
-    }
-}
-
-/// Where our numbers were measured, for the tables: the dataset of the scale's recipe.
-pub fn dataset_name(scale: super::Scale) -> String {
-    match scale {
-        super::Scale::Tiny => "embedded shapes (tiny)".into(),
-        super::Scale::Quick => "embedded shapes (quick)".into(),
-        super::Scale::Paper => "paper dataset".into(),
     }
 }
 

@@ -8,8 +8,8 @@
 //! SSR's backbones are cosine classifiers trained for 120 epochs on the base classes
 //! (Sec. 3.2); here a rank loss on the base classes stands in for them at CPU scale.
 
-use crate::data::{few_shot_split, FewShotFractions, ImageSet};
 use crate::data::source::InMemorySource;
+use crate::data::{few_shot_split, FewShotFractions, ImageSet};
 use crate::error::Result;
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::RankLoss;

@@ -246,17 +246,33 @@ impl Comparison {
                 },
             });
         }
+        // A value of ours with no published counterpart is shown in the unit the paper prints
+        // the same metric in (in this table), so that a column does not mix 0.25 and 25.0.
+        let paper_unit = |metric: &str| -> Option<Unit> {
+            let mut units = published
+                .iter()
+                .filter(|p| p.metric == metric)
+                .map(|p| p.unit);
+            let first = units.next()?;
+            units.all(|u| u == first).then_some(first)
+        };
         for (m, _) in measured.iter().zip(&used).filter(|(_, &u)| !u) {
+            let (unit, value) = match paper_unit(&m.metric)
+                .and_then(|u| m.unit.convert(m.value, u).map(|v| (u, v)))
+            {
+                Some((u, v)) => (u, v),
+                None => (m.unit, m.value),
+            };
             rows.push(ComparisonRow {
                 table: m.table.clone(),
                 method: m.method.clone(),
                 setting: m.setting.clone(),
                 metric: m.metric.clone(),
-                unit: m.unit,
+                unit,
                 paper: None,
                 paper_printed: None,
                 paper_dataset: m.dataset.clone(),
-                ours: Some(m.value),
+                ours: Some(value),
                 provenance: Some(m.provenance.clone()),
                 source: None,
                 status: Status::OursOnly,
@@ -528,11 +544,10 @@ mod tests {
             (both.ours.unwrap() - 17.0).abs() < 1e-12,
             "converted to percent"
         );
+        // Ours alone is shown in the unit the paper prints R@1 in (percent here).
         let extra = &c.rows()[3];
-        assert_eq!(
-            (extra.paper, extra.ours, extra.unit),
-            (None, Some(0.15), Unit::Fraction)
-        );
+        assert_eq!((extra.paper, extra.unit), (None, Unit::Percent));
+        assert!((extra.ours.unwrap() - 15.0).abs() < 1e-12);
 
         let df = c.to_dataframe().unwrap();
         assert_eq!(df.shape(), (4, 13));
@@ -547,6 +562,9 @@ mod tests {
         assert!(c.caption().contains("not measured yet"));
         let c = Comparison::build("t", &[], &ours).unwrap();
         assert!(c.rows().iter().all(|r| r.status == Status::OursOnly));
+        // With no published value of the metric, ours keeps its own unit.
+        assert_eq!(c.rows()[0].ours, Some(0.17));
+        assert_eq!(c.rows()[0].unit, Unit::Fraction);
     }
 
     #[test]
