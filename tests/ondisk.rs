@@ -448,6 +448,21 @@ fn every_recipe_under_configs_is_valid() {
         .collect();
     assert!(paper.len() >= 10, "{files:?}");
     for path in &files {
+        // configs/experiments/ holds experiment recipes (one training recipe per scale); they
+        // are validated as such, every scale's recipe included.
+        if path.parent().unwrap().ends_with("experiments") {
+            let recipe = rankwise::experiments::ExperimentRecipe::from_toml_file(path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            for config in [Some(&recipe.tiny), Some(&recipe.quick), recipe.paper.as_ref()]
+                .into_iter()
+                .flatten()
+            {
+                config
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            }
+            continue;
+        }
         let config =
             TrainConfig::from_toml_file(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         // The recipe survives a round trip through its TOML form.
