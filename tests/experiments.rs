@@ -182,3 +182,52 @@ fn measure_paper_writes_cells_and_claims() {
         .to_string();
     assert!(e.contains("ssr2"), "{e}");
 }
+
+/// What every paper notebook calls: one run that writes under the output folder, the tables as
+/// Markdown with the scale, the checks a notebook asserts, and clear errors for a wrong name.
+#[test]
+fn notebook_run_writes_under_the_output_folder_and_shows_tables() {
+    use experiments::notebook::{self, NotebookPaths};
+    let out = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut paths = NotebookPaths::new(root().to_path_buf(), out.path().to_path_buf(), Scale::Tiny);
+    assert!(paths.cache.ends_with("target/rankwise-runs/tiny"));
+    paths.cache = cache.path().to_path_buf();
+    let r = notebook::run_paper("rambo", Scale::Tiny, &paths).unwrap();
+    notebook::check_results(&r).unwrap();
+    assert!(out.path().join("paper_tables").join("rambo.md").exists());
+    for f in &r.figures {
+        let png = out.path().join("figures").join(format!("{}.png", f.stem));
+        assert!(png.exists(), "{}", png.display());
+    }
+    let md = notebook::table_markdown(&r, "Table 2").unwrap();
+    assert!(md.contains("Scale of ours: `tiny`"), "{md}");
+    assert!(md.contains("| method |"), "{md}");
+    let e = notebook::table_markdown(&r, "Table 99")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Table 99") && e.contains("Table 2"), "{e}");
+    let e = notebook::show_figure(&r, "no_such_figure")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no_such_figure") && e.contains("rambo_"), "{e}");
+    // A table with the paper's values only (nothing of ours joined) must not pass as
+    // reproduced, nor a result without tables.
+    let published = rankwise::report::Published::for_paper(
+        root().join("paper_tables").join("published"),
+        rankwise::report::Paper::Rambo,
+    )
+    .unwrap();
+    let mut paper_only = r.clone();
+    paper_only.tables[0].comparison =
+        rankwise::report::Comparison::build("paper only", &published.table("Table 2"), &[])
+            .unwrap();
+    let e = notebook::check_results(&paper_only)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no value of ours"), "{e}");
+    let mut empty = r.clone();
+    empty.tables.clear();
+    let e = notebook::check_results(&empty).unwrap_err().to_string();
+    assert!(e.contains("no table"), "{e}");
+}

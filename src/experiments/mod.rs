@@ -9,6 +9,7 @@
 //! the batch size, …) is code, mirroring the paper's table; everything else comes from the
 //! recipe.
 
+pub mod notebook;
 pub mod publish;
 pub mod recipe;
 pub mod runs;

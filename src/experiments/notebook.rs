@@ -1,0 +1,179 @@
+//! What the paper notebooks call: one function that runs a paper's experiments and writes its
+//! tables and figures ([`run_paper`]), and the functions that show the results inline in an
+//! evcxr (Rust Jupyter) notebook. Keeping this here, tested, lets each notebook stay a few
+//! lines: setup, one call, the tables, the figures, the reading.
+
+use super::publish::{write_paper, PaperResults};
+use super::runs::Runner;
+use super::Scale;
+use crate::error::{Error, Result};
+use crate::report::{evcxr_display, markdown_table, SettingPlacement};
+use std::path::PathBuf;
+
+/// Where a notebook run reads and writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NotebookPaths {
+    /// The repository root (recipes under `configs/experiments/`, the published values under
+    /// `paper_tables/published/`).
+    pub root: PathBuf,
+    /// Where `paper_tables/` and `figures/` are written.
+    pub output: PathBuf,
+    /// The run cache (`target/rankwise-runs/<scale>/` of the repository, shared with
+    /// `cargo run --example reproduce`, so a notebook does not retrain what the CLI trained).
+    pub cache: PathBuf,
+}
+
+impl NotebookPaths {
+    /// The paths of a notebook run: `root` is this crate's folder (a notebook depends on
+    /// rankwise by path, so that is the repository it was opened in); the output folder is
+    /// `RANKWISE_OUTPUT_DIR` (set by `scripts/run_notebooks.sh`) or the repository root.
+    pub fn from_env(scale: Scale) -> Self {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let output = match std::env::var("RANKWISE_OUTPUT_DIR") {
+            Ok(dir) if !dir.trim().is_empty() => PathBuf::from(dir),
+            _ => root.clone(),
+        };
+        Self::new(root, output, scale)
+    }
+
+    /// Explicit paths; the cache is `root/target/rankwise-runs/<scale>`.
+    pub fn new(root: PathBuf, output: PathBuf, scale: Scale) -> Self {
+        let cache = root
+            .join("target")
+            .join("rankwise-runs")
+            .join(scale.as_str());
+        Self {
+            root,
+            output,
+            cache,
+        }
+    }
+}
+
+/// Runs `paper`'s experiments at `scale` (cached runs are reused, the others train now, one
+/// progress line each) and writes `paper_tables/<paper>.md`, the per-table CSV/Markdown and the
+/// figures under `paths.output`. Returns the results for the notebook to show.
+pub fn run_paper(paper: &str, scale: Scale, paths: &NotebookPaths) -> Result<PaperResults> {
+    let runner = Runner::new(Some(paths.cache.clone()), true);
+    let results = super::reproduce_paper(paper, &paths.root, &runner, scale)?;
+    let (page, figures) = write_paper(
+        &paths.output.join("paper_tables"),
+        &paths.output.join("figures"),
+        &results,
+    )?;
+    println!("wrote {}", page.display());
+    for f in figures {
+        println!("wrote {}", f.display());
+    }
+    Ok(results)
+}
+
+/// The Markdown of one reproduced table (caption with the scale and provenance of ours, then
+/// `paper / ours` cells shaped like the paper's table); an error naming the tables that exist
+/// if `table` is not one of them.
+pub fn table_markdown(results: &PaperResults, table: &str) -> Result<String> {
+    let comparison = results.table(table).ok_or_else(|| {
+        let names: Vec<&str> = results.tables.iter().map(|t| t.table.as_str()).collect();
+        Error::invalid(
+            "table",
+            format!(
+                "{} has no reproduced table {table:?}; it has {}",
+                results.paper.name(),
+                names.join(", ")
+            ),
+        )
+    })?;
+    markdown_table(
+        &comparison.paper_shaped(SettingPlacement::Rows)?,
+        &comparison.caption(),
+    )
+}
+
+/// Prints `markdown` between evcxr's content markers, so that Jupyter renders it.
+fn display_markdown(markdown: &str) {
+    println!("EVCXR_BEGIN_CONTENT text/markdown\n{markdown}\nEVCXR_END_CONTENT");
+}
+
+/// Shows one reproduced table inline ([`table_markdown`]).
+pub fn show_table(results: &PaperResults, table: &str) -> Result<()> {
+    display_markdown(&table_markdown(results, table)?);
+    Ok(())
+}
+
+/// Shows every reproduced table of the paper inline, in order.
+pub fn show_tables(results: &PaperResults) -> Result<()> {
+    for t in &results.tables {
+        show_table(results, &t.table)?;
+    }
+    Ok(())
+}
+
+/// Shows the paper's claims, checked on our numbers, inline.
+pub fn show_claims(results: &PaperResults) {
+    display_markdown(&format!(
+        "### {}: the paper's claims on our numbers (`{}` scale)\n\n{}",
+        results.paper.name(),
+        results.scale,
+        results.claims_markdown()
+    ));
+}
+
+/// Shows the figure with file stem `stem` inline (SVG); an error naming the figures that exist
+/// otherwise.
+pub fn show_figure(results: &PaperResults, stem: &str) -> Result<()> {
+    let chart = results.figure(stem).ok_or_else(|| {
+        let names: Vec<&str> = results.figures.iter().map(|f| f.stem.as_str()).collect();
+        Error::invalid(
+            "figure",
+            format!(
+                "{} has no figure {stem:?}; it has {}",
+                results.paper.name(),
+                names.join(", ")
+            ),
+        )
+    })?;
+    evcxr_display(chart)
+}
+
+/// Shows every figure of the paper inline, in order.
+pub fn show_figures(results: &PaperResults) -> Result<()> {
+    for f in &results.figures {
+        evcxr_display(&f.chart)?;
+    }
+    Ok(())
+}
+
+/// Checks what a notebook promises its reader: every table has at least one value of ours,
+/// every value of ours is finite, and every figure was drawn. An error naming the first table
+/// or figure that fails.
+pub fn check_results(results: &PaperResults) -> Result<()> {
+    if results.tables.is_empty() {
+        return Err(Error::invalid(
+            "results",
+            format!("{}: no table was reproduced", results.paper.name()),
+        ));
+    }
+    for t in &results.tables {
+        let ours: Vec<f64> = t.comparison.rows().iter().filter_map(|r| r.ours).collect();
+        if ours.is_empty() {
+            return Err(Error::invalid(
+                "results",
+                format!("{} {}: no value of ours", results.paper.name(), t.table),
+            ));
+        }
+        if let Some(v) = ours.iter().find(|v| !v.is_finite()) {
+            return Err(Error::invalid(
+                "results",
+                format!(
+                    "{} {}: a value of ours is {v}",
+                    results.paper.name(),
+                    t.table
+                ),
+            ));
+        }
+    }
+    for f in &results.figures {
+        f.chart.validate()?;
+    }
+    Ok(())
+}
