@@ -182,3 +182,21 @@ fn measure_paper_writes_cells_and_claims() {
         .to_string();
     assert!(e.contains("ssr2"), "{e}");
 }
+
+#[test]
+fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
+    let m = experiments::ssr::measure(root(), Scale::Tiny).unwrap();
+    check(&m.cells, "ssr");
+    // Table 2: Baseline, k-reciprocal and SSR, accuracy and CI at 1 and 5 shots; Table 1: six
+    // rows × (mAP@R, R@1).
+    let t2 = m.cells.iter().filter(|c| c.table == "Table 2").count();
+    let t1 = m.cells.iter().filter(|c| c.table == "Table 1").count();
+    assert_eq!((t1, t2), (12, 12), "{:?}", m.cells);
+    for c in experiments::ssr::claims(&m) {
+        assert!(c.holds.is_some(), "{c:?}");
+    }
+    let recipe = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
+    assert!(recipe.at(Scale::Quick).is_ok());
+    let e = recipe.at(Scale::Paper).unwrap_err().to_string();
+    assert!(e.contains("[paper]"), "{e}");
+}
