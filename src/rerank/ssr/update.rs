@@ -469,6 +469,7 @@ mod tests {
                     continue;
                 }
                 let grad = grads.get(var.as_tensor()).expect("a gradient").flatten_all().unwrap().to_vec1::<f64>().unwrap();
+                assert!(grad.iter().any(|g| g.abs() > 1e-6), "{schedule:?} {name}: no gradient");
                 let base = var.as_tensor().copy().unwrap();
                 let flat = base.flatten_all().unwrap().to_vec1::<f64>().unwrap();
                 for e in [0, flat.len() - 1] {
