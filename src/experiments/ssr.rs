@@ -305,6 +305,13 @@ fn select(
             let first = losses.len() as u64;
             losses.extend(train_stage(&mut model, tasks.as_ref(), stage, train, first)?);
             let score = validate(&model)?;
+            eprintln!(
+                "  ssr {:?}: λ = {lambda}, T = {}: {} iterations, last loss {:.4}, validation {score:.4}",
+                model.task,
+                stage.steps,
+                losses.len(),
+                losses.last().copied().unwrap_or(f64::NAN)
+            );
             if best.as_ref().is_none_or(|b| score > b.0) {
                 let head = losses.iter().take(20).sum::<f64>() / losses.len().min(20) as f64;
                 let tail_n = losses.len().min(20);
@@ -398,6 +405,15 @@ fn few_shot(
         };
         let candidates: Vec<(f64, usize)> = f.lambdas.iter().map(|&l| (l, 0)).collect();
         let val_ep = ep.clone();
+        let val_base = crate::fewshot::evaluate(
+            &PrototypeClassifier::default(),
+            val_x,
+            val_y,
+            &val_ep,
+            f.val_episodes,
+            f.seed + 1,
+        )?;
+        eprintln!("  {shots}-shot validation accuracy of the baseline: {:.4}", val_base.mean);
         let selected = select(
             &candidates,
             &f.ssr,
@@ -519,6 +535,10 @@ fn retrieval(
         .iter()
         .flat_map(|&l| r.k.iter().map(move |&k| (l, k)))
         .collect();
+    eprintln!(
+        "  validation mAP@R of the features: {:.4}",
+        scores(&CosineRanking::new(val_x, None)?, val_y)?.0
+    );
     let selected = select(
         &candidates,
         &r.ssr,
@@ -683,13 +703,24 @@ pub fn figures(m: &Measurements) -> Result<Vec<super::Figure>> {
         .find(|c| c.table == TABLE_FEWSHOT)
         .map(|c| format!("{}, {}", c.provenance.dataset, c.provenance.scale.as_str()))
         .unwrap_or_default();
+    let mut chart = crate::report::accuracy_with_intervals(
+        &format!("SSR Table 2 on {dataset}: 5-way accuracy ± 95% CI"),
+        "shots (methods side by side)",
+        "accuracy (%)",
+        methods,
+    );
+    // Points with error bars, the methods side by side at each shot count (1 and 5 shots are
+    // separate experiments: no line between them).
+    let count = chart.series.len() as f64;
+    for (i, s) in chart.series.iter_mut().enumerate() {
+        s.style = crate::report::SeriesStyle::Markers(crate::report::Marker::Circle);
+        let offset = 0.25 * (i as f64 - (count - 1.0) / 2.0);
+        for p in s.points.iter_mut() {
+            p.0 += offset;
+        }
+    }
     Ok(vec![super::Figure {
         stem: "ssr_fewshot_accuracy".into(),
-        chart: crate::report::accuracy_with_intervals(
-            &format!("SSR Table 2 on {dataset}: 5-way accuracy ± 95% CI"),
-            "shots",
-            "accuracy (%)",
-            methods,
-        ),
+        chart,
     }])
 }

@@ -67,6 +67,11 @@ pub struct SsrConfig {
     pub retrieval_loss: RetrievalLoss,
     /// Initial temperature `τ` (the code's `scale_cls`, 10).
     pub tau_init: f64,
+    /// Start from a zero last layer, i.e. from the identity (SSR leaves the features
+    /// unchanged until it has learned something). Not in the paper or the code (both use
+    /// PyTorch's default initialisation); useful when meta-training for only a few hundred
+    /// iterations, as at our CPU scales.
+    pub zero_init_output: bool,
 }
 
 impl Default for SsrConfig {
@@ -82,6 +87,7 @@ impl Default for SsrConfig {
             schedule: GroupSchedule::Joint,
             retrieval_loss: RetrievalLoss::AllPositivePairs,
             tau_init: 10.0,
+            zero_init_output: false,
         }
     }
 }
@@ -239,14 +245,18 @@ impl SsrModel {
             .map(|n| SubgraphMlp::new(dim, config.hidden, vb.pp(*n)))
             .collect::<Result<Vec<_>>>()?;
         let tau = vb.get_with_hints(1, "tau", candle_nn::Init::Const(config.tau_init))?;
-        Ok(SsrModel {
+        let model = SsrModel {
             config,
             task,
             params,
             mlps,
             tau,
             dtype,
-        })
+        };
+        if model.config.zero_init_output {
+            model.zero_update_signal()?;
+        }
+        Ok(model)
     }
 
     /// The temperature `τ`.
