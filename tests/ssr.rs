@@ -20,7 +20,9 @@ fn clusters(classes: usize, per_class: usize, d: usize, noise: f32, seed: u64) -
         x ^= x << 17;
         (x >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
     };
-    let centres: Vec<Vec<f32>> = (0..classes).map(|_| (0..d).map(|_| rnd()).collect()).collect();
+    let centres: Vec<Vec<f32>> = (0..classes)
+        .map(|_| (0..d).map(|_| rnd()).collect())
+        .collect();
     let mut v = Vec::new();
     let mut y = Vec::new();
     for (c, centre) in centres.iter().enumerate() {
@@ -235,21 +237,33 @@ fn bad_input_is_a_clear_error() {
     .unwrap();
     // k larger than the gallery.
     assert!(TopN::from_features(&x, None, 12).is_err());
-    let e = RetrievalTasks::new(&x, &y, 12, 0).err().unwrap().to_string();
+    let e = RetrievalTasks::new(&x, &y, 12, 0)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains('k'), "{e}");
     // A list of another length than the model's k.
     let top = TopN::from_features(&x, None, 4).unwrap();
-    let e = SsrRanking::new(&model, &x, None, top).err().unwrap().to_string();
+    let e = SsrRanking::new(&model, &x, None, top)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("top"), "{e}");
     // NaN features.
     let mut v = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     v[7] = f32::NAN;
     let xn = Tensor::from_vec(v, (12, 6), &Device::Cpu).unwrap();
-    let e = model.refine(&xn.narrow(0, 0, 6).unwrap()).unwrap_err().to_string();
+    let e = model
+        .refine(&xn.narrow(0, 0, 6).unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("NaN"), "{e}");
     assert!(RetrievalTasks::new(&xn, &y, 5, 0).is_err());
     // Dimension mismatch: wrong node count, references of another width.
-    let e = model.refine(&x.narrow(0, 0, 4).unwrap()).unwrap_err().to_string();
+    let e = model
+        .refine(&x.narrow(0, 0, 4).unwrap())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("6 node features"), "{e}");
     let other = Tensor::zeros((12, 5), DType::F32, &Device::Cpu).unwrap();
     let top = TopN::from_features(&x, None, 5).unwrap();
@@ -263,7 +277,13 @@ fn bad_input_is_a_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("lambda"), "{e}");
-    assert!(SsrModel::new(SsrConfig::default(), Task::Retrieval { k: 0 }, DType::F32, 0).is_err());
+    assert!(SsrModel::new(
+        SsrConfig::default(),
+        Task::Retrieval { k: 0 },
+        DType::F32,
+        0
+    )
+    .is_err());
     // An episode whose size does not match the model.
     let few = SsrModel::new(
         small(SsrConfig::default()),

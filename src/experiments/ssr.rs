@@ -37,8 +37,8 @@ use crate::rerank::k_reciprocal::KReciprocal;
 use crate::rerank::query_expansion::QueryExpansion;
 use crate::rerank::ssr::train::train_stage;
 use crate::rerank::ssr::{
-    FewShotTasks, MetaTrainConfig, RetrievalTasks, SsrClassifier, SsrConfig, SsrModel,
-    SsrRanking, SupportNodes, Task, TaskSource,
+    FewShotTasks, MetaTrainConfig, RetrievalTasks, SsrClassifier, SsrConfig, SsrModel, SsrRanking,
+    SupportNodes, Task, TaskSource,
 };
 use crate::rerank::{self, CosineRanking, RerankEvalOptions, Reranker, TopN};
 use crate::samplers::episodes::EpisodeConfig;
@@ -211,9 +211,15 @@ impl SsrScaleRecipe {
             ));
         }
         if f.test_episodes == 0 || f.val_episodes == 0 {
-            return Err(Error::invalid("few_shot", "test_episodes and val_episodes ≥ 1"));
+            return Err(Error::invalid(
+                "few_shot",
+                "test_episodes and val_episodes ≥ 1",
+            ));
         }
-        for (what, l) in [("few_shot.lambdas", &f.lambdas), ("retrieval.lambdas", &self.retrieval.lambdas)] {
+        for (what, l) in [
+            ("few_shot.lambdas", &f.lambdas),
+            ("retrieval.lambdas", &self.retrieval.lambdas),
+        ] {
             if l.is_empty() || l.iter().any(|x| !x.is_finite() || *x < 0.0) {
                 return Err(Error::invalid(what, "list at least one finite λ ≥ 0"));
             }
@@ -232,8 +238,11 @@ impl SsrScaleRecipe {
     }
 }
 
+/// A model's variables by name.
+type Snapshot = Vec<(String, Tensor)>;
+
 /// A model's variables, copied.
-fn snapshot(model: &SsrModel) -> Result<Vec<(String, Tensor)>> {
+fn snapshot(model: &SsrModel) -> Result<Snapshot> {
     model
         .vars()
         .into_iter()
@@ -291,8 +300,9 @@ fn select(
     make_tasks: &dyn Fn(usize) -> Result<Box<dyn TaskSource>>,
     validate: &dyn Fn(&SsrModel) -> Result<f64>,
 ) -> Result<Selected> {
-    let mut best: Option<(f64, f64, usize, usize, Vec<(String, Tensor)>, Task, (usize, f64, f64))> =
-        None;
+    // (validation score, λ, k, T, the variables, the task, (iterations, first and last loss)).
+    type Best = (f64, f64, usize, usize, Snapshot, Task, (usize, f64, f64));
+    let mut best: Option<Best> = None;
     for &(lambda, k) in candidates {
         let config = SsrConfig {
             lambda,
@@ -303,7 +313,13 @@ fn select(
         let mut losses = Vec::new();
         for stage in &train.stages {
             let first = losses.len() as u64;
-            losses.extend(train_stage(&mut model, tasks.as_ref(), stage, train, first)?);
+            losses.extend(train_stage(
+                &mut model,
+                tasks.as_ref(),
+                stage,
+                train,
+                first,
+            )?);
             let score = validate(&model)?;
             eprintln!(
                 "  ssr {:?}: λ = {lambda}, T = {}: {} iterations, last loss {:.4}, validation {score:.4}",
@@ -413,33 +429,45 @@ fn few_shot(
             f.val_episodes,
             f.seed + 1,
         )?;
-        eprintln!("  {shots}-shot validation accuracy of the baseline: {:.4}", val_base.mean);
-        let selected = select(
-            &candidates,
-            &f.ssr,
-            &f.train,
-            f.seed,
-            &|_| Task::FewShot {
-                supports,
-                queries: f.ways * f.queries,
-            },
-            &|_| {
-                Ok(Box::new(FewShotTasks::new(
-                    base_x,
-                    base_y,
-                    &ep,
-                    f.support_nodes,
-                    f.seed,
-                )?) as Box<dyn TaskSource>)
-            },
-            &|model| {
-                let c = SsrClassifier {
-                    model,
-                    support_nodes: f.support_nodes,
-                };
-                Ok(crate::fewshot::evaluate(&c, val_x, val_y, &val_ep, f.val_episodes, f.seed + 1)?.mean)
-            },
-        )?;
+        eprintln!(
+            "  {shots}-shot validation accuracy of the baseline: {:.4}",
+            val_base.mean
+        );
+        let selected =
+            select(
+                &candidates,
+                &f.ssr,
+                &f.train,
+                f.seed,
+                &|_| Task::FewShot {
+                    supports,
+                    queries: f.ways * f.queries,
+                },
+                &|_| {
+                    Ok(Box::new(FewShotTasks::new(
+                        base_x,
+                        base_y,
+                        &ep,
+                        f.support_nodes,
+                        f.seed,
+                    )?) as Box<dyn TaskSource>)
+                },
+                &|model| {
+                    let c = SsrClassifier {
+                        model,
+                        support_nodes: f.support_nodes,
+                    };
+                    Ok(crate::fewshot::evaluate(
+                        &c,
+                        val_x,
+                        val_y,
+                        &val_ep,
+                        f.val_episodes,
+                        f.seed + 1,
+                    )?
+                    .mean)
+                },
+            )?;
         let ssr = SsrClassifier {
             model: &selected.model,
             support_nodes: f.support_nodes,
@@ -449,11 +477,17 @@ fn few_shot(
             params: KReciprocal { k1, k2, lambda },
         };
         let rows: [(&str, &dyn EpisodeClassifierSync, String); 3] = [
-            ("Baseline", &PrototypeClassifier::default(), "nearest prototype (cosine)".to_string()),
+            (
+                "Baseline",
+                &PrototypeClassifier::default(),
+                "nearest prototype (cosine)".to_string(),
+            ),
             (
                 "+ k-reciprocal [75]",
                 &kr,
-                format!("k-reciprocal against the prototypes, (k1, k2, λ) = ({k1}, {k2}, {lambda})"),
+                format!(
+                    "k-reciprocal against the prototypes, (k1, k2, λ) = ({k1}, {k2}, {lambda})"
+                ),
             ),
             ("+ Ours", &ssr, selected.describe("mean val accuracy")),
         ];
@@ -571,13 +605,26 @@ fn retrieval(
     }
     .fit(test_x, None)?;
     let firsts: [(&str, &str, &dyn Reranker, String); 3] = [
-        ("Feat. only", "Feat + SSR", &feat, "cosine similarity".to_string()),
-        ("AQE [9]", "AQE + Ours", &aqe, format!("AQE with {} neighbours", r.aqe_k)),
+        (
+            "Feat. only",
+            "Feat + SSR",
+            &feat,
+            "cosine similarity".to_string(),
+        ),
+        (
+            "AQE [9]",
+            "AQE + Ours",
+            &aqe,
+            format!("AQE with {} neighbours", r.aqe_k),
+        ),
         (
             "k-reciprocal [75] †",
             "k-reciprocal [75] † + SSR",
             &kr,
-            format!("k-reciprocal (k1, k2, λ) = ({}, {}, {})", r.k1, r.k2, r.kr_lambda),
+            format!(
+                "k-reciprocal (k1, k2, λ) = ({}, {}, {})",
+                r.k1, r.k2, r.kr_lambda
+            ),
         ),
     ];
     let mut push = |method: &str, what: String, (map_r, r1): (f64, f64)| {
@@ -634,7 +681,10 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
         Claim::greater(
             "SSR beats k-reciprocal in 1-shot (Table 2, every backbone and dataset)",
             ("+ Ours", fs("+ Ours", "1-shot accuracy")),
-            ("+ k-reciprocal", fs("+ k-reciprocal [75]", "1-shot accuracy")),
+            (
+                "+ k-reciprocal",
+                fs("+ k-reciprocal [75]", "1-shot accuracy"),
+            ),
         ),
         Claim::greater(
             "SSR improves mAP@R over the features alone (Table 1, CUB/CARS/SOP)",
@@ -661,7 +711,10 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
             ("AQE".to_string(), rt("AQE [9]")),
             ("AQE + SSR".to_string(), rt("AQE + Ours")),
             ("k-reciprocal".to_string(), rt("k-reciprocal [75] †")),
-            ("k-reciprocal + SSR".to_string(), rt("k-reciprocal [75] † + SSR")),
+            (
+                "k-reciprocal + SSR".to_string(),
+                rt("k-reciprocal [75] † + SSR"),
+            ),
         ],
     ));
     c
@@ -690,12 +743,19 @@ pub fn figures(m: &Measurements) -> Result<Vec<super::Figure>> {
             }
         }
         if !points.is_empty() {
-            let name = if method == "+ Ours" { "+ SSR (ours)" } else { method };
+            let name = if method == "+ Ours" {
+                "+ SSR (ours)"
+            } else {
+                method
+            };
             methods.push((name.to_string(), points));
         }
     }
     if methods.is_empty() {
-        return Err(Error::invalid("figures", "no Table 2 accuracy was measured"));
+        return Err(Error::invalid(
+            "figures",
+            "no Table 2 accuracy was measured",
+        ));
     }
     let dataset = m
         .cells

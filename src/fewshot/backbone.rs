@@ -107,7 +107,10 @@ pub struct SplitFeatures {
 /// As [`quick_backbone_features`], but embeds the base and validation classes too: what a
 /// method meta-trained on frozen features needs (SSR meta-trains on the base classes and
 /// selects its hyperparameters on the validation classes).
-pub fn all_split_features(config: &QuickBackboneConfig, loss: &dyn RankLoss) -> Result<SplitFeatures> {
+pub fn all_split_features(
+    config: &QuickBackboneConfig,
+    loss: &dyn RankLoss,
+) -> Result<SplitFeatures> {
     config.train.validate()?;
     let images = config.train.data.shapes().generate()?;
     let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;

@@ -102,7 +102,10 @@ impl SsrRanking {
         if model.task != (Task::Retrieval { k: top.n }) {
             return Err(Error::invalid(
                 "top",
-                format!("lists of {} references for a model of {:?}", top.n, model.task),
+                format!(
+                    "lists of {} references for a model of {:?}",
+                    top.n, model.task
+                ),
             ));
         }
         if top.num_queries() != nq || top.indices.iter().any(|&j| j as usize >= nr) {
@@ -180,4 +183,3 @@ impl EpisodeClassifier for SsrClassifier<'_> {
         Ok(scores.iter().map(|s| argmax(s)).collect())
     }
 }
-

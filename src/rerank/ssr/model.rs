@@ -4,8 +4,8 @@
 
 use super::graph::Layout;
 use crate::error::{Error, Result};
-use candle_core::{DType, Device, Tensor, Var};
 use crate::models::ParamStore;
+use candle_core::{DType, Device, Tensor, Var};
 use candle_nn::{Linear, Module, VarBuilder};
 use serde::{Deserialize, Serialize};
 

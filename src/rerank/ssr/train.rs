@@ -183,7 +183,9 @@ pub fn meta_train(
 fn rows_f32(features: &Tensor) -> Result<(Vec<f32>, usize)> {
     let dims = features.dims();
     if dims.len() != 2 {
-        return Err(Error::Shape(format!("features must be a matrix, got {dims:?}")));
+        return Err(Error::Shape(format!(
+            "features must be a matrix, got {dims:?}"
+        )));
     }
     let v = features
         .to_device(&Device::Cpu)?
@@ -230,7 +232,10 @@ impl RetrievalTasks {
         if k == 0 || k >= n {
             return Err(Error::invalid(
                 "k",
-                format!("must be between 1 and {} (the images less the query), got {k}", n.saturating_sub(1)),
+                format!(
+                    "must be between 1 and {} (the images less the query), got {k}",
+                    n.saturating_sub(1)
+                ),
             ));
         }
         let unit: Vec<f32> = v
@@ -284,7 +289,10 @@ impl RetrievalTasks {
                 .collect();
             scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
             let top: Vec<usize> = scored[..k].iter().map(|x| x.1).collect();
-            let pos: Vec<bool> = top.iter().map(|&j| self.labels[j] == self.labels[q]).collect();
+            let pos: Vec<bool> = top
+                .iter()
+                .map(|&j| self.labels[j] == self.labels[q])
+                .collect();
             let np = pos.iter().filter(|&&p| p).count();
             let ok_mix = np >= self.min_positives.max(1) && np < pos.len();
             let ap = crate::metrics::average_precision(
@@ -317,7 +325,10 @@ impl TaskSource for RetrievalTasks {
         if model.task != (Task::Retrieval { k: self.k }) {
             return Err(Error::invalid(
                 "task",
-                format!("the model refines {:?}, the graphs have k = {}", model.task, self.k),
+                format!(
+                    "the model refines {:?}, the graphs have k = {}",
+                    model.task, self.k
+                ),
             ));
         }
         let (q, refs, pos) = self.sample(i);

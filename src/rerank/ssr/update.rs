@@ -26,12 +26,7 @@ pub fn cosine_graph(f: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
 /// SSR Eq. 4 for every node at once: the feature step `Σ_j A_ij ∂s_ij/∂f_i`
 /// `= (A F̂ − (A ⊙ S)𝟙 ⊙ F̂) / ‖f_i‖` for a signal matrix `A` (`n × n`), with
 /// `∂s_ij/∂f_i = (f̂_j − s_ij f̂_i)/‖f_i‖` the closed-form derivative of cosine similarity.
-pub fn feature_direction(
-    a: &Tensor,
-    norms: &Tensor,
-    fhat: &Tensor,
-    s: &Tensor,
-) -> Result<Tensor> {
+pub fn feature_direction(a: &Tensor, norms: &Tensor, fhat: &Tensor, s: &Tensor) -> Result<Tensor> {
     let af = a.matmul(fhat)?;
     let b = (a * s)?.sum_keepdim(1)?;
     Ok((af - fhat.broadcast_mul(&b)?)?.broadcast_div(norms)?)
@@ -126,7 +121,10 @@ impl SsrModel {
             ));
         }
         let norms = f.sqr()?.sum_keepdim(1)?.sqrt()?;
-        let nv = norms.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+        let nv = norms
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?;
         if let Some(p) = nv.iter().position(|&v| v <= 1e-12) {
             return Err(Error::invalid(
                 "features",
@@ -179,7 +177,9 @@ impl SsrModel {
     /// class. Errors if there is no positive or no negative.
     pub fn retrieval_loss(&self, f: &Tensor, positive: &[bool]) -> Result<Tensor> {
         let n = positive.len() + 1;
-        let pos: Vec<bool> = std::iter::once(true).chain(positive.iter().copied()).collect();
+        let pos: Vec<bool> = std::iter::once(true)
+            .chain(positive.iter().copied())
+            .collect();
         if !positive.iter().any(|&p| p) || positive.iter().all(|&p| p) {
             return Err(Error::invalid(
                 "positive",
@@ -209,13 +209,26 @@ impl SsrModel {
 
     /// `mean over (i, j) ∈ pos of −log(e^{τs_ij} / (e^{τs_ij} + Σ_{k ∈ neg(i)} e^{τs_ik}))`
     /// `= softplus(log Σ_k e^{τs_ik} − τs_ij)` for masks `pm`, `nm` over `s` (`r × c`).
-    fn contrastive(&self, s: &Tensor, pm: Vec<f64>, nm: Vec<f64>, r: usize, c: usize) -> Result<Tensor> {
+    fn contrastive(
+        &self,
+        s: &Tensor,
+        pm: Vec<f64>,
+        nm: Vec<f64>,
+        r: usize,
+        c: usize,
+    ) -> Result<Tensor> {
         let dev = s.device();
         let count = pm.iter().sum::<f64>();
         // Rows without a negative (not scored) get a 1 in the sum so that its log stays finite.
         let empty: Vec<f64> = nm
             .chunks(c)
-            .map(|row| if row.iter().any(|&v| v > 0.0) { 0.0 } else { 1.0 })
+            .map(|row| {
+                if row.iter().any(|&v| v > 0.0) {
+                    0.0
+                } else {
+                    1.0
+                }
+            })
             .collect();
         let empty = Tensor::from_vec(empty, (r, 1), dev)?.to_dtype(self.dtype)?;
         let pm = Tensor::from_vec(pm, (r, c), dev)?.to_dtype(self.dtype)?;
@@ -272,7 +285,12 @@ impl SsrModel {
 
     /// Class scores after `T` updates: cosine of each refined query with each class's mean
     /// refined support node (`n_way` columns), row-major.
-    pub fn few_shot_scores(&self, f: &Tensor, support_labels: &[usize], n_way: usize) -> Result<Vec<Vec<f64>>> {
+    pub fn few_shot_scores(
+        &self,
+        f: &Tensor,
+        support_labels: &[usize],
+        n_way: usize,
+    ) -> Result<Vec<Vec<f64>>> {
         let s_n = support_labels.len();
         let r = self.refine(f)?;
         let rows = r.to_dtype(DType::F64)?.to_vec2::<f64>()?;
@@ -283,7 +301,10 @@ impl SsrModel {
                 *p += v;
             }
         }
-        let protos: Vec<Vec<f64>> = protos.iter().map(|p| crate::fewshot::normalized(p)).collect();
+        let protos: Vec<Vec<f64>> = protos
+            .iter()
+            .map(|p| crate::fewshot::normalized(p))
+            .collect();
         Ok(rows[s_n..]
             .iter()
             .map(|q| {
@@ -297,7 +318,6 @@ impl SsrModel {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -306,10 +326,14 @@ mod tests {
 
     fn feats(n: usize, d: usize, seed: u64) -> Vec<f64> {
         // Deterministic pseudo-random features in [-1, 1].
-        let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (0..n * d)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((x >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
             })
             .collect()
@@ -347,7 +371,10 @@ mod tests {
                 let fj = &f[j * d..(j + 1) * d];
                 let fd = (cos(&p, fj) - cos(&m, fj)) / (2.0 * eps);
                 let closed = stepped[i][k] - f[i * d + k];
-                assert!((fd - closed).abs() < 1e-8, "∂s_{i}{j}/∂f_{i}[{k}]: {closed} vs {fd}");
+                assert!(
+                    (fd - closed).abs() < 1e-8,
+                    "∂s_{i}{j}/∂f_{i}[{k}]: {closed} vs {fd}"
+                );
             }
             // Only row i moves.
             for r in (0..n).filter(|&r| r != i) {
@@ -358,7 +385,12 @@ mod tests {
         }
     }
 
-    fn tiny_model(task: Task, layout: Layout, rule: UpdateRule, schedule: GroupSchedule) -> SsrModel {
+    fn tiny_model(
+        task: Task,
+        layout: Layout,
+        rule: UpdateRule,
+        schedule: GroupSchedule,
+    ) -> SsrModel {
         SsrModel::new(
             SsrConfig {
                 hidden: 6,
@@ -377,9 +409,23 @@ mod tests {
     }
 
     /// One SSR step computed with plain loops from the MLP's outputs.
-    fn reference_step(f: &[f64], n: usize, d: usize, g_out: &[f64], index: &SubgraphIndex, lambda: f64, rule: UpdateRule) -> Vec<f64> {
+    fn reference_step(
+        f: &[f64],
+        n: usize,
+        d: usize,
+        g_out: &[f64],
+        index: &SubgraphIndex,
+        lambda: f64,
+        rule: UpdateRule,
+    ) -> Vec<f64> {
         let norm: Vec<f64> = (0..n)
-            .map(|i| f[i * d..(i + 1) * d].iter().map(|x| x * x).sum::<f64>().sqrt())
+            .map(|i| {
+                f[i * d..(i + 1) * d]
+                    .iter()
+                    .map(|x| x * x)
+                    .sum::<f64>()
+                    .sqrt()
+            })
             .collect();
         let unit = |i: usize, k: usize| f[i * d + k] / norm[i];
         let s = |i: usize, j: usize| (0..d).map(|k| unit(i, k) * unit(j, k)).sum::<f64>();
@@ -418,14 +464,31 @@ mod tests {
         for layout in [Layout::Paper, Layout::AuthorsCode] {
             for rule in [UpdateRule::Paper, UpdateRule::AuthorsCode] {
                 let model = tiny_model(Task::Retrieval { k }, layout, rule, GroupSchedule::Joint);
-                let refined = model.refine(&t(&raw, n, d)).unwrap().to_vec2::<f64>().unwrap();
+                let refined = model
+                    .refine(&t(&raw, n, d))
+                    .unwrap()
+                    .to_vec2::<f64>()
+                    .unwrap();
                 // The MLP's output on the subgraphs, read back.
                 let ft = t(&f, n, d);
                 let (_, _, s) = cosine_graph(&ft).unwrap();
                 let index = model.subgraphs(&s).unwrap();
-                let idx = Tensor::from_vec(index.flat.clone(), index.flat.len(), &Device::Cpu).unwrap();
-                let x = s.flatten_all().unwrap().index_select(&idx, 0).unwrap().reshape((n, index.dim)).unwrap();
-                let g_out = model.mlps[0].forward(&x).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
+                let idx =
+                    Tensor::from_vec(index.flat.clone(), index.flat.len(), &Device::Cpu).unwrap();
+                let x = s
+                    .flatten_all()
+                    .unwrap()
+                    .index_select(&idx, 0)
+                    .unwrap()
+                    .reshape((n, index.dim))
+                    .unwrap();
+                let g_out = model.mlps[0]
+                    .forward(&x)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap();
                 // The subgraph input is what the loops read from S.
                 let sv = s.flatten_all().unwrap().to_vec1::<f64>().unwrap();
                 let xv = x.flatten_all().unwrap().to_vec1::<f64>().unwrap();
@@ -465,19 +528,37 @@ mod tests {
             let loss = model.retrieval_loss(&f, &positive).unwrap();
             let grads = loss.backward().unwrap();
             for (name, var) in model.vars() {
-                if !(name.ends_with("fc1.weight") || name.ends_with("fc2.bias") || name == "tau" || name.ends_with("in0.weight")) {
+                if !(name.ends_with("fc1.weight")
+                    || name.ends_with("fc2.bias")
+                    || name == "tau"
+                    || name.ends_with("in0.weight"))
+                {
                     continue;
                 }
-                let grad = grads.get(var.as_tensor()).expect("a gradient").flatten_all().unwrap().to_vec1::<f64>().unwrap();
-                assert!(grad.iter().any(|g| g.abs() > 1e-6), "{schedule:?} {name}: no gradient");
+                let grad = grads
+                    .get(var.as_tensor())
+                    .expect("a gradient")
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap();
+                assert!(
+                    grad.iter().any(|g| g.abs() > 1e-6),
+                    "{schedule:?} {name}: no gradient"
+                );
                 let base = var.as_tensor().copy().unwrap();
                 let flat = base.flatten_all().unwrap().to_vec1::<f64>().unwrap();
                 for e in [0, flat.len() - 1] {
                     let eval = |delta: f64| {
                         let mut v = flat.clone();
                         v[e] += delta;
-                        var.set(&Tensor::from_vec(v, base.dims(), &Device::Cpu).unwrap()).unwrap();
-                        let l = model.retrieval_loss(&f, &positive).unwrap().to_vec0::<f64>().unwrap();
+                        var.set(&Tensor::from_vec(v, base.dims(), &Device::Cpu).unwrap())
+                            .unwrap();
+                        let l = model
+                            .retrieval_loss(&f, &positive)
+                            .unwrap()
+                            .to_vec0::<f64>()
+                            .unwrap();
                         var.set(&base).unwrap();
                         l
                     };
@@ -497,14 +578,21 @@ mod tests {
     fn zero_update_signal_leaves_features_unchanged() {
         let (s, q, d) = (3, 4, 5);
         let model = tiny_model(
-            Task::FewShot { supports: s, queries: q },
+            Task::FewShot {
+                supports: s,
+                queries: q,
+            },
             Layout::AuthorsCode,
             UpdateRule::Paper,
             GroupSchedule::Alternating,
         );
         model.zero_update_signal().unwrap();
         let raw = feats(s + q, d, 5);
-        let r = model.refine(&t(&raw, s + q, d)).unwrap().to_vec2::<f64>().unwrap();
+        let r = model
+            .refine(&t(&raw, s + q, d))
+            .unwrap()
+            .to_vec2::<f64>()
+            .unwrap();
         for i in 0..s + q {
             let row = &raw[i * d..(i + 1) * d];
             let nr = row.iter().map(|x| x * x).sum::<f64>().sqrt();
