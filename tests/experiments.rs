@@ -196,6 +196,16 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
         assert!(c.holds.is_some(), "{c:?}");
     }
     let recipe = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
+    // The selected modules are checkpointed and load back.
+    let dir = tempfile::tempdir().unwrap();
+    let again =
+        experiments::ssr::measure_recipe(&recipe.tiny, Scale::Tiny, Some(dir.path())).unwrap();
+    assert_eq!(again.cells.len(), m.cells.len());
+    for f in ["fewshot_1shot", "fewshot_5shot", "retrieval"] {
+        let loaded =
+            rankwise::rerank::ssr::SsrModel::load(&dir.path().join(format!("{f}.safetensors")));
+        assert!(loaded.is_ok(), "{f}: {:?}", loaded.err());
+    }
     assert!(recipe.at(Scale::Quick).is_ok());
     let e = recipe.at(Scale::Paper).unwrap_err().to_string();
     assert!(e.contains("[paper]"), "{e}");

@@ -375,14 +375,31 @@ fn episodes(f: &FewShotRecipe, shots: usize) -> EpisodeConfig {
     }
 }
 
-/// Runs both tables at `scale` (recipe under `root`) and returns our cells.
+/// Runs both tables at `scale` (recipe under `root`) and returns our cells. Except at the
+/// tiny scale (which tests run concurrently), the selected SSR modules are saved under
+/// `root/target/rankwise-runs/<scale>/ssr/`.
 pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
     let recipe = SsrRecipe::for_root(root)?.at(scale)?;
-    measure_recipe(&recipe, scale)
+    let dir = root
+        .join("target")
+        .join("rankwise-runs")
+        .join(scale.as_str())
+        .join(PAPER);
+    let checkpoints = (scale != Scale::Tiny).then_some(dir.as_path());
+    measure_recipe(&recipe, scale, checkpoints)
 }
 
-/// Runs both tables with an explicit recipe.
-pub fn measure_recipe(recipe: &SsrScaleRecipe, scale: Scale) -> Result<Measurements> {
+/// Runs both tables with an explicit recipe; saves the selected SSR modules
+/// (`fewshot_<K>shot.safetensors`, `retrieval.safetensors`, atomically) under `checkpoints`
+/// if given.
+pub fn measure_recipe(
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    checkpoints: Option<&Path>,
+) -> Result<Measurements> {
+    if let Some(dir) = checkpoints {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
     recipe.validate()?;
     let config = QuickBackboneConfig {
         train: recipe.backbone.clone(),
@@ -396,8 +413,24 @@ pub fn measure_recipe(recipe: &SsrScaleRecipe, scale: Scale) -> Result<Measureme
         describe_recipe(&recipe.backbone)
     );
     let mut out = Measurements::default();
-    few_shot(recipe, scale, &feats, &data, &backbone, &mut out)?;
-    retrieval(recipe, scale, &feats, &data, &backbone, &mut out)?;
+    few_shot(
+        recipe,
+        scale,
+        &feats,
+        &data,
+        &backbone,
+        checkpoints,
+        &mut out,
+    )?;
+    retrieval(
+        recipe,
+        scale,
+        &feats,
+        &data,
+        &backbone,
+        checkpoints,
+        &mut out,
+    )?;
     Ok(out)
 }
 
@@ -407,6 +440,7 @@ fn few_shot(
     feats: &crate::fewshot::SplitFeatures,
     data: &str,
     backbone: &str,
+    checkpoints: Option<&Path>,
     out: &mut Measurements,
 ) -> Result<()> {
     let f = &recipe.few_shot;
@@ -468,6 +502,11 @@ fn few_shot(
                     .mean)
                 },
             )?;
+        if let Some(dir) = checkpoints {
+            selected
+                .model
+                .save(&dir.join(format!("fewshot_{shots}shot.safetensors")))?;
+        }
         let ssr = SsrClassifier {
             model: &selected.model,
             support_nodes: f.support_nodes,
@@ -558,6 +597,7 @@ fn retrieval(
     feats: &crate::fewshot::SplitFeatures,
     data: &str,
     backbone: &str,
+    checkpoints: Option<&Path>,
     out: &mut Measurements,
 ) -> Result<()> {
     let r = &recipe.retrieval;
@@ -594,6 +634,9 @@ fn retrieval(
             Ok(scores(&SsrRanking::new(model, val_x, None, top)?, val_y)?.0)
         },
     )?;
+    if let Some(dir) = checkpoints {
+        selected.model.save(&dir.join("retrieval.safetensors"))?;
+    }
     let k = selected.k;
     let ssr_what = selected.describe("mAP@R");
     let feat = CosineRanking::new(test_x, None)?;
