@@ -1,4 +1,4 @@
-//! Regenerates the paper tables and figures of Smooth-AP, FastAP, RaMBO and HAPPIER at a scale:
+//! Regenerates the paper tables and figures of Smooth-AP, FastAP, RaMBO, HAPPIER and SSR at a scale:
 //!
 //! ```text
 //! cargo run --release --example reproduce -- [--scale tiny|quick|paper] [paper …]
@@ -28,7 +28,7 @@ fn main() -> anyhow::Result<()> {
             scale = v.parse()?;
         } else if a == "-h" || a == "--help" {
             println!(
-                "usage: reproduce [--scale tiny|quick|paper] [smooth_ap|fastap|rambo|happier …]"
+                "usage: reproduce [--scale tiny|quick|paper] [smooth_ap|fastap|rambo|happier|ssr …]"
             );
             return Ok(());
         } else {

@@ -231,3 +231,31 @@ fn notebook_run_writes_under_the_output_folder_and_shows_tables() {
     let e = notebook::check_results(&empty).unwrap_err().to_string();
     assert!(e.contains("no table"), "{e}");
 }
+
+#[test]
+fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
+    let m = experiments::ssr::measure(root(), Scale::Tiny).unwrap();
+    check(&m.cells, "ssr");
+    // Table 2: Baseline, k-reciprocal and SSR, accuracy and CI at 1 and 5 shots; Table 1: six
+    // rows × (mAP@R, R@1).
+    let t2 = m.cells.iter().filter(|c| c.table == "Table 2").count();
+    let t1 = m.cells.iter().filter(|c| c.table == "Table 1").count();
+    assert_eq!((t1, t2), (12, 12), "{:?}", m.cells);
+    for c in experiments::ssr::claims(&m) {
+        assert!(c.holds.is_some(), "{c:?}");
+    }
+    let recipe = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
+    // The selected modules are checkpointed and load back.
+    let dir = tempfile::tempdir().unwrap();
+    let again =
+        experiments::ssr::measure_recipe(&recipe.tiny, Scale::Tiny, Some(dir.path())).unwrap();
+    assert_eq!(again.cells.len(), m.cells.len());
+    for f in ["fewshot_1shot", "fewshot_5shot", "retrieval"] {
+        let loaded =
+            rankwise::rerank::ssr::SsrModel::load(&dir.path().join(format!("{f}.safetensors")));
+        assert!(loaded.is_ok(), "{f}: {:?}", loaded.err());
+    }
+    assert!(recipe.at(Scale::Quick).is_ok());
+    let e = recipe.at(Scale::Paper).unwrap_err().to_string();
+    assert!(e.contains("[paper]"), "{e}");
+}

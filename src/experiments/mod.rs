@@ -19,6 +19,7 @@ pub mod fastap;
 pub mod happier;
 pub mod rambo;
 pub mod smooth_ap;
+pub mod ssr;
 
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
 pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
@@ -31,21 +32,28 @@ use crate::error::{Error, Result};
 use std::path::Path;
 
 /// The papers whose experiments are implemented, by key (`configs/experiments/<key>.toml`).
-pub const PAPERS: [&str; 4] = [
+pub const PAPERS: [&str; 5] = [
     smooth_ap::PAPER,
     fastap::PAPER,
     rambo::PAPER,
     happier::PAPER,
+    ssr::PAPER,
 ];
 
 /// Runs one paper's experiments at `scale` (recipe from `configs/experiments/` under `root`)
-/// and checks its qualitative claims on our numbers.
+/// and checks its qualitative claims on our numbers. SSR trains no network through `runner`
+/// (its backbone and meta-training run in [`ssr::measure`], uncached).
 pub fn measure_paper(
     paper: &str,
     root: &Path,
     runner: &Runner,
     scale: Scale,
 ) -> Result<(Measurements, Vec<Claim>)> {
+    if paper == ssr::PAPER {
+        let m = ssr::measure(root, scale)?;
+        let c = ssr::claims(&m);
+        return Ok((m, c));
+    }
     let recipe = ExperimentRecipe::for_paper(root, paper)?;
     Ok(match paper {
         smooth_ap::PAPER => {
@@ -95,7 +103,7 @@ pub fn reproduce_paper(
         Paper::FastAp => fastap::figures(&measurements, &tables)?,
         Paper::Rambo => rambo::figures(&measurements, &tables)?,
         Paper::Happier => happier::figures(&measurements, &tables)?,
-        Paper::Ssr => Vec::new(),
+        Paper::Ssr => ssr::figures(&measurements)?,
     };
     Ok(PaperResults {
         paper: which,

@@ -90,3 +90,47 @@ pub fn quick_backbone_features(
         report,
     })
 }
+
+/// The frozen features of every part of the few-shot split (see [`all_split_features`]).
+#[derive(Debug, Clone)]
+pub struct SplitFeatures {
+    /// Base (training) classes: embeddings and labels.
+    pub base: (Tensor, Labels),
+    /// Validation classes (hyperparameter selection).
+    pub val: (Tensor, Labels),
+    /// Novel (test) classes.
+    pub novel: (Tensor, Labels),
+    /// The training run, if the backbone was trained.
+    pub report: Option<TrainReport>,
+}
+
+/// As [`quick_backbone_features`], but embeds the base and validation classes too: what a
+/// method meta-trained on frozen features needs (SSR meta-trains on the base classes and
+/// selects its hyperparameters on the validation classes).
+pub fn all_split_features(
+    config: &QuickBackboneConfig,
+    loss: &dyn RankLoss,
+) -> Result<SplitFeatures> {
+    config.train.validate()?;
+    let images = config.train.data.shapes().generate()?;
+    let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
+    let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
+    let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);
+    let norm = crate::train::data::input_normalization(config.train.input_norm, &base)?;
+    let sources = [&base, &val, &novel]
+        .map(|s| InMemorySource::new(s.clone(), norm.clone()).map(|src| (src, s.labels().clone())));
+    let [b, v, n] = sources;
+    let (b, v, n) = (b?, v?, n?);
+    let mut trainer = Trainer::with_data(config.train.clone(), base, val, loss)?;
+    let report = if config.train_backbone {
+        Some(trainer.fit()?)
+    } else {
+        None
+    };
+    Ok(SplitFeatures {
+        base: (trainer.embed(&b.0)?, b.1),
+        val: (trainer.embed(&v.0)?, v.1),
+        novel: (trainer.embed(&n.0)?, n.1),
+        report,
+    })
+}

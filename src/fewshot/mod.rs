@@ -16,7 +16,7 @@
 //!   episode's queries as the queries of k-reciprocal re-ranking, argmin of the final distance.
 //! * [`soft_kmeans::SoftKMeansClassifier`] — a cheap transductive baseline not in Table 2: the
 //!   prototypes refined by soft k-means over the queries (Ren et al., ICLR 2018).
-//! * SSR itself plugs in through the same trait (module `rerank::ssr`).
+//! * [`crate::rerank::ssr::SsrClassifier`] — SSR itself ("+ Ours"), through the same trait.
 //!
 //! [`backbone::quick_backbone_features`] builds the frozen features of the quick scale: the small
 //! CNN trained on the base classes of the embedded shapes dataset, applied to its novel classes.
@@ -26,7 +26,10 @@ pub mod k_reciprocal;
 pub mod prototype;
 pub mod soft_kmeans;
 
-pub use backbone::{quick_backbone_features, BackboneFeatures, QuickBackboneConfig};
+pub use backbone::{
+    all_split_features, quick_backbone_features, BackboneFeatures, QuickBackboneConfig,
+    SplitFeatures,
+};
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;

@@ -21,6 +21,7 @@ pub mod evaluate;
 pub mod k_reciprocal;
 pub mod min_norm_point;
 pub mod query_expansion;
+pub mod ssr;
 
 pub use evaluate::{evaluate, evaluate_revisited, rankings, RerankEvalOptions};
 

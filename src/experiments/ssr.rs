@@ -1,0 +1,829 @@
+//! SSR (Shen et al., NeurIPS 2021): transductive few-shot classification (Table 2) and
+//! re-ranking for retrieval (Table 1), on frozen features of the embedded shapes dataset.
+//!
+//! What runs at the `quick` and `tiny` scales (recipe `configs/experiments/ssr.toml`,
+//! [`SsrRecipe`]):
+//!
+//! 1. The backbone: the small CNN trained with Smooth-AP on the base classes (64% of the fine
+//!    classes; 16% validation, 20% novel, [`crate::fewshot::all_split_features`]), then frozen;
+//!    every split embedded once. SSR's backbones are cosine classifiers on mini-ImageNet /
+//!    tiered-ImageNet / CIFAR-FS; ours stands beside the paper's CIFAR-FS Conv-4-64 column
+//!    (32 × 32 images, a 4-block CNN) in Table 2 and beside CUB with the GL feature in Table 1
+//!    (a fine-grained test split of unseen classes, every image a query against the rest).
+//! 2. SSR meta-trained on the base classes' features ([`crate::rerank::ssr::train`]) for each
+//!    candidate `λ` (and `k` for retrieval) of the recipe; after every stage of the schedule
+//!    (`T` = 1, 2, 3) the model is scored on the validation classes (few-shot: mean accuracy
+//!    over fixed validation episodes; retrieval: mAP@R), and the best `(λ, k, T)` is kept —
+//!    nothing is chosen on the novel classes.
+//! 3. Table 2: 5-way 1-shot and 5-shot episodes (15 queries per class) of the novel classes;
+//!    "Baseline" = nearest prototype by cosine, "+ k-reciprocal [75]" = k-reciprocal against
+//!    the prototypes with the recipe's (k1, k2, λ) (quick: Zhong et al.'s default (20, 6, 0.3);
+//!    not tuned on the test episodes, unlike SSR's script), "+ Ours" = SSR. Accuracy and 95% half-width.
+//! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE [9]",
+//!    "k-reciprocal [75] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
+//!    original features). mAP@R (the paper's metric) and R@1 (ours only).
+
+use super::table::{data_name, describe_recipe, Claim, Measurements};
+use super::Scale;
+use crate::error::{Error, Result};
+use crate::fewshot::k_reciprocal::KReciprocalClassifier;
+use crate::fewshot::prototype::PrototypeClassifier;
+use crate::fewshot::{all_split_features, EpisodeClassifier, QuickBackboneConfig};
+use crate::hierarchy::Labels;
+use crate::losses::smooth_ap::SmoothAp;
+use crate::metrics::fewshot::AccuracyInterval;
+use crate::report::{Measured, Provenance, Unit};
+use crate::rerank::k_reciprocal::KReciprocal;
+use crate::rerank::query_expansion::QueryExpansion;
+use crate::rerank::ssr::train::train_stage;
+use crate::rerank::ssr::{
+    FewShotTasks, MetaTrainConfig, RetrievalTasks, SsrClassifier, SsrConfig, SsrModel, SsrRanking,
+    SupportNodes, Task, TaskSource,
+};
+use crate::rerank::{self, CosineRanking, RerankEvalOptions, Reranker, TopN};
+use crate::samplers::episodes::EpisodeConfig;
+use crate::train::TrainConfig;
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The paper's key in `paper_tables/published/` and `configs/experiments/`.
+pub const PAPER: &str = "ssr";
+/// Table 1 (retrieval, mAP@R).
+pub const TABLE_RETRIEVAL: &str = "Table 1";
+/// Table 2 (transductive few-shot accuracy).
+pub const TABLE_FEWSHOT: &str = "Table 2";
+/// The paper's dataset column our retrieval values stand beside.
+pub const RETRIEVAL_DATASET: &str = "CUB";
+/// The paper's feature (setting) our retrieval values stand beside.
+pub const RETRIEVAL_SETTING: &str = "feature=GL";
+/// The paper's dataset column our few-shot values stand beside.
+pub const FEWSHOT_DATASET: &str = "CIFAR-FS";
+/// The paper's backbone (setting) our few-shot values stand beside.
+pub const FEWSHOT_SETTING: &str = "backbone=Conv-4-64";
+
+/// SSR's recipe: one [`SsrScaleRecipe`] per scale.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SsrRecipe {
+    /// CI scale.
+    pub tiny: SsrScaleRecipe,
+    /// CPU scale.
+    pub quick: SsrScaleRecipe,
+    /// The paper's scale (absent: the paper's features are not available here).
+    #[serde(default)]
+    pub paper: Option<SsrScaleRecipe>,
+}
+
+/// Everything one scale of the SSR experiments runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SsrScaleRecipe {
+    /// The backbone's data, network and training (the embedded dataset's classes are split
+    /// 64/16/20 into base / validation / novel).
+    pub backbone: TrainConfig,
+    /// Seed of the class split.
+    #[serde(default)]
+    pub split_seed: u64,
+    /// Table 2.
+    pub few_shot: FewShotRecipe,
+    /// Table 1.
+    pub retrieval: RetrievalRecipe,
+}
+
+/// The few-shot part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FewShotRecipe {
+    /// N of N-way (paper: 5).
+    pub ways: usize,
+    /// Queries per class (code: 15).
+    pub queries: usize,
+    /// Shots evaluated (paper: 1 and 5); SSR is trained for each.
+    pub shots: Vec<usize>,
+    /// Test episodes per setting (paper: 2,000).
+    pub test_episodes: usize,
+    /// Fixed validation episodes (code: 1,000).
+    pub val_episodes: usize,
+    /// SSR's hyperparameters (`lambda` and `steps` are replaced by the selection).
+    pub ssr: SsrConfig,
+    /// Candidate step sizes `λ`.
+    pub lambdas: Vec<f64>,
+    /// Meta-training schedule (one stage per `T`).
+    pub train: MetaTrainConfig,
+    /// Prototypes (the code) or shots (the paper) as support nodes.
+    #[serde(default)]
+    pub support_nodes: SupportNodes,
+    /// The "+ k-reciprocal" row's `(k1, k2, λ)` (Zhong et al.'s default (20, 6, 0.3)).
+    #[serde(default = "default_kr")]
+    pub k_reciprocal: (usize, usize, f64),
+    /// Seed of SSR's initialisation and of the episodes.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+fn default_kr() -> (usize, usize, f64) {
+    (20, 6, 0.3)
+}
+
+/// The retrieval part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalRecipe {
+    /// Candidate `k` (references re-ranked per query; the paper's N − 1).
+    pub k: Vec<usize>,
+    /// Candidate step sizes `λ`.
+    pub lambdas: Vec<f64>,
+    /// SSR's hyperparameters (`lambda` and `steps` are replaced by the selection).
+    pub ssr: SsrConfig,
+    /// Meta-training schedule.
+    pub train: MetaTrainConfig,
+    /// Random base images ranked per training query (code: 1,000; absent: all).
+    #[serde(default)]
+    pub pool: Option<usize>,
+    /// Hard-example filter: at least this many positives in the top k (code: > 5).
+    pub min_positives: usize,
+    /// Hard-example filter: initial AP of the top k below this (code: 0.8).
+    pub max_ap: f64,
+    /// Neighbours of AQE (code sweeps 1–9).
+    pub aqe_k: usize,
+    /// k-reciprocal's `k1`.
+    pub k1: usize,
+    /// k-reciprocal's `k2`.
+    pub k2: usize,
+    /// k-reciprocal's `λ` (weight of the original distance).
+    pub kr_lambda: f64,
+    /// Seed of SSR's initialisation and of the training graphs.
+    #[serde(default)]
+    pub seed: u64,
+}
+
+impl SsrRecipe {
+    /// Reads `configs/experiments/ssr.toml`-like files; errors name the file and key.
+    pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let recipe: SsrRecipe =
+            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        for (scale, r) in [
+            (Scale::Tiny, Some(&recipe.tiny)),
+            (Scale::Quick, Some(&recipe.quick)),
+            (Scale::Paper, recipe.paper.as_ref()),
+        ] {
+            if let Some(r) = r {
+                r.validate()
+                    .map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
+            }
+        }
+        Ok(recipe)
+    }
+
+    /// The recipe under the repository root.
+    pub fn for_root(root: &Path) -> Result<Self> {
+        Self::from_toml_file(super::recipe::recipe_path(root, PAPER))
+    }
+
+    /// The recipe of `scale`.
+    pub fn at(&self, scale: Scale) -> Result<SsrScaleRecipe> {
+        match scale {
+            Scale::Tiny => Ok(self.tiny.clone()),
+            Scale::Quick => Ok(self.quick.clone()),
+            Scale::Paper => self.paper.clone().ok_or_else(|| {
+                Error::invalid(
+                    "scale",
+                    "the SSR recipe has no [paper] section (the paper's pre-trained features are \
+                     not available here); run the tiny or quick scale",
+                )
+            }),
+        }
+    }
+}
+
+impl SsrScaleRecipe {
+    /// Errors naming the first invalid field.
+    pub fn validate(&self) -> Result<()> {
+        self.backbone.validate()?;
+        let f = &self.few_shot;
+        if f.ways < 2 || f.queries == 0 || f.shots.is_empty() || f.shots.contains(&0) {
+            return Err(Error::invalid(
+                "few_shot",
+                "ways ≥ 2, queries ≥ 1 and a non-empty list of shots ≥ 1",
+            ));
+        }
+        if f.test_episodes == 0 || f.val_episodes == 0 {
+            return Err(Error::invalid(
+                "few_shot",
+                "test_episodes and val_episodes ≥ 1",
+            ));
+        }
+        for (what, l) in [
+            ("few_shot.lambdas", &f.lambdas),
+            ("retrieval.lambdas", &self.retrieval.lambdas),
+        ] {
+            if l.is_empty() || l.iter().any(|x| !x.is_finite() || *x < 0.0) {
+                return Err(Error::invalid(what, "list at least one finite λ ≥ 0"));
+            }
+        }
+        f.ssr.validate()?;
+        f.train.validate()?;
+        let r = &self.retrieval;
+        if r.k.is_empty() || r.k.contains(&0) {
+            return Err(Error::invalid("retrieval.k", "list at least one k ≥ 1"));
+        }
+        if r.aqe_k == 0 {
+            return Err(Error::invalid("retrieval.aqe_k", "must be ≥ 1"));
+        }
+        r.ssr.validate()?;
+        r.train.validate()
+    }
+}
+
+/// A model's variables by name.
+type Snapshot = Vec<(String, Tensor)>;
+
+/// A model's variables, copied.
+fn snapshot(model: &SsrModel) -> Result<Snapshot> {
+    model
+        .vars()
+        .into_iter()
+        .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
+        .collect()
+}
+
+fn restore(model: &SsrModel, snap: &[(String, Tensor)]) -> Result<()> {
+    for ((_, v), (_, t)) in model.vars().iter().zip(snap) {
+        v.set(t)?;
+    }
+    Ok(())
+}
+
+/// The model kept by the validation selection and what was selected.
+struct Selected {
+    model: SsrModel,
+    lambda: f64,
+    k: usize,
+    val_score: f64,
+    iterations: usize,
+    first_loss: f64,
+    last_loss: f64,
+}
+
+impl Selected {
+    fn describe(&self, what: &str) -> String {
+        format!(
+            "SSR hidden {}, λ = {}, T = {}{} selected on the validation classes ({what} {:.4}); \
+             meta-trained {} iterations on the base classes (loss {:.3} → {:.3})",
+            self.model.config.hidden,
+            self.lambda,
+            self.model.config.steps,
+            if matches!(self.model.task, Task::Retrieval { .. }) {
+                format!(", k = {}", self.k)
+            } else {
+                String::new()
+            },
+            self.val_score,
+            self.iterations,
+            self.first_loss,
+            self.last_loss
+        )
+    }
+}
+
+/// Meta-trains one model per `(λ, k)` candidate through the stages, scores it on validation
+/// after each stage, and returns the best.
+fn select(
+    candidates: &[(f64, usize)],
+    base_config: &SsrConfig,
+    train: &MetaTrainConfig,
+    seed: u64,
+    make_task: &dyn Fn(usize) -> Task,
+    make_tasks: &dyn Fn(usize) -> Result<Box<dyn TaskSource>>,
+    validate: &dyn Fn(&SsrModel) -> Result<f64>,
+) -> Result<Selected> {
+    // (validation score, λ, k, T, the variables, the task, (iterations, first and last loss)).
+    type Best = (f64, f64, usize, usize, Snapshot, Task, (usize, f64, f64));
+    let mut best: Option<Best> = None;
+    for &(lambda, k) in candidates {
+        let config = SsrConfig {
+            lambda,
+            ..base_config.clone()
+        };
+        let mut model = SsrModel::new(config, make_task(k), DType::F32, seed)?;
+        let tasks = make_tasks(k)?;
+        let mut losses = Vec::new();
+        for stage in &train.stages {
+            let first = losses.len() as u64;
+            losses.extend(train_stage(
+                &mut model,
+                tasks.as_ref(),
+                stage,
+                train,
+                first,
+            )?);
+            let score = validate(&model)?;
+            eprintln!(
+                "  ssr {:?}: λ = {lambda}, T = {}: {} iterations, last loss {:.4}, validation {score:.4}",
+                model.task,
+                stage.steps,
+                losses.len(),
+                losses.last().copied().unwrap_or(f64::NAN)
+            );
+            if best.as_ref().is_none_or(|b| score > b.0) {
+                let head = losses.iter().take(20).sum::<f64>() / losses.len().min(20) as f64;
+                let tail_n = losses.len().min(20);
+                let tail = losses[losses.len() - tail_n..].iter().sum::<f64>() / tail_n as f64;
+                best = Some((
+                    score,
+                    lambda,
+                    k,
+                    stage.steps,
+                    snapshot(&model)?,
+                    model.task,
+                    (losses.len(), head, tail),
+                ));
+            }
+        }
+    }
+    let (val_score, lambda, k, steps, snap, task, (iterations, first_loss, last_loss)) =
+        best.ok_or_else(|| Error::invalid("lambdas", "no candidate to select from"))?;
+    let config = SsrConfig {
+        lambda,
+        steps,
+        ..base_config.clone()
+    };
+    let model = SsrModel::new(config, task, DType::F32, seed)?;
+    restore(&model, &snap)?;
+    Ok(Selected {
+        model,
+        lambda,
+        k,
+        val_score,
+        iterations,
+        first_loss,
+        last_loss,
+    })
+}
+
+/// The episodes' configuration.
+fn episodes(f: &FewShotRecipe, shots: usize) -> EpisodeConfig {
+    EpisodeConfig {
+        ways: f.ways,
+        shots,
+        queries: f.queries,
+        level: 0,
+        shuffle_queries: true,
+    }
+}
+
+/// Runs both tables at `scale` (recipe under `root`) and returns our cells. Except at the
+/// tiny scale (which tests run concurrently), the selected SSR modules are saved under
+/// `root/target/rankwise-runs/<scale>/ssr/`.
+pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
+    let recipe = SsrRecipe::for_root(root)?.at(scale)?;
+    let dir = root
+        .join("target")
+        .join("rankwise-runs")
+        .join(scale.as_str())
+        .join(PAPER);
+    let checkpoints = (scale != Scale::Tiny).then_some(dir.as_path());
+    measure_recipe(&recipe, scale, checkpoints)
+}
+
+/// Runs both tables with an explicit recipe; saves the selected SSR modules
+/// (`fewshot_<K>shot.safetensors`, `retrieval.safetensors`, atomically) under `checkpoints`
+/// if given.
+pub fn measure_recipe(
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    checkpoints: Option<&Path>,
+) -> Result<Measurements> {
+    if let Some(dir) = checkpoints {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    recipe.validate()?;
+    let config = QuickBackboneConfig {
+        train: recipe.backbone.clone(),
+        split_seed: recipe.split_seed,
+        ..QuickBackboneConfig::default()
+    };
+    let feats = all_split_features(&config, &SmoothAp::default())?;
+    let data = data_name(&recipe.backbone);
+    let backbone = format!(
+        "backbone {} trained with Smooth-AP on the base classes",
+        describe_recipe(&recipe.backbone)
+    );
+    let mut out = Measurements::default();
+    few_shot(
+        recipe,
+        scale,
+        &feats,
+        &data,
+        &backbone,
+        checkpoints,
+        &mut out,
+    )?;
+    retrieval(
+        recipe,
+        scale,
+        &feats,
+        &data,
+        &backbone,
+        checkpoints,
+        &mut out,
+    )?;
+    Ok(out)
+}
+
+fn few_shot(
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    feats: &crate::fewshot::SplitFeatures,
+    data: &str,
+    backbone: &str,
+    checkpoints: Option<&Path>,
+    out: &mut Measurements,
+) -> Result<()> {
+    let f = &recipe.few_shot;
+    let (base_x, base_y) = &feats.base;
+    let (val_x, val_y) = &feats.val;
+    let (test_x, test_y) = &feats.novel;
+    for &shots in &f.shots {
+        let ep = episodes(f, shots);
+        let supports = match f.support_nodes {
+            SupportNodes::Prototypes => f.ways,
+            SupportNodes::Shots => f.ways * shots,
+        };
+        let candidates: Vec<(f64, usize)> = f.lambdas.iter().map(|&l| (l, 0)).collect();
+        let val_ep = ep.clone();
+        let val_base = crate::fewshot::evaluate(
+            &PrototypeClassifier::default(),
+            val_x,
+            val_y,
+            &val_ep,
+            f.val_episodes,
+            f.seed + 1,
+        )?;
+        eprintln!(
+            "  {shots}-shot validation accuracy of the baseline: {:.4}",
+            val_base.mean
+        );
+        let selected =
+            select(
+                &candidates,
+                &f.ssr,
+                &f.train,
+                f.seed,
+                &|_| Task::FewShot {
+                    supports,
+                    queries: f.ways * f.queries,
+                },
+                &|_| {
+                    Ok(Box::new(FewShotTasks::new(
+                        base_x,
+                        base_y,
+                        &ep,
+                        f.support_nodes,
+                        f.seed,
+                    )?) as Box<dyn TaskSource>)
+                },
+                &|model| {
+                    let c = SsrClassifier {
+                        model,
+                        support_nodes: f.support_nodes,
+                    };
+                    Ok(crate::fewshot::evaluate(
+                        &c,
+                        val_x,
+                        val_y,
+                        &val_ep,
+                        f.val_episodes,
+                        f.seed + 1,
+                    )?
+                    .mean)
+                },
+            )?;
+        if let Some(dir) = checkpoints {
+            selected
+                .model
+                .save(&dir.join(format!("fewshot_{shots}shot.safetensors")))?;
+        }
+        let ssr = SsrClassifier {
+            model: &selected.model,
+            support_nodes: f.support_nodes,
+        };
+        let (k1, k2, lambda) = f.k_reciprocal;
+        let kr = KReciprocalClassifier {
+            params: KReciprocal { k1, k2, lambda },
+        };
+        let rows: [(&str, &dyn EpisodeClassifierSync, String); 3] = [
+            (
+                "Baseline",
+                &PrototypeClassifier::default(),
+                "nearest prototype (cosine)".to_string(),
+            ),
+            (
+                "+ k-reciprocal [75]",
+                &kr,
+                format!(
+                    "k-reciprocal against the prototypes, (k1, k2, λ) = ({k1}, {k2}, {lambda})"
+                ),
+            ),
+            ("+ Ours", &ssr, selected.describe("mean val accuracy")),
+        ];
+        for (method, classifier, what) in rows {
+            let acc = crate::fewshot::evaluate(
+                &Wrap(classifier),
+                test_x,
+                test_y,
+                &ep,
+                f.test_episodes,
+                f.seed + 2,
+            )?;
+            let detail = format!(
+                "{backbone}; {}-way {shots}-shot, {} queries per class, {} test episodes of the novel classes; {what}",
+                f.ways, f.queries, f.test_episodes
+            );
+            let prov = Provenance::new(data, scale, detail);
+            for (metric, v) in [
+                (format!("{shots}-shot accuracy"), acc.mean),
+                (format!("{shots}-shot CI95"), acc.half_width),
+            ] {
+                out.cells.push(
+                    Measured::new(
+                        TABLE_FEWSHOT,
+                        method,
+                        FEWSHOT_DATASET,
+                        metric,
+                        v / 100.0,
+                        Unit::Fraction,
+                        prov.clone(),
+                    )
+                    .with_setting(FEWSHOT_SETTING),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An object-safe, thread-safe classifier.
+trait EpisodeClassifierSync: EpisodeClassifier + Sync {}
+impl<T: EpisodeClassifier + Sync> EpisodeClassifierSync for T {}
+
+struct Wrap<'a>(&'a dyn EpisodeClassifierSync);
+impl EpisodeClassifier for Wrap<'_> {
+    fn predict(&self, ep: &crate::fewshot::EpisodeFeatures) -> Result<Vec<usize>> {
+        self.0.predict(ep)
+    }
+}
+
+/// mAP@R and R@1 of a re-ranker on the test split (queries = references).
+fn scores(r: &dyn Reranker, labels: &Labels) -> Result<(f64, f64)> {
+    let opts = RerankEvalOptions {
+        recall_ks: vec![1],
+        ..RerankEvalOptions::default()
+    };
+    let rep = rerank::evaluate(r, labels, None, &opts)?;
+    let get = |m: &str| {
+        rep.get(m, Some(0))
+            .ok_or_else(|| Error::invalid("metric", format!("{m} was not computed")))
+    };
+    Ok((get("mAP@R")?, get("R@1")?))
+}
+
+fn retrieval(
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    feats: &crate::fewshot::SplitFeatures,
+    data: &str,
+    backbone: &str,
+    checkpoints: Option<&Path>,
+    out: &mut Measurements,
+) -> Result<()> {
+    let r = &recipe.retrieval;
+    let (base_x, base_y) = &feats.base;
+    let (val_x, val_y) = &feats.val;
+    let (test_x, test_y) = &feats.novel;
+    let candidates: Vec<(f64, usize)> = r
+        .lambdas
+        .iter()
+        .flat_map(|&l| r.k.iter().map(move |&k| (l, k)))
+        .collect();
+    eprintln!(
+        "  validation mAP@R of the features: {:.4}",
+        scores(&CosineRanking::new(val_x, None)?, val_y)?.0
+    );
+    let selected = select(
+        &candidates,
+        &r.ssr,
+        &r.train,
+        r.seed,
+        &|k| Task::Retrieval { k },
+        &|k| {
+            let mut t = RetrievalTasks::new(base_x, base_y, k, r.seed)?;
+            t.pool = r.pool;
+            t.min_positives = r.min_positives;
+            t.max_ap = r.max_ap;
+            Ok(Box::new(t) as Box<dyn TaskSource>)
+        },
+        &|model| {
+            let Task::Retrieval { k } = model.task else {
+                return Err(Error::invalid("task", "a retrieval model was expected"));
+            };
+            let top = TopN::from_features(val_x, None, k)?;
+            Ok(scores(&SsrRanking::new(model, val_x, None, top)?, val_y)?.0)
+        },
+    )?;
+    if let Some(dir) = checkpoints {
+        selected.model.save(&dir.join("retrieval.safetensors"))?;
+    }
+    let k = selected.k;
+    let ssr_what = selected.describe("mAP@R");
+    let feat = CosineRanking::new(test_x, None)?;
+    let aqe = QueryExpansion::aqe(r.aqe_k).fit(test_x, None)?;
+    let kr = KReciprocal {
+        k1: r.k1,
+        k2: r.k2,
+        lambda: r.kr_lambda,
+    }
+    .fit(test_x, None)?;
+    let firsts: [(&str, &str, &dyn Reranker, String); 3] = [
+        (
+            "Feat. only",
+            "Feat + SSR",
+            &feat,
+            "cosine similarity".to_string(),
+        ),
+        (
+            "AQE [9]",
+            "AQE + Ours",
+            &aqe,
+            format!("AQE with {} neighbours", r.aqe_k),
+        ),
+        (
+            "k-reciprocal [75] †",
+            "k-reciprocal [75] † + SSR",
+            &kr,
+            format!(
+                "k-reciprocal (k1, k2, λ) = ({}, {}, {})",
+                r.k1, r.k2, r.kr_lambda
+            ),
+        ),
+    ];
+    let mut push = |method: &str, what: String, (map_r, r1): (f64, f64)| {
+        let prov = Provenance::new(
+            data,
+            scale,
+            format!(
+                "{backbone}; the novel classes, every image a query against the others; {what}"
+            ),
+        );
+        for (metric, v) in [("mAP@R", map_r), ("R@1", r1)] {
+            out.cells.push(
+                Measured::new(
+                    TABLE_RETRIEVAL,
+                    method,
+                    RETRIEVAL_DATASET,
+                    metric,
+                    v,
+                    Unit::Fraction,
+                    prov.clone(),
+                )
+                .with_setting(RETRIEVAL_SETTING),
+            );
+        }
+    };
+    for (method, plus, first, what) in firsts {
+        push(method, what.clone(), scores(first, test_y)?);
+        let top = TopN::from_reranker(first, k)?;
+        let ssr = SsrRanking::new(&selected.model, test_x, None, top)?;
+        push(
+            plus,
+            format!("{ssr_what}; applied to the top {k} of: {what}"),
+            scores(&ssr, test_y)?,
+        );
+    }
+    Ok(())
+}
+
+/// The paper's claims, checked on our measurements.
+pub fn claims(m: &Measurements) -> Vec<Claim> {
+    let fs = |method: &str, metric: &str| m.value(TABLE_FEWSHOT, method, FEWSHOT_SETTING, metric);
+    let rt = |method: &str| m.value(TABLE_RETRIEVAL, method, RETRIEVAL_SETTING, "mAP@R");
+    let mut c = vec![
+        Claim::greater(
+            "SSR improves 1-shot accuracy over the baseline (Table 2, every backbone)",
+            ("+ Ours", fs("+ Ours", "1-shot accuracy")),
+            ("Baseline", fs("Baseline", "1-shot accuracy")),
+        ),
+        Claim::greater(
+            "SSR improves 5-shot accuracy over the baseline (Table 2)",
+            ("+ Ours", fs("+ Ours", "5-shot accuracy")),
+            ("Baseline", fs("Baseline", "5-shot accuracy")),
+        ),
+        Claim::greater(
+            "SSR beats k-reciprocal in 1-shot (Table 2, every backbone and dataset)",
+            ("+ Ours", fs("+ Ours", "1-shot accuracy")),
+            (
+                "+ k-reciprocal",
+                fs("+ k-reciprocal [75]", "1-shot accuracy"),
+            ),
+        ),
+        Claim::greater(
+            "SSR improves mAP@R over the features alone (Table 1, CUB/CARS/SOP)",
+            ("Feat + SSR", rt("Feat + SSR")),
+            ("Feat. only", rt("Feat. only")),
+        ),
+        Claim::greater(
+            "SSR on top of AQE improves over AQE (Table 1, CUB/CARS)",
+            ("AQE + SSR", rt("AQE + Ours")),
+            ("AQE", rt("AQE [9]")),
+        ),
+        Claim::greater(
+            "SSR on top of k-reciprocal improves over k-reciprocal (Table 1, every column)",
+            ("k-reciprocal + SSR", rt("k-reciprocal [75] † + SSR")),
+            ("k-reciprocal", rt("k-reciprocal [75] †")),
+        ),
+    ];
+    c.push(Claim::best_of(
+        "k-reciprocal + SSR is the best re-ranking (Table 1, CUB/CARS/SOP)",
+        "k-reciprocal + SSR",
+        &[
+            ("Feat. only".to_string(), rt("Feat. only")),
+            ("Feat + SSR".to_string(), rt("Feat + SSR")),
+            ("AQE".to_string(), rt("AQE [9]")),
+            ("AQE + SSR".to_string(), rt("AQE + Ours")),
+            ("k-reciprocal".to_string(), rt("k-reciprocal [75] †")),
+            (
+                "k-reciprocal + SSR".to_string(),
+                rt("k-reciprocal [75] † + SSR"),
+            ),
+        ],
+    ));
+    c
+}
+
+/// The figure: our Table 2 accuracies with their 95% intervals, by shots.
+pub fn figures(m: &Measurements) -> Result<Vec<super::Figure>> {
+    let mut methods = Vec::new();
+    for method in ["Baseline", "+ k-reciprocal [75]", "+ Ours"] {
+        let mut points = Vec::new();
+        for shots in [1usize, 5] {
+            let get = |metric: String| m.value(TABLE_FEWSHOT, method, FEWSHOT_SETTING, &metric);
+            if let (Some(a), Some(h)) = (
+                get(format!("{shots}-shot accuracy")),
+                get(format!("{shots}-shot CI95")),
+            ) {
+                points.push((
+                    shots as f64,
+                    AccuracyInterval {
+                        mean: 100.0 * a,
+                        std: f64::NAN,
+                        half_width: 100.0 * h,
+                        episodes: 0,
+                    },
+                ));
+            }
+        }
+        if !points.is_empty() {
+            let name = if method == "+ Ours" {
+                "+ SSR (ours)"
+            } else {
+                method
+            };
+            methods.push((name.to_string(), points));
+        }
+    }
+    if methods.is_empty() {
+        return Err(Error::invalid(
+            "figures",
+            "no Table 2 accuracy was measured",
+        ));
+    }
+    let dataset = m
+        .cells
+        .iter()
+        .find(|c| c.table == TABLE_FEWSHOT)
+        .map(|c| format!("{}, {}", c.provenance.dataset, c.provenance.scale.as_str()))
+        .unwrap_or_default();
+    let mut chart = crate::report::accuracy_with_intervals(
+        &format!("SSR Table 2 on {dataset}: 5-way accuracy ± 95% CI"),
+        "shots (methods side by side)",
+        "accuracy (%)",
+        methods,
+    );
+    // Points with error bars, the methods side by side at each shot count (1 and 5 shots are
+    // separate experiments: no line between them).
+    let count = chart.series.len() as f64;
+    for (i, s) in chart.series.iter_mut().enumerate() {
+        s.style = crate::report::SeriesStyle::Markers(crate::report::Marker::Circle);
+        let offset = 0.25 * (i as f64 - (count - 1.0) / 2.0);
+        for p in s.points.iter_mut() {
+            p.0 += offset;
+        }
+    }
+    Ok(vec![super::Figure {
+        stem: "ssr_fewshot_accuracy".into(),
+        chart,
+    }])
+}

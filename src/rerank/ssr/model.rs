@@ -1,0 +1,348 @@
+//! SSR's network (Sec. 2.4) and its configuration: the MLP `g` that maps each subgraph `M_i`
+//! to an update signal of the same shape, and the learnable temperature `τ` of the losses
+//! (Eqs. 6–7).
+
+use super::graph::Layout;
+use crate::error::{Error, Result};
+use crate::models::ParamStore;
+use candle_core::{DType, Device, Tensor, Var};
+use candle_nn::{Linear, Module, VarBuilder};
+use serde::{Deserialize, Serialize};
+
+/// How the update signal moves the features (where the paper and the authors' code differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateRule {
+    /// SSR Eq. 4: `f_i ← f_i + λ Σ_j G_ij ∂s_ij/∂f_i`, only the row-`i` term of each edge.
+    #[default]
+    Paper,
+    /// The authors' code: `f ← f − λ · ∂(Σ_ij G_ij s_ij)/∂f` (the VJP of the subgraph inputs
+    /// with the MLP's output), i.e. `G_ij + G_ji` for each edge and the sign flipped (the MLP
+    /// learns the sign).
+    AuthorsCode,
+}
+
+/// Which nodes an update step moves, with which MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupSchedule {
+    /// The paper (Eqs. 4–5): one MLP `g`, every node updated at once from the same `S^{t-1}`.
+    #[default]
+    Joint,
+    /// The authors' code: two MLPs (retrieval: query then database; few-shot: support then
+    /// query), the second group updated from the similarities recomputed after the first.
+    Alternating,
+}
+
+/// The paper's loss of the retrieval variant (Eq. 6) or the code's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetrievalLoss {
+    /// SSR Eq. 6: every pair `(i, j)` of distinct nodes of the query's class, negatives `k` of
+    /// another class, averaged over the pairs (the paper sums; the mean only rescales the
+    /// learning rate).
+    #[default]
+    AllPositivePairs,
+    /// The authors' `InfoBCE`: only `i` = the query, averaged over its positives.
+    QueryRow,
+}
+
+/// SSR's hyperparameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SsrConfig {
+    /// Hidden width of the 3-layer MLP (Sec. 2.4: 1,024 for retrieval, 4,096 for few-shot).
+    pub hidden: usize,
+    /// Number of updates `T` (Sec. 2.1).
+    pub steps: usize,
+    /// Step size `λ` of Eq. 4 (authors' code: 1e-4–5e-4 retrieval, 1e-3–5e-3 few-shot).
+    pub lambda: f64,
+    /// Subgraph layout.
+    pub layout: Layout,
+    /// Feature update.
+    pub rule: UpdateRule,
+    /// One MLP for every node or two alternating ones.
+    pub schedule: GroupSchedule,
+    /// Retrieval loss (Eq. 6 or the code's query row).
+    pub retrieval_loss: RetrievalLoss,
+    /// Initial temperature `τ` (the code's `scale_cls`, 10).
+    pub tau_init: f64,
+    /// Start from a zero last layer, i.e. from the identity (SSR leaves the features
+    /// unchanged until it has learned something). Not in the paper or the code (both use
+    /// PyTorch's default initialisation); useful when meta-training for only a few hundred
+    /// iterations, as at our CPU scales.
+    pub zero_init_output: bool,
+}
+
+impl Default for SsrConfig {
+    /// The paper's few-shot choices: hidden 4,096, `T = 3`, `λ = 1e-3`, paper layout, Eq. 4
+    /// update, one MLP, Eq. 6 loss, `τ₀ = 10`.
+    fn default() -> Self {
+        SsrConfig {
+            hidden: 4096,
+            steps: 3,
+            lambda: 1e-3,
+            layout: Layout::Paper,
+            rule: UpdateRule::Paper,
+            schedule: GroupSchedule::Joint,
+            retrieval_loss: RetrievalLoss::AllPositivePairs,
+            tau_init: 10.0,
+            zero_init_output: false,
+        }
+    }
+}
+
+impl SsrConfig {
+    /// Errors naming the first invalid field.
+    pub fn validate(&self) -> Result<()> {
+        if self.hidden == 0 {
+            return Err(Error::invalid("hidden", "must be ≥ 1"));
+        }
+        if !self.lambda.is_finite() || self.lambda < 0.0 {
+            return Err(Error::invalid(
+                "lambda",
+                format!("must be finite and ≥ 0, got {}", self.lambda),
+            ));
+        }
+        if !self.tau_init.is_finite() || self.tau_init <= 0.0 {
+            return Err(Error::invalid(
+                "tau_init",
+                format!("must be finite and > 0, got {}", self.tau_init),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Number of MLPs the schedule needs.
+    pub fn num_mlps(&self) -> usize {
+        match self.schedule {
+            GroupSchedule::Joint => 1,
+            GroupSchedule::Alternating => 2,
+        }
+    }
+}
+
+/// `InstanceNorm1d(1, affine=True)` on each row of an `m × D` matrix (the flattened subgraph
+/// is one channel): `(x − mean) / √(var + 1e-5) · γ + β`, biased variance as PyTorch.
+#[derive(Debug, Clone)]
+pub struct InstanceNorm {
+    gamma: Tensor,
+    beta: Tensor,
+}
+
+impl InstanceNorm {
+    fn new(vb: VarBuilder) -> Result<Self> {
+        Ok(InstanceNorm {
+            gamma: vb.get_with_hints(1, "weight", candle_nn::Init::Const(1.0))?,
+            beta: vb.get_with_hints(1, "bias", candle_nn::Init::Const(0.0))?,
+        })
+    }
+}
+
+impl Module for InstanceNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let mean = x.mean_keepdim(1)?;
+        let xc = x.broadcast_sub(&mean)?;
+        let var = xc.sqr()?.mean_keepdim(1)?;
+        let y = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+        y.broadcast_mul(&self.gamma)?.broadcast_add(&self.beta)
+    }
+}
+
+/// SSR's MLP `g` (Sec. 2.4; the code's `dni_linear`): InstanceNorm → Linear(D, h) → ReLU →
+/// InstanceNorm → Linear(h, h) → ReLU → InstanceNorm → Linear(h, D). Input and output are
+/// `m × D`: one flattened subgraph `M_i` per row, one update per entry.
+#[derive(Debug, Clone)]
+pub struct SubgraphMlp {
+    norm0: InstanceNorm,
+    l1: Linear,
+    norm1: InstanceNorm,
+    l2: Linear,
+    norm2: InstanceNorm,
+    l3: Linear,
+}
+
+impl SubgraphMlp {
+    /// The MLP with input/output width `dim` and hidden width `hidden`, parameters under `vb`.
+    pub fn new(dim: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
+        Ok(SubgraphMlp {
+            norm0: InstanceNorm::new(vb.pp("in0"))?,
+            l1: candle_nn::linear(dim, hidden, vb.pp("fc1"))?,
+            norm1: InstanceNorm::new(vb.pp("in1"))?,
+            l2: candle_nn::linear(hidden, hidden, vb.pp("fc2"))?,
+            norm2: InstanceNorm::new(vb.pp("in2"))?,
+            l3: candle_nn::linear(hidden, dim, vb.pp("fc3"))?,
+        })
+    }
+}
+
+impl Module for SubgraphMlp {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let h = self.l1.forward(&self.norm0.forward(x)?)?.relu()?;
+        let h = self.l2.forward(&self.norm1.forward(&h)?)?.relu()?;
+        self.l3.forward(&self.norm2.forward(&h)?)
+    }
+}
+
+/// Which graphs a model refines; fixes the MLP's input width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Task {
+    /// A query and its top-`k` references (Fig. 2b).
+    Retrieval {
+        /// References re-ranked per query.
+        k: usize,
+    },
+    /// `supports` support nodes (class prototypes or shots) and `queries` queries (Fig. 2c).
+    FewShot {
+        /// Support nodes.
+        supports: usize,
+        /// Queries.
+        queries: usize,
+    },
+}
+
+/// A (meta-trained) SSR module: its configuration, task, MLP(s) and temperature.
+pub struct SsrModel {
+    /// Hyperparameters.
+    pub config: SsrConfig,
+    /// The graphs it refines.
+    pub task: Task,
+    /// Every trainable variable (MLPs and `τ`), by name, seeded by name.
+    pub params: ParamStore,
+    pub(crate) mlps: Vec<SubgraphMlp>,
+    pub(crate) tau: Tensor,
+    pub(crate) dtype: DType,
+}
+
+impl std::fmt::Debug for SsrModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SsrModel")
+            .field("config", &self.config)
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SsrModel {
+    /// A freshly initialised model (candle's Linear initialisation, drawn from a stream seeded
+    /// by `seed` and each variable's name, [`ParamStore`]) in `dtype` (F32 or F64).
+    pub fn new(config: SsrConfig, task: Task, dtype: DType, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let dim = task.input_dim(config.layout)?;
+        let device = Device::Cpu;
+        let params = ParamStore::new(seed);
+        let vb = params.var_builder(dtype, &device);
+        let names = match config.schedule {
+            GroupSchedule::Joint => vec!["g"],
+            GroupSchedule::Alternating => match task {
+                Task::Retrieval { .. } => vec!["query", "database"],
+                Task::FewShot { .. } => vec!["support", "query"],
+            },
+        };
+        let mlps = names
+            .iter()
+            .map(|n| SubgraphMlp::new(dim, config.hidden, vb.pp(*n)))
+            .collect::<Result<Vec<_>>>()?;
+        let tau = vb.get_with_hints(1, "tau", candle_nn::Init::Const(config.tau_init))?;
+        let model = SsrModel {
+            config,
+            task,
+            params,
+            mlps,
+            tau,
+            dtype,
+        };
+        if model.config.zero_init_output {
+            model.zero_update_signal()?;
+        }
+        Ok(model)
+    }
+
+    /// The temperature `τ`.
+    pub fn tau(&self) -> Result<f64> {
+        Ok(self.tau.to_dtype(DType::F64)?.to_vec1::<f64>()?[0])
+    }
+
+    /// The trainable variables, sorted by name.
+    pub fn vars(&self) -> Vec<(String, Var)> {
+        self.params.all()
+    }
+
+    /// Sets every output of the MLPs to 0 (last layer weights and biases zeroed): SSR then
+    /// leaves the features unchanged.
+    pub fn zero_update_signal(&self) -> Result<()> {
+        for (name, var) in self.vars() {
+            if name.contains("fc3.") {
+                var.set(&var.zeros_like()?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the model (safetensors, atomic write) with its configuration and task.
+    pub fn save(&self, path: &std::path::Path) -> Result<()> {
+        let json = serde_json::to_string(&(&self.config, &self.task))
+            .map_err(|e| Error::file(path, format!("cannot serialise the SSR config: {e}")))?;
+        let tensors: Vec<(String, Tensor)> = self
+            .vars()
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        crate::train::checkpoint::save(path, &tensors, &json)
+    }
+
+    /// Loads a model written by [`SsrModel::save`]; errors name the file (unreadable, not an
+    /// SSR checkpoint, missing or mis-shaped tensors).
+    pub fn load(path: &std::path::Path) -> Result<Self> {
+        let (tensors, json) = crate::train::checkpoint::load(path, &Device::Cpu)?;
+        let (config, task): (SsrConfig, Task) = serde_json::from_str(&json)
+            .map_err(|e| Error::file(path, format!("not an SSR checkpoint: {e}")))?;
+        let dtype = tensors
+            .values()
+            .next()
+            .map(|t| t.dtype())
+            .ok_or_else(|| Error::file(path, "the checkpoint holds no tensor"))?;
+        let model = SsrModel::new(config, task, dtype, 0)?;
+        for (name, var) in model.vars() {
+            let t = tensors
+                .get(&name)
+                .ok_or_else(|| Error::file(path, format!("tensor `{name}` is missing")))?;
+            if t.dims() != var.dims() {
+                return Err(Error::file(
+                    path,
+                    format!(
+                        "tensor `{name}` has shape {:?}, expected {:?}",
+                        t.dims(),
+                        var.dims()
+                    ),
+                ));
+            }
+            var.set(&t.to_dtype(dtype)?)?;
+        }
+        Ok(model)
+    }
+}
+
+impl Task {
+    /// The MLP's input width under `layout`; errors on an empty graph.
+    pub fn input_dim(&self, layout: Layout) -> Result<usize> {
+        match *self {
+            Task::Retrieval { k } => {
+                if k == 0 {
+                    return Err(Error::invalid("k", "re-rank at least 1 reference"));
+                }
+                Ok(super::graph::retrieval_dim(layout, k))
+            }
+            Task::FewShot { supports, queries } => {
+                if supports == 0 || queries == 0 {
+                    return Err(Error::invalid(
+                        "episode",
+                        format!("{supports} support nodes and {queries} queries: need ≥ 1 of each"),
+                    ));
+                }
+                Ok(super::graph::few_shot_dim(layout, supports, queries))
+            }
+        }
+    }
+}
