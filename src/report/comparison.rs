@@ -247,18 +247,22 @@ impl Comparison {
             });
         }
         // A value of ours with no published counterpart is shown in the unit the paper prints
-        // the same metric in (in this table), so that a column does not mix 0.25 and 25.0.
-        let paper_unit = |metric: &str| -> Option<Unit> {
+        // the same metric in (in this table), so that a column does not mix 0.25 and 25.0; a
+        // metric the paper's table lacks (our R@1 beside its mAP@R) takes the table's unit when
+        // the table has one and ours converts to it.
+        let common_unit = |metric: Option<&str>| -> Option<Unit> {
             let mut units = published
                 .iter()
-                .filter(|p| p.metric == metric)
+                .filter(|p| metric.is_none_or(|m| p.metric == m))
                 .map(|p| p.unit);
             let first = units.next()?;
             units.all(|u| u == first).then_some(first)
         };
         for (m, _) in measured.iter().zip(&used).filter(|(_, &u)| !u) {
-            let (unit, value) = match paper_unit(&m.metric)
-                .and_then(|u| m.unit.convert(m.value, u).map(|v| (u, v)))
+            let in_unit = |u: Unit| m.unit.convert(m.value, u).map(|v| (u, v));
+            let (unit, value) = match common_unit(Some(&m.metric))
+                .and_then(in_unit)
+                .or_else(|| common_unit(None).and_then(in_unit))
             {
                 Some((u, v)) => (u, v),
                 None => (m.unit, m.value),
@@ -562,9 +566,17 @@ mod tests {
         assert!(c.caption().contains("not measured yet"));
         let c = Comparison::build("t", &[], &ours).unwrap();
         assert!(c.rows().iter().all(|r| r.status == Status::OursOnly));
-        // With no published value of the metric, ours keeps its own unit.
+        // With no published value at all, ours keeps its own unit.
         assert_eq!(c.rows()[0].ours, Some(0.17));
         assert_eq!(c.rows()[0].unit, Unit::Fraction);
+        // A metric the table does not print takes the table's unit (percent for all of it).
+        let c = Comparison::build("t", &rows, &[measured("Smooth-AP", "mAP@R", 0.25)]).unwrap();
+        let extra = c.rows().last().unwrap();
+        assert_eq!(
+            (extra.status, extra.unit),
+            (Status::OursOnly, Unit::Percent)
+        );
+        assert!((extra.ours.unwrap() - 25.0).abs() < 1e-12);
     }
 
     #[test]
