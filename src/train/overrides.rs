@@ -1,7 +1,9 @@
 //! `--set key=value` overrides of a TOML recipe (`rankwise train --set epochs=3 --set
 //! loss.tau=0.05`): dotted keys into the recipe's tables, values parsed as TOML values.
 //!
-//! A value that is not a TOML value but a bare word (`--set loss.kind=fastap`,
+//! Overrides apply to the resolved recipe (the file with every default written out). Setting
+//! the `kind` of a tagged table (`--set loss.kind=fast_ap`) starts that table afresh with the new
+//! kind's defaults. A value that is not a TOML value but a bare word (`--set loss.kind=fast_ap`,
 //! `--set device=cpu`) is taken as a string, so the shell does not need TOML's quotes. An
 //! override whose key is unknown, whose value has the wrong type, or that makes the recipe
 //! invalid is an error naming that exact override (`--set optimizer.lr=1e-4: unknown field
@@ -66,6 +68,12 @@ impl Override {
                 }
             };
         }
+        // A new `kind` of a tagged table (`loss.kind`, `sampler.kind`, `model.backbone.kind`,
+        // …) starts that table afresh: the old kind's fields would be unknown to the new one,
+        // which takes its defaults (set its fields with later overrides).
+        if last == "kind" && current.get("kind") != Some(&self.value) {
+            current.clear();
+        }
         current.insert(last.clone(), self.value.clone());
         Ok(())
     }
@@ -118,10 +126,10 @@ pub fn load_with_overrides(path: &Path, overrides: &[String]) -> Result<TrainCon
     if overrides.is_empty() {
         return Ok(base);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let table: Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| Error::file(path, e.to_string()))?;
+    // Overrides apply to the resolved recipe (every default written out), so that a key of a
+    // table the recipe leaves out (`optimizer.head.lr`) lands beside that table's defaults.
+    let table = Table::try_from(&base)
+        .map_err(|e| Error::file(path, format!("cannot re-serialise the recipe: {e}")))?;
     apply_overrides(table, overrides)
 }
 
@@ -184,9 +192,7 @@ mod tests {
 
     #[test]
     fn overrides_set_nested_keys_and_name_the_culprit() {
-        let table: Table = "epochs = 5\n[loss]\nkind = \"smooth_ap\"\ntau = 0.01\n"
-            .parse()
-            .unwrap();
+        let table = Table::try_from(TrainConfig::default()).unwrap();
         let c = apply_overrides(
             table.clone(),
             &[
@@ -220,5 +226,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--set epochs.x=1") && e.contains("not a table"), "{e}");
+        // A new loss kind drops the old kind's fields and takes its own defaults.
+        let c = apply_overrides(
+            Table::try_from(TrainConfig::default()).unwrap(),
+            &["loss.kind=fast_ap".into()],
+        )
+        .unwrap();
+        assert!(c.loss.validate().is_ok());
+        assert!(c.to_toml_string().unwrap().contains("kind = \"fast_ap\""));
     }
 }

@@ -9,7 +9,6 @@ use super::trainer::{Trainer, CHECKPOINT_FILE};
 use crate::error::{Error, Result};
 use crate::io::write_atomically;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -51,7 +50,8 @@ pub struct RunOptions {
     pub resume: bool,
 }
 
-/// Trains `config` into `dir` (created if needed): writes `config.toml` first, then the
+/// Trains `config` into `dir` (created if needed): writes `config.toml` once the trainer is
+/// built, then the
 /// metrics and checkpoints as the run goes ([`Trainer::fit`]), and `results.json` at the end.
 /// With `options.resume`, training continues from the folder's checkpoint (an error naming it
 /// if it is missing).
@@ -71,8 +71,10 @@ pub fn train_to_dir(mut config: TrainConfig, dir: &Path, options: &RunOptions) -
     }
     config.validate()?;
     let toml = config.to_toml_string()?;
-    write_atomically(&dir.join(CONFIG_FILE), |w| w.write_all(toml.as_bytes()))?;
+    // Built first (data, model, pretrained weights, checkpoint checks), so that a run refused
+    // here leaves the folder's config.toml as it was.
     let mut trainer = Trainer::from_config(config)?;
+    write_atomically(&dir.join(CONFIG_FILE), |w| w.write_all(toml.as_bytes()))?;
     trainer.fit()?;
     let results = summarize(&trainer, options, started.elapsed().as_secs_f64());
     let json = serde_json::to_string_pretty(&results)
