@@ -639,8 +639,18 @@ fn train_resume_embed_eval_round_trip() {
     let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
     let run = dir.path().join("run");
     let out = succeeds(&[
-        "train", "--config", s(&recipe), "--out", s(&run), "-q", "--set", "epochs=1",
-        "--set", "loss.tau=0.05", "--set", "optimizer.head.lr=5e-3",
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "epochs=1",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
     ]);
     assert!(out.contains("R@1"), "{out}");
     // The resolved configuration, the metrics, the checkpoint and the results are there.
@@ -650,7 +660,12 @@ fn train_resume_embed_eval_round_trip() {
     assert!(std::fs::read_to_string(run.join("config.toml"))
         .unwrap()
         .contains("tau = 0.05"));
-    for f in ["metrics.csv", "metrics.parquet", "checkpoint.safetensors", "results.json"] {
+    for f in [
+        "metrics.csv",
+        "metrics.parquet",
+        "checkpoint.safetensors",
+        "results.json",
+    ] {
         assert!(run.join(f).is_file(), "{f} missing");
     }
     let r1 = read_run_results(&run);
@@ -663,36 +678,78 @@ fn train_resume_embed_eval_round_trip() {
 
     // Resume for one more epoch: the log goes on, the untrained evaluation is kept.
     succeeds(&[
-        "train", "--config", s(&recipe), "--out", s(&run), "-q", "--resume", "--set",
-        "epochs=2", "--set", "loss.tau=0.05", "--set", "optimizer.head.lr=5e-3",
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--resume",
+        "--set",
+        "epochs=2",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
     ]);
     let r2 = read_run_results(&run);
     assert_eq!((r2.epochs, r2.final_epoch), (2, 2));
     assert_eq!(r2.r_at_1_untrained, Some(before));
     // Another loss than the checkpoint's: refused, naming the field.
     let e = fails(&[
-        "train", "--config", s(&recipe), "--out", s(&run), "-q", "--resume", "--set",
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--resume",
+        "--set",
         "epochs=3",
     ]);
-    assert!(e.contains("checkpoint.safetensors") && e.contains("`loss`"), "{e}");
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("`loss`"),
+        "{e}"
+    );
 
     // Embed the test split with the checkpoint, then evaluate the files with `rankwise eval`:
     // the same R@1 as the trainer's own final evaluation.
     let emb = dir.path().join("emb.npy");
     let labels = dir.path().join("labels.csv");
-    let set = ["--set", "epochs=2", "--set", "loss.tau=0.05", "--set", "optimizer.head.lr=5e-3"];
-    let mut args = vec![
-        "embed", "--config", s(&recipe), "--checkpoint",
+    let set = [
+        "--set",
+        "epochs=2",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
     ];
+    let mut args = vec!["embed", "--config", s(&recipe), "--checkpoint"];
     let ckpt = run.join("checkpoint.safetensors");
-    args.extend([s(&ckpt), "--split", "test", "--out", s(&emb), "--labels-out", s(&labels), "-q"]);
+    args.extend([
+        s(&ckpt),
+        "--split",
+        "test",
+        "--out",
+        s(&emb),
+        "--labels-out",
+        s(&labels),
+        "-q",
+    ]);
     args.extend(set);
     succeeds(&args);
     let header = std::fs::read_to_string(&labels).unwrap();
     assert!(header.starts_with("fine,variant,family\n"), "{header}");
     let table = eval_json(
         dir.path(),
-        &["--embeddings", s(&emb), "--labels", s(&labels), "--recall-at", "1,2"],
+        &[
+            "--embeddings",
+            s(&emb),
+            "--labels",
+            s(&labels),
+            "--recall-at",
+            "1,2",
+        ],
     );
     let ours = table
         .rows
@@ -706,7 +763,10 @@ fn train_resume_embed_eval_round_trip() {
         .find(|r| r.split == "test" && r.metric == "R@1" && r.level == Some(0))
         .unwrap()
         .value;
-    assert!((ours - trainer).abs() < 1e-9, "eval {ours} vs trainer {trainer}");
+    assert!(
+        (ours - trainer).abs() < 1e-9,
+        "eval {ours} vs trainer {trainer}"
+    );
     assert_eq!(Some(trainer), r2.r_at_1_final);
     let n_test = table.num_queries;
     assert_eq!(n_test, 48, "8 test classes × 6 images");
@@ -724,15 +784,32 @@ fn train_resume_embed_eval_round_trip() {
     args.extend(["--split", "gallery", "--out", s(&emb), "-q"]);
     args.extend(set);
     let e = fails(&args);
-    assert!(e.contains("`gallery`") && e.contains("train, test, query"), "{e}");
+    assert!(
+        e.contains("`gallery`") && e.contains("train, test, query"),
+        "{e}"
+    );
     let e = fails(&[
-        "embed", "--config", s(&recipe), "--checkpoint", s(&ckpt), "--split", "test", "--out",
+        "embed",
+        "--config",
+        s(&recipe),
+        "--checkpoint",
+        s(&ckpt),
+        "--split",
+        "test",
+        "--out",
         "emb.txt",
     ]);
     assert!(e.contains("emb.txt") && e.contains(".npy"), "{e}");
     let e = fails(&[
-        "embed", "--config", s(&recipe), "--checkpoint", "nope.safetensors", "--split", "test",
-        "--out", s(&emb),
+        "embed",
+        "--config",
+        s(&recipe),
+        "--checkpoint",
+        "nope.safetensors",
+        "--split",
+        "test",
+        "--out",
+        s(&emb),
     ]);
     assert!(e.contains("nope.safetensors"), "{e}");
 }
@@ -749,8 +826,14 @@ fn train_overrides_and_bad_input_fail_naming_the_problem() {
     };
     // An unknown key (optimizer has backbone / head / loss groups, no `lr`).
     let e = train(&["--set", "epochs=1", "--set", "optimizer.lr=1e-4"]);
-    assert!(e.contains("--set optimizer.lr=1e-4") && e.contains("`lr`"), "{e}");
-    assert!(e.contains("backbone"), "the error lists the known keys: {e}");
+    assert!(
+        e.contains("--set optimizer.lr=1e-4") && e.contains("`lr`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("backbone"),
+        "the error lists the known keys: {e}"
+    );
     let e = train(&["--set", "epochz=1"]);
     assert!(e.contains("--set epochz=1") && e.contains("epochz"), "{e}");
     // A value of the wrong type, an invalid value, a value that is not TOML, no `=`.
@@ -759,19 +842,31 @@ fn train_overrides_and_bad_input_fail_naming_the_problem() {
     let e = train(&["--set", "loss.tau=0.05", "--set", "epochs=0"]);
     assert!(e.contains("--set epochs=0") && e.contains("epochs"), "{e}");
     let e = train(&["--set", "eval.recall_ks=[1,"]);
-    assert!(e.contains("--set eval.recall_ks=[1,") && e.contains("not a TOML value"), "{e}");
+    assert!(
+        e.contains("--set eval.recall_ks=[1,") && e.contains("not a TOML value"),
+        "{e}"
+    );
     let e = train(&["--set", "epochs"]);
     assert!(e.contains("--set epochs") && e.contains("key=value"), "{e}");
     let e = train(&["--set", "epochs.x=1"]);
-    assert!(e.contains("--set epochs.x=1") && e.contains("not a table"), "{e}");
+    assert!(
+        e.contains("--set epochs.x=1") && e.contains("not a table"),
+        "{e}"
+    );
     // A bare word is a string: a loss kind that does not exist is named.
     let e = train(&["--set", "loss.kind=nosuchloss"]);
-    assert!(e.contains("--set loss.kind=nosuchloss") && e.contains("nosuchloss"), "{e}");
+    assert!(
+        e.contains("--set loss.kind=nosuchloss") && e.contains("nosuchloss"),
+        "{e}"
+    );
     // Nothing was trained: no results.
     assert!(!run.join("results.json").exists());
     // --resume without a checkpoint, a missing recipe, a bad recipe, a bad device.
     let e = train(&["--resume"]);
-    assert!(e.contains("checkpoint.safetensors") && e.contains("--resume"), "{e}");
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("--resume"),
+        "{e}"
+    );
     let e = fails(&["train", "--config", "no/such.toml", "-q"]);
     assert!(e.contains("no/such.toml"), "{e}");
     let bad = write(dir.path(), "bad.toml", b"epochs = 1\nepochz = 2\n");
@@ -818,20 +913,34 @@ fn trains_from_pretrained_weights_in_the_hugging_face_cache() {
     let recipe_path = write(dir.path(), "pre.toml", recipe.as_bytes());
     let run = dir.path().join("run");
     let args = [
-        "train", "--config", s(&recipe_path), "--out", s(&run), "-q", "--set", "epochs=1",
+        "train",
+        "--config",
+        s(&recipe_path),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "epochs=1",
     ];
     // Offline and cached: used without the network.
     let out = rankwise_env(
         &args,
         &[("HF_HUB_CACHE", &cache), ("HF_HUB_OFFLINE", Path::new("1"))],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The untrained network is the pretrained one: its checkpoint (after one epoch of training
     // with frozen BN) keeps the pretrained running statistics.
-    let (saved, _) = rankwise::train::checkpoint::load(&run.join("checkpoint.safetensors"), &Device::Cpu)
-        .unwrap();
+    let (saved, _) =
+        rankwise::train::checkpoint::load(&run.join("checkpoint.safetensors"), &Device::Cpu)
+            .unwrap();
     let want: Vec<f32> = tensors["layer2.0.bn1.running_mean"].to_vec1().unwrap();
-    let got: Vec<f32> = saved["model.backbone.layer2.0.bn1.running_mean"].to_vec1().unwrap();
+    let got: Vec<f32> = saved["model.backbone.layer2.0.bn1.running_mean"]
+        .to_vec1()
+        .unwrap();
     assert_eq!(want, got);
     // Not cached, offline: a clear error naming the repository and the cache, no hang.
     let empty = dir.path().join("empty-cache");
@@ -843,7 +952,9 @@ fn trains_from_pretrained_weights_in_the_hugging_face_cache() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{e}");
     assert!(
-        e.contains("hf:someone/tiny-resnet18") && e.contains("empty-cache") && e.contains("HF_HUB_OFFLINE"),
+        e.contains("hf:someone/tiny-resnet18")
+            && e.contains("empty-cache")
+            && e.contains("HF_HUB_OFFLINE"),
         "{e}"
     );
 }
@@ -858,15 +969,35 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
     );
     let root = env!("CARGO_MANIFEST_DIR");
     let out = succeeds(&[
-        "reproduce", "--scale", "tiny", "smooth_ap", "--root", root, "--tables-dir", s(&tables),
-        "--figures-dir", s(&figures), "--runs-dir", s(&runs),
+        "reproduce",
+        "--scale",
+        "tiny",
+        "smooth_ap",
+        "--root",
+        root,
+        "--tables-dir",
+        s(&tables),
+        "--figures-dir",
+        s(&figures),
+        "--runs-dir",
+        s(&runs),
     ]);
     assert!(out.contains("== smooth_ap (tiny)"), "{out}");
     assert!(tables.join("smooth_ap.md").is_file(), "{out}");
     assert!(tables.join("measured").join("smooth_ap_tiny.csv").is_file());
     assert!(std::fs::read_dir(&figures).unwrap().count() > 0);
-    assert!(std::fs::read_dir(&runs).unwrap().count() > 0, "runs are cached");
-    let e = fails(&["reproduce", "--scale", "tiny", "nosuchpaper", "--root", root]);
+    assert!(
+        std::fs::read_dir(&runs).unwrap().count() > 0,
+        "runs are cached"
+    );
+    let e = fails(&[
+        "reproduce",
+        "--scale",
+        "tiny",
+        "nosuchpaper",
+        "--root",
+        root,
+    ]);
     assert!(e.contains("nosuchpaper") && e.contains("smooth_ap"), "{e}");
     let e = fails(&["reproduce", "--scale", "huge", "--root", root]);
     assert!(e.contains("huge"), "{e}");

@@ -365,7 +365,9 @@ fn pretrained_hub_references_resolve_from_the_cache_without_network() {
             .to_string();
         let f = HubFile::parse(missing.strip_prefix("hf:").unwrap()).unwrap();
         assert!(
-            e.contains(&f.repo) && e.contains("HF_HUB_OFFLINE") && e.contains(&*cache.to_string_lossy()),
+            e.contains(&f.repo)
+                && e.contains("HF_HUB_OFFLINE")
+                && e.contains(&*cache.to_string_lossy()),
             "{e}"
         );
     }

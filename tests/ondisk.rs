@@ -453,9 +453,13 @@ fn every_recipe_under_configs_is_valid() {
         if path.parent().unwrap().ends_with("experiments") {
             let recipe = rankwise::experiments::ExperimentRecipe::from_toml_file(path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            for config in [Some(&recipe.tiny), Some(&recipe.quick), recipe.paper.as_ref()]
-                .into_iter()
-                .flatten()
+            for config in [
+                Some(&recipe.tiny),
+                Some(&recipe.quick),
+                recipe.paper.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
             {
                 config
                     .validate()

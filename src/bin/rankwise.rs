@@ -20,13 +20,13 @@
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
     check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
     ResultFormat, ResultRow, ResultTable,
 };
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
-use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::train::{
     load_with_overrides, train_to_dir, DatasetConfig, DeviceChoice, RunOptions, TrainConfig,
     Trainer, RESULTS_FILE,
@@ -714,7 +714,10 @@ fn level_names(config: &TrainConfig, levels: usize) -> Vec<String> {
 fn embed(args: &EmbedArgs) -> Result<()> {
     rankwise::alloc::tune_allocator();
     if ext(&args.out).as_deref() != Some("npy") {
-        bail!("--out {}: write embeddings to a .npy file", args.out.display());
+        bail!(
+            "--out {}: write embeddings to a .npy file",
+            args.out.display()
+        );
     }
     if let Some(l) = &args.labels_out {
         if ext(l).as_deref() != Some("csv") {
@@ -742,11 +745,7 @@ fn embed(args: &EmbedArgs) -> Result<()> {
     if let Some(path) = &args.labels_out {
         let names = level_names(&config, labels.num_levels());
         write_labels_csv(path, &labels, &names)?;
-        println!(
-            "wrote {} ({n} lines: {})",
-            path.display(),
-            names.join(",")
-        );
+        println!("wrote {} ({n} lines: {})", path.display(), names.join(","));
     }
     Ok(())
 }

@@ -89,7 +89,9 @@ pub fn hf_cache_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(home).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
     home.join(".cache").join("huggingface").join("hub")
 }
 

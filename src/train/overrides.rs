@@ -49,7 +49,10 @@ impl Override {
     /// override) when an intermediate key holds a non-table value.
     pub fn apply(&self, table: &mut Table) -> Result<()> {
         let mut current = table;
-        let (last, parents) = self.path.split_last().expect("parse checks a non-empty key");
+        let (last, parents) = self
+            .path
+            .split_last()
+            .expect("parse checks a non-empty key");
         for (depth, part) in parents.iter().enumerate() {
             let entry = current
                 .entry(part.clone())
@@ -180,10 +183,7 @@ mod tests {
             parse_value("fastap").unwrap(),
             Value::String("fastap".into())
         );
-        assert_eq!(
-            parse_value("\"a b\"").unwrap(),
-            Value::String("a b".into())
-        );
+        assert_eq!(parse_value("\"a b\"").unwrap(), Value::String("a b".into()));
         assert!(parse_value("[1, 2").is_err());
         assert!(parse_value("1e-").is_err());
         assert!(Override::parse("epochs").is_err());
@@ -213,7 +213,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("--set optimizer.lr=1e-4") && e.contains("lr"), "{e}");
+        assert!(
+            e.contains("--set optimizer.lr=1e-4") && e.contains("lr"),
+            "{e}"
+        );
         let e = apply_overrides(table.clone(), &["epochs=abc".into()])
             .unwrap_err()
             .to_string();
@@ -225,7 +228,10 @@ mod tests {
         let e = apply_overrides(table, &["epochs.x=1".into()])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("--set epochs.x=1") && e.contains("not a table"), "{e}");
+        assert!(
+            e.contains("--set epochs.x=1") && e.contains("not a table"),
+            "{e}"
+        );
         // A new loss kind drops the old kind's fields and takes its own defaults.
         let c = apply_overrides(
             Table::try_from(TrainConfig::default()).unwrap(),

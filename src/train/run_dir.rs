@@ -55,7 +55,11 @@ pub struct RunOptions {
 /// metrics and checkpoints as the run goes ([`Trainer::fit`]), and `results.json` at the end.
 /// With `options.resume`, training continues from the folder's checkpoint (an error naming it
 /// if it is missing).
-pub fn train_to_dir(mut config: TrainConfig, dir: &Path, options: &RunOptions) -> Result<RunResults> {
+pub fn train_to_dir(
+    mut config: TrainConfig,
+    dir: &Path,
+    options: &RunOptions,
+) -> Result<RunResults> {
     let started = Instant::now();
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     config.output.dir = Some(dir.to_path_buf());
