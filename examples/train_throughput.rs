@@ -4,9 +4,13 @@
 //! ```text
 //! cargo run --example train_throughput -- --model small --size 32 --batch 64 --steps 20
 //! cargo run --example train_throughput -- --model resnet18 --size 224 --batch 64 --steps 3
+//! RAYON_NUM_THREADS=2 cargo run --release --example train_throughput -- --model resnet50 --size 224 --steps 3
 //! ```
 //!
-//! The dev profile already compiles candle (where the time goes) at `opt-level = 3`.
+//! The dev profile already compiles candle (where the time goes) at `opt-level = 3`. The glibc
+//! allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train` does)
+//! unless `--no-malloc-tuning` is given. The PyTorch counterpart is
+//! `benches/train_throughput_vs_torch.py`; results in `benches/train_throughput_vs_torch.md`.
 
 use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
@@ -44,6 +48,9 @@ struct Args {
     /// Freeze BatchNorm.
     #[arg(long)]
     frozen_bn: bool,
+    /// Keep glibc's default allocator settings (to measure what the tuning gives).
+    #[arg(long)]
+    no_malloc_tuning: bool,
 }
 
 /// Mean squared distance of positive pairs minus that of negative pairs (just a differentiable
@@ -70,6 +77,7 @@ impl RankLoss for Contrastive {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let tuned = !args.no_malloc_tuning && rankwise::alloc::tune_allocator();
     let backbone = match args.model.as_str() {
         "small" => BackboneConfig::SmallCnn(SmallCnnConfig {
             widths: args
@@ -128,7 +136,7 @@ fn main() -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{} {}x{} batch {}: {:.1} images/s ({:.3} s/step, {} trainable parameters, {} rayon threads)",
+        "{} {}x{} batch {}: {:.1} images/s ({:.3} s/step, {} trainable parameters, {} rayon threads, malloc tuning {})",
         args.model,
         args.size,
         args.size,
@@ -136,7 +144,8 @@ fn main() -> Result<()> {
         (args.steps * args.batch) as f64 / secs,
         secs / args.steps as f64,
         params.num_trainable(""),
-        rayon::current_num_threads()
+        rayon::current_num_threads(),
+        if tuned { "on" } else { "off" }
     );
     Ok(())
 }

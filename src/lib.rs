@@ -9,6 +9,7 @@
 //! relevance functions, [`metrics`] scores one ranked list, and [`retrieval`] ranks every query
 //! against the references exactly, in chunks, and accumulates the metrics.
 
+pub mod alloc;
 pub mod data;
 pub mod error;
 pub mod experiments;

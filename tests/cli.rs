@@ -16,11 +16,26 @@ use std::process::{Command, Output};
 /// The R@k list used by the tests (the SOP default 1,10,100,1000 would exceed 600 items).
 const RECALL_AT: &str = "1,2,4,8";
 
+/// The binary under test: `$RANKWISE_BIN` if set (e.g. a release build), else the one cargo
+/// built for these tests.
+fn bin() -> PathBuf {
+    std::env::var_os("RANKWISE_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_rankwise")))
+}
+
 fn rankwise(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_rankwise"))
-        .args(args)
-        .output()
-        .expect("cannot run the rankwise binary")
+    rankwise_env(args, &[])
+}
+
+/// Runs the binary with extra environment variables.
+fn rankwise_env(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut cmd = Command::new(bin());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("cannot run the rankwise binary")
 }
 
 /// Runs the binary, expecting success; returns stdout.
@@ -584,4 +599,408 @@ fn fortran_order_npy_matches_c_order_through_the_reader() {
         .unwrap();
     assert_eq!(a, vec![vec![1., 2.], vec![3., 4.], vec![5., 6.]]);
     assert_eq!(a, b);
+}
+
+/// A recipe small enough for a test (seconds): 16 fine classes × 6 images of 16 × 16 of the
+/// embedded dataset, a two-stage small CNN, Smooth-AP.
+const TINY_RECIPE: &str = r#"
+seed = 3
+epochs = 2
+[data]
+families = 2
+variants_per_family = 2
+fine_per_variant = 4
+images_per_class = 6
+image_size = 16
+[model.backbone]
+kind = "small_cnn"
+widths = [4, 8]
+[model.head]
+dim = 16
+[loss]
+kind = "smooth_ap"
+tau = 0.01
+[sampler]
+kind = "m_per_class"
+batch_size = 8
+samples_per_class = 2
+[eval]
+recall_ks = [1, 2]
+batch_size = 32
+"#;
+
+fn read_run_results(dir: &Path) -> rankwise::train::RunResults {
+    rankwise::train::read_results(dir).unwrap()
+}
+
+#[test]
+fn train_resume_embed_eval_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    let out = succeeds(&[
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "epochs=1",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
+    ]);
+    assert!(out.contains("R@1"), "{out}");
+    // The resolved configuration, the metrics, the checkpoint and the results are there.
+    let config = rankwise::train::TrainConfig::from_toml_file(run.join("config.toml")).unwrap();
+    assert_eq!(config.epochs, 1);
+    assert_eq!(config.optimizer.head.lr, 5e-3);
+    assert!(std::fs::read_to_string(run.join("config.toml"))
+        .unwrap()
+        .contains("tau = 0.05"));
+    for f in [
+        "metrics.csv",
+        "metrics.parquet",
+        "checkpoint.safetensors",
+        "results.json",
+    ] {
+        assert!(run.join(f).is_file(), "{f} missing");
+    }
+    let r1 = read_run_results(&run);
+    assert_eq!((r1.epochs, r1.final_epoch), (1, 1));
+    let (before, after) = (r1.r_at_1_untrained.unwrap(), r1.r_at_1_final.unwrap());
+    assert!((0.0..=1.0).contains(&before) && (0.0..=1.0).contains(&after));
+    assert!(!r1.untrained_metrics.is_empty() && !r1.final_metrics.is_empty());
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(csv.lines().count() > 5 && csv.contains("R@1"), "{csv}");
+
+    // Resume for one more epoch: the log goes on, the untrained evaluation is kept.
+    succeeds(&[
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--resume",
+        "--set",
+        "epochs=2",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
+    ]);
+    let r2 = read_run_results(&run);
+    assert_eq!((r2.epochs, r2.final_epoch), (2, 2));
+    assert_eq!(r2.r_at_1_untrained, Some(before));
+    // Another loss than the checkpoint's: refused, naming the field.
+    let e = fails(&[
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--resume",
+        "--set",
+        "epochs=3",
+    ]);
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("`loss`"),
+        "{e}"
+    );
+
+    // Embed the test split with the checkpoint, then evaluate the files with `rankwise eval`:
+    // the same R@1 as the trainer's own final evaluation.
+    let emb = dir.path().join("emb.npy");
+    let labels = dir.path().join("labels.csv");
+    let set = [
+        "--set",
+        "epochs=2",
+        "--set",
+        "loss.tau=0.05",
+        "--set",
+        "optimizer.head.lr=5e-3",
+    ];
+    let mut args = vec!["embed", "--config", s(&recipe), "--checkpoint"];
+    let ckpt = run.join("checkpoint.safetensors");
+    args.extend([
+        s(&ckpt),
+        "--split",
+        "test",
+        "--out",
+        s(&emb),
+        "--labels-out",
+        s(&labels),
+        "-q",
+    ]);
+    args.extend(set);
+    succeeds(&args);
+    let header = std::fs::read_to_string(&labels).unwrap();
+    assert!(header.starts_with("fine,variant,family\n"), "{header}");
+    let table = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&emb),
+            "--labels",
+            s(&labels),
+            "--recall-at",
+            "1,2",
+        ],
+    );
+    let ours = table
+        .rows
+        .iter()
+        .find(|r| r.metric == "R@1" && r.level == Some(0))
+        .unwrap()
+        .value;
+    let trainer = r2
+        .final_metrics
+        .iter()
+        .find(|r| r.split == "test" && r.metric == "R@1" && r.level == Some(0))
+        .unwrap()
+        .value;
+    assert!(
+        (ours - trainer).abs() < 1e-9,
+        "eval {ours} vs trainer {trainer}"
+    );
+    assert_eq!(Some(trainer), r2.r_at_1_final);
+    let n_test = table.num_queries;
+    assert_eq!(n_test, 48, "8 test classes × 6 images");
+
+    // The training split has the other half of the classes.
+    let train_emb = dir.path().join("train.npy");
+    let mut args = vec!["embed", "--config", s(&recipe), "--checkpoint", s(&ckpt)];
+    args.extend(["--split", "train", "--out", s(&train_emb), "-q"]);
+    args.extend(set);
+    succeeds(&args);
+    let t = rankwise::io::read_npy(&train_emb).unwrap();
+    assert_eq!(t.dims(), &[48, 16]);
+    // No gallery in this protocol; a wrong output extension; a missing checkpoint.
+    let mut args = vec!["embed", "--config", s(&recipe), "--checkpoint", s(&ckpt)];
+    args.extend(["--split", "gallery", "--out", s(&emb), "-q"]);
+    args.extend(set);
+    let e = fails(&args);
+    assert!(
+        e.contains("`gallery`") && e.contains("train, test, query"),
+        "{e}"
+    );
+    let e = fails(&[
+        "embed",
+        "--config",
+        s(&recipe),
+        "--checkpoint",
+        s(&ckpt),
+        "--split",
+        "test",
+        "--out",
+        "emb.txt",
+    ]);
+    assert!(e.contains("emb.txt") && e.contains(".npy"), "{e}");
+    let e = fails(&[
+        "embed",
+        "--config",
+        s(&recipe),
+        "--checkpoint",
+        "nope.safetensors",
+        "--split",
+        "test",
+        "--out",
+        s(&emb),
+    ]);
+    assert!(e.contains("nope.safetensors"), "{e}");
+}
+
+#[test]
+fn train_overrides_and_bad_input_fail_naming_the_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--config", s(&recipe), "--out", s(&run), "-q"];
+        a.extend_from_slice(extra);
+        fails(&a)
+    };
+    // An unknown key (optimizer has backbone / head / loss groups, no `lr`).
+    let e = train(&["--set", "epochs=1", "--set", "optimizer.lr=1e-4"]);
+    assert!(
+        e.contains("--set optimizer.lr=1e-4") && e.contains("`lr`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("backbone"),
+        "the error lists the known keys: {e}"
+    );
+    let e = train(&["--set", "epochz=1"]);
+    assert!(e.contains("--set epochz=1") && e.contains("epochz"), "{e}");
+    // A value of the wrong type, an invalid value, a value that is not TOML, no `=`.
+    let e = train(&["--set", "epochs=abc"]);
+    assert!(e.contains("--set epochs=abc"), "{e}");
+    let e = train(&["--set", "loss.tau=0.05", "--set", "epochs=0"]);
+    assert!(e.contains("--set epochs=0") && e.contains("epochs"), "{e}");
+    let e = train(&["--set", "eval.recall_ks=[1,"]);
+    assert!(
+        e.contains("--set eval.recall_ks=[1,") && e.contains("not a TOML value"),
+        "{e}"
+    );
+    let e = train(&["--set", "epochs"]);
+    assert!(e.contains("--set epochs") && e.contains("key=value"), "{e}");
+    let e = train(&["--set", "epochs.x=1"]);
+    assert!(
+        e.contains("--set epochs.x=1") && e.contains("not a table"),
+        "{e}"
+    );
+    // A bare word is a string: a loss kind that does not exist is named.
+    let e = train(&["--set", "loss.kind=nosuchloss"]);
+    assert!(
+        e.contains("--set loss.kind=nosuchloss") && e.contains("nosuchloss"),
+        "{e}"
+    );
+    // Nothing was trained: no results.
+    assert!(!run.join("results.json").exists());
+    // --resume without a checkpoint, a missing recipe, a bad recipe, a bad device.
+    let e = train(&["--resume"]);
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("--resume"),
+        "{e}"
+    );
+    let e = fails(&["train", "--config", "no/such.toml", "-q"]);
+    assert!(e.contains("no/such.toml"), "{e}");
+    let bad = write(dir.path(), "bad.toml", b"epochs = 1\nepochz = 2\n");
+    let e = fails(&["train", "--config", s(&bad), "-q"]);
+    assert!(e.contains("bad.toml") && e.contains("epochz"), "{e}");
+    let e = train(&["--device", "gpu"]);
+    assert!(e.contains("--device") && e.contains("gpu"), "{e}");
+}
+
+#[test]
+fn trains_from_pretrained_weights_in_the_hugging_face_cache() {
+    use candle_core::DType;
+    use rankwise::models::{ParamStore, ResNet, ResNetConfig, ResNetDepth};
+    let dir = tempfile::tempdir().unwrap();
+    // A miniature ResNet-18 state dict with torchvision's names, in a fake HF cache, as
+    // `huggingface_hub` lays it out: refs/main holds the commit of the snapshot.
+    let mut cfg = ResNetConfig::new(ResNetDepth::Resnet18, true);
+    cfg.base_width = 2;
+    let store = ParamStore::new(11);
+    ResNet::new(&cfg, store.var_builder(DType::F32, &Device::Cpu)).unwrap();
+    let mut tensors: std::collections::HashMap<String, Tensor> = store
+        .all()
+        .into_iter()
+        .map(|(n, v)| (n, v.as_tensor().copy().unwrap()))
+        .collect();
+    tensors.insert(
+        "fc.weight".into(),
+        Tensor::zeros((10, 16), DType::F32, &Device::Cpu).unwrap(),
+    );
+    let cache = dir.path().join("hub");
+    let repo = cache.join("models--someone--tiny-resnet18");
+    let snapshot = repo.join("snapshots").join("0123abcd");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), "0123abcd").unwrap();
+    candle_core::safetensors::save(&tensors, snapshot.join("model.safetensors")).unwrap();
+    let recipe = format!(
+        "pretrained = \"hf:someone/tiny-resnet18/model.safetensors\"\ninput_norm = \"imagenet\"\n{}",
+        TINY_RECIPE.replace(
+            "kind = \"small_cnn\"\nwidths = [4, 8]",
+            "kind = \"resnet\"\ndepth = \"resnet18\"\nbase_width = 2\nfrozen_bn = true",
+        )
+    );
+    let recipe_path = write(dir.path(), "pre.toml", recipe.as_bytes());
+    let run = dir.path().join("run");
+    let args = [
+        "train",
+        "--config",
+        s(&recipe_path),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "epochs=1",
+    ];
+    // Offline and cached: used without the network.
+    let out = rankwise_env(
+        &args,
+        &[("HF_HUB_CACHE", &cache), ("HF_HUB_OFFLINE", Path::new("1"))],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The untrained network is the pretrained one: its checkpoint (after one epoch of training
+    // with frozen BN) keeps the pretrained running statistics.
+    let (saved, _) =
+        rankwise::train::checkpoint::load(&run.join("checkpoint.safetensors"), &Device::Cpu)
+            .unwrap();
+    let want: Vec<f32> = tensors["layer2.0.bn1.running_mean"].to_vec1().unwrap();
+    let got: Vec<f32> = saved["model.backbone.layer2.0.bn1.running_mean"]
+        .to_vec1()
+        .unwrap();
+    assert_eq!(want, got);
+    // Not cached, offline: a clear error naming the repository and the cache, no hang.
+    let empty = dir.path().join("empty-cache");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = rankwise_env(
+        &args,
+        &[("HF_HUB_CACHE", &empty), ("HF_HUB_OFFLINE", Path::new("1"))],
+    );
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("hf:someone/tiny-resnet18")
+            && e.contains("empty-cache")
+            && e.contains("HF_HUB_OFFLINE"),
+        "{e}"
+    );
+}
+
+#[test]
+fn reproduce_tiny_writes_one_paper_into_given_folders() {
+    let dir = tempfile::tempdir().unwrap();
+    let (tables, figures, runs) = (
+        dir.path().join("tables"),
+        dir.path().join("figures"),
+        dir.path().join("runs"),
+    );
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = succeeds(&[
+        "reproduce",
+        "--scale",
+        "tiny",
+        "smooth_ap",
+        "--root",
+        root,
+        "--tables-dir",
+        s(&tables),
+        "--figures-dir",
+        s(&figures),
+        "--runs-dir",
+        s(&runs),
+    ]);
+    assert!(out.contains("== smooth_ap (tiny)"), "{out}");
+    assert!(tables.join("smooth_ap.md").is_file(), "{out}");
+    assert!(tables.join("measured").join("smooth_ap_tiny.csv").is_file());
+    assert!(std::fs::read_dir(&figures).unwrap().count() > 0);
+    assert!(
+        std::fs::read_dir(&runs).unwrap().count() > 0,
+        "runs are cached"
+    );
+    let e = fails(&[
+        "reproduce",
+        "--scale",
+        "tiny",
+        "nosuchpaper",
+        "--root",
+        root,
+    ]);
+    assert!(e.contains("nosuchpaper") && e.contains("smooth_ap"), "{e}");
+    let e = fails(&["reproduce", "--scale", "huge", "--root", root]);
+    assert!(e.contains("huge"), "{e}");
+    let e = fails(&["reproduce", "--scale", "tiny", "--root", s(dir.path())]);
+    assert!(e.contains("configs/experiments"), "{e}");
 }

@@ -328,3 +328,59 @@ fn pretrained_weights_load_by_torchvision_name() {
         .to_string();
     assert!(e.contains("`bn1.weight` contains NaN"), "{e}");
 }
+
+#[test]
+fn pretrained_hub_references_resolve_from_the_cache_without_network() {
+    use rankwise::models::pretrained::{resolve_in, HubFile};
+    use std::path::Path;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("hub");
+    // The layout of huggingface_hub's cache: refs/<revision> names the snapshot's commit.
+    let repo = cache.join("models--org--resnet-tiny");
+    let commit = "d3adb33f";
+    let snap = repo.join("snapshots").join(commit).join("sub");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), format!("{commit}\n")).unwrap();
+    std::fs::write(snap.join("w.safetensors"), b"x").unwrap();
+    let want = snap.join("w.safetensors");
+    let spec = Path::new("hf:org/resnet-tiny/sub/w.safetensors");
+    // Cached: found whether or not the network may be used (it is never tried).
+    assert_eq!(resolve_in(spec, &cache, true).unwrap(), want);
+    assert_eq!(resolve_in(spec, &cache, false).unwrap(), want);
+    // A revision given as the commit itself.
+    let by_commit = Path::new("hf:org/resnet-tiny@d3adb33f/sub/w.safetensors");
+    assert_eq!(resolve_in(by_commit, &cache, true).unwrap(), want);
+    // A local path is itself.
+    let local = Path::new("weights/r50.safetensors");
+    assert_eq!(resolve_in(local, &cache, true).unwrap(), local);
+    // Not cached and offline: an error naming the reference and the cache folder.
+    for missing in [
+        "hf:org/resnet-tiny/other.safetensors",
+        "hf:org/resnet-tiny@v2/sub/w.safetensors",
+        "hf:org/absent/w.safetensors",
+    ] {
+        let e = resolve_in(Path::new(missing), &cache, true)
+            .unwrap_err()
+            .to_string();
+        let f = HubFile::parse(missing.strip_prefix("hf:").unwrap()).unwrap();
+        assert!(
+            e.contains(&f.repo)
+                && e.contains("HF_HUB_OFFLINE")
+                && e.contains(&*cache.to_string_lossy()),
+            "{e}"
+        );
+    }
+    // Without the `hub` feature, a file that is not cached cannot be fetched: said so at once.
+    #[cfg(not(feature = "hub"))]
+    {
+        let e = resolve_in(Path::new("hf:org/absent/w.safetensors"), &cache, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--features hub"), "{e}");
+    }
+    let e = resolve_in(Path::new("hf:org-only"), &cache, true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("hf:org-only") && e.contains("pretrained"), "{e}");
+}

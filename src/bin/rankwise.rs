@@ -1,6 +1,12 @@
-//! `rankwise`: evaluate retrieval embeddings from the command line.
+//! `rankwise`: train embedding networks, embed images, evaluate retrieval embeddings and
+//! reproduce the papers' tables from the command line.
 //!
 //! ```text
+//! rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --set epochs=3
+//! rankwise embed --config configs/embedded_smooth_ap.toml --checkpoint runs/sap/checkpoint.safetensors \
+//!                --split test --out emb.npy --labels-out labels.csv
+//! rankwise eval --embeddings emb.npy --labels labels.csv --recall-at 1,2,4,8
+//! rankwise reproduce --scale quick smooth_ap
 //! rankwise eval --example                        # a synthetic SOP-like set, in memory
 //! rankwise gen-embeddings --preset small --out-dir demo
 //! rankwise eval --embeddings demo/embeddings.npy --labels demo/labels.csv --out results.json
@@ -14,12 +20,17 @@
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
     check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
     ResultFormat, ResultRow, ResultTable,
 };
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
+use rankwise::train::{
+    load_with_overrides, train_to_dir, DatasetConfig, DeviceChoice, RunOptions, TrainConfig,
+    Trainer, RESULTS_FILE,
+};
 use rankwise::Relevance;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,8 +41,9 @@ use std::time::Instant;
 #[command(
     name = "rankwise",
     version,
-    about = "Exact retrieval metrics (mAP, mAP@R, R@k, H-AP, ASI, NDCG) for embeddings with \
-             hierarchical labels"
+    about = "Rank-based learning for image retrieval: train embedding networks (Smooth-AP, \
+             FastAP, RaMBO, HAPPIER, …), embed images, and compute exact retrieval metrics \
+             (mAP, mAP@R, R@k, H-AP, ASI, NDCG) for embeddings with hierarchical labels"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -44,6 +56,98 @@ enum Command {
     Eval(Box<EvalArgs>),
     /// Write a synthetic SOP-shaped set (embeddings.npy + labels.csv) to show the file formats.
     GenEmbeddings(GenArgs),
+    /// Train an embedding network from a TOML recipe into a run folder (config.toml,
+    /// metrics.csv/.parquet, checkpoint.safetensors, results.json).
+    Train(TrainArgs),
+    /// Embed the images of one split with a trained checkpoint (.npy + labels .csv, the files
+    /// `rankwise eval` reads).
+    Embed(EmbedArgs),
+    /// Regenerate the papers' tables and figures (Smooth-AP, FastAP, RaMBO, HAPPIER) at a scale.
+    Reproduce(ReproduceArgs),
+}
+
+#[derive(Args, Debug)]
+struct TrainArgs {
+    /// The TOML recipe (see configs/; e.g. configs/embedded_smooth_ap.toml).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Override a key of the recipe: dotted TOML key = TOML value (a bare word is a string),
+    /// e.g. --set epochs=3 --set optimizer.backbone.lr=1e-4 --set loss.tau=0.05. Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Run folder (default: runs/<recipe name>).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Continue the run in --out from its checkpoint.safetensors (same recipe; `epochs` may grow).
+    #[arg(long)]
+    resume: bool,
+    /// Device: cpu, cuda or auto (overrides the recipe's `device`).
+    #[arg(long)]
+    device: Option<String>,
+    /// No progress bars and no information lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct EmbedArgs {
+    /// The recipe the checkpoint was trained with (its data and model; `--set` as for train).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Override a key of the recipe (as for `rankwise train`). Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// The checkpoint (a run folder's checkpoint.safetensors).
+    #[arg(long, value_name = "FILE")]
+    checkpoint: PathBuf,
+    /// Which images: train, test (a test set ranked against itself), or query / gallery (a test
+    /// set with a separate gallery, e.g. In-Shop).
+    #[arg(long, value_enum)]
+    split: SplitArg,
+    /// Embeddings file to write (.npy, float32, one row per image), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// Labels file to write (.csv with a header, finest level first), atomically.
+    #[arg(long, value_name = "FILE")]
+    labels_out: Option<PathBuf>,
+    /// Device: cpu, cuda or auto (overrides the recipe's `device`).
+    #[arg(long)]
+    device: Option<String>,
+    /// No progress bar and no information lines on stderr.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SplitArg {
+    Train,
+    Test,
+    Query,
+    Gallery,
+}
+
+#[derive(Args, Debug)]
+struct ReproduceArgs {
+    /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
+    /// embedded dataset on the CPU, minutes) or paper (the papers' data and recipes; needs the
+    /// data and a GPU). Default: $RANKWISE_SCALE, else quick.
+    #[arg(long, value_name = "SCALE")]
+    scale: Option<String>,
+    /// Papers to reproduce (default: all): smooth_ap, fastap, rambo, happier.
+    papers: Vec<String>,
+    /// Folder for the tables (default: paper_tables/, or target/reproduce-tiny/paper_tables/ at
+    /// the tiny scale).
+    #[arg(long, value_name = "DIR")]
+    tables_dir: Option<PathBuf>,
+    /// Folder for the figures (default: figures/, or target/reproduce-tiny/figures/ at tiny).
+    #[arg(long, value_name = "DIR")]
+    figures_dir: Option<PathBuf>,
+    /// Run cache (default: target/rankwise-runs/<scale>/).
+    #[arg(long, value_name = "DIR")]
+    runs_dir: Option<PathBuf>,
+    /// The repository root holding configs/experiments/ and paper_tables/published/.
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    root: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -198,6 +302,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Eval(args) => eval(&args),
         Command::GenEmbeddings(args) => gen_embeddings(&args),
+        Command::Train(args) => train(&args),
+        Command::Embed(args) => embed(&args),
+        Command::Reproduce(args) => reproduce(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -532,4 +639,141 @@ fn quote(path: &Path) -> String {
     } else {
         s
     }
+}
+
+/// The recipe with its `--set` overrides and `--device`.
+fn load_recipe(path: &Path, set: &[String], device: Option<&str>) -> Result<TrainConfig> {
+    let mut config = load_with_overrides(path, set)?;
+    if let Some(d) = device {
+        config.device = DeviceChoice::parse(d).context("--device")?;
+    }
+    Ok(config)
+}
+
+fn train(args: &TrainArgs) -> Result<()> {
+    rankwise::alloc::tune_allocator();
+    let started = Instant::now();
+    let mut config = load_recipe(&args.config, &args.set, args.device.as_deref())?;
+    config.progress = !args.quiet;
+    let out = match &args.out {
+        Some(dir) => dir.clone(),
+        None => {
+            let stem = args
+                .config
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_else(|| "run".into());
+            PathBuf::from("runs").join(stem)
+        }
+    };
+    if !args.quiet {
+        eprintln!(
+            "training {} epoch(s) from {}{} into {} ({} rayon threads)",
+            config.epochs,
+            args.config.display(),
+            if args.set.is_empty() {
+                String::new()
+            } else {
+                format!(" with {}", args.set.join(" "))
+            },
+            out.display(),
+            rayon::current_num_threads()
+        );
+    }
+    let options = RunOptions {
+        recipe: Some(args.config.clone()),
+        resume: args.resume,
+    };
+    let results = train_to_dir(config, &out, &options)?;
+    let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    println!(
+        "R@1 (fine, first test split): untrained {} → epoch {} {}",
+        fmt(results.r_at_1_untrained),
+        results.final_epoch,
+        fmt(results.r_at_1_final)
+    );
+    println!(
+        "wrote {} ({} epochs, {} steps) in {:.1} s",
+        out.join(RESULTS_FILE).display(),
+        results.epochs,
+        results.steps,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Column names of the label file: the embedded dataset's levels by name, otherwise
+/// `level0` (finest), `level1`, ….
+fn level_names(config: &TrainConfig, levels: usize) -> Vec<String> {
+    if config.dataset == DatasetConfig::Embedded && levels == 3 {
+        return ["fine", "variant", "family"].map(String::from).to_vec();
+    }
+    (0..levels).map(|l| format!("level{l}")).collect()
+}
+
+fn embed(args: &EmbedArgs) -> Result<()> {
+    rankwise::alloc::tune_allocator();
+    if ext(&args.out).as_deref() != Some("npy") {
+        bail!(
+            "--out {}: write embeddings to a .npy file",
+            args.out.display()
+        );
+    }
+    if let Some(l) = &args.labels_out {
+        if ext(l).as_deref() != Some("csv") {
+            bail!("--labels-out {}: write labels to a .csv file", l.display());
+        }
+    }
+    if !args.checkpoint.is_file() {
+        bail!("--checkpoint {}: no such file", args.checkpoint.display());
+    }
+    let mut config = load_recipe(&args.config, &args.set, args.device.as_deref())?;
+    config.progress = !args.quiet;
+    config.output.dir = None;
+    config.resume = Some(args.checkpoint.clone());
+    let split = match args.split {
+        SplitArg::Train => "train",
+        SplitArg::Test => "test",
+        SplitArg::Query => "query",
+        SplitArg::Gallery => "gallery",
+    };
+    let trainer = Trainer::from_config(config.clone())?;
+    let (embeddings, labels) = trainer.embed_split(split)?;
+    write_npy(&args.out, &embeddings)?;
+    let (n, d) = embeddings.dims2()?;
+    println!("wrote {} ({n} × {d} float32)", args.out.display());
+    if let Some(path) = &args.labels_out {
+        let names = level_names(&config, labels.num_levels());
+        write_labels_csv(path, &labels, &names)?;
+        println!("wrote {} ({n} lines: {})", path.display(), names.join(","));
+    }
+    Ok(())
+}
+
+fn reproduce(args: &ReproduceArgs) -> Result<()> {
+    rankwise::alloc::tune_allocator();
+    let scale: Scale = match &args.scale {
+        Some(s) => s.parse().context("--scale")?,
+        None => experiments::scale_from_env(Scale::Quick)?,
+    };
+    let started = Instant::now();
+    let mut dirs = ReproduceDirs::defaults(&args.root, scale);
+    if let Some(t) = &args.tables_dir {
+        dirs.tables = t.clone();
+    }
+    if let Some(f) = &args.figures_dir {
+        dirs.figures = f.clone();
+    }
+    if let Some(r) = &args.runs_dir {
+        dirs.runs = Some(r.clone());
+    }
+    experiments::reproduce(&args.papers, scale, &dirs, true, &mut std::io::stdout())?;
+    println!("done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The lower-case extension of `path`.
+fn ext(path: &Path) -> Option<String> {
+    path.extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
 }

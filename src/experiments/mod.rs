@@ -166,3 +166,89 @@ pub fn write_measurements(
     }
     crate::io::write_atomically(&md_path, |w| w.write_all(md.as_bytes()))
 }
+
+/// Where [`reproduce`] reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReproduceDirs {
+    /// The repository root: `configs/experiments/` and `paper_tables/published/` are read there.
+    pub root: std::path::PathBuf,
+    /// Tables (`<paper>.md`, `<paper>/<table>.{csv,md}`, `measured/`).
+    pub tables: std::path::PathBuf,
+    /// Figures (`<paper>_*.{png,svg}`).
+    pub figures: std::path::PathBuf,
+    /// The run cache (`None`: no cache).
+    pub runs: Option<std::path::PathBuf>,
+}
+
+impl ReproduceDirs {
+    /// The default folders under `root` for `scale`: `paper_tables/` and `figures/`, or, at the
+    /// `tiny` scale (numbers meaningless), `target/reproduce-tiny/{paper_tables,figures}` so the
+    /// committed tables are never overwritten; runs cached in `target/rankwise-runs/<scale>/`.
+    pub fn defaults(root: &Path, scale: Scale) -> Self {
+        let (tables, figures) = if scale == Scale::Tiny {
+            let base = root.join("target").join("reproduce-tiny");
+            (base.join("paper_tables"), base.join("figures"))
+        } else {
+            (root.join("paper_tables"), root.join("figures"))
+        };
+        ReproduceDirs {
+            root: root.to_path_buf(),
+            tables,
+            figures,
+            runs: Some(
+                root.join("target")
+                    .join("rankwise-runs")
+                    .join(scale.as_str()),
+            ),
+        }
+    }
+}
+
+/// Regenerates the tables and figures of `papers` (all of [`PAPERS`] when empty) at `scale`:
+/// [`reproduce_paper`] then [`write_paper`] for each, printing the claims and the files written
+/// to `out`. What `rankwise reproduce` and `examples/reproduce.rs` run.
+pub fn reproduce(
+    papers: &[String],
+    scale: Scale,
+    dirs: &ReproduceDirs,
+    verbose: bool,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let all: Vec<String> = PAPERS.iter().map(|p| p.to_string()).collect();
+    let papers = if papers.is_empty() { &all[..] } else { papers };
+    // Reject an unknown paper before any training.
+    for paper in papers {
+        if !PAPERS.contains(&paper.as_str()) {
+            return Err(Error::invalid(
+                "paper",
+                format!("`{paper}`: expected one of {}", PAPERS.join(", ")),
+            ));
+        }
+    }
+    let recipes = dirs.root.join("configs").join("experiments");
+    if !recipes.is_dir() {
+        return Err(Error::file(
+            &recipes,
+            "no experiment recipes here: run from the repository root or give its path",
+        ));
+    }
+    let runner = Runner::new(dirs.runs.clone(), verbose);
+    let io = |e: std::io::Error| Error::invalid("output", e.to_string());
+    for paper in papers {
+        writeln!(
+            out,
+            "== {paper} ({scale}) — runs not in the cache train now, one line each"
+        )
+        .map_err(io)?;
+        let r = reproduce_paper(paper, &dirs.root, &runner, scale)?;
+        let (page, figures) = write_paper(&dirs.tables, &dirs.figures, &r)?;
+        for c in &r.claims {
+            writeln!(out, "  {}: {} ({})", c.claim, c.verdict(), c.evidence).map_err(io)?;
+        }
+        writeln!(out, "  tables: {}", page.display()).map_err(io)?;
+        for f in figures {
+            writeln!(out, "  figure: {}", f.display()).map_err(io)?;
+        }
+    }
+    Ok(())
+}

@@ -12,6 +12,7 @@ mod cpu_ops;
 pub mod head;
 pub mod layers;
 pub mod params;
+pub mod pretrained;
 pub mod resnet;
 pub mod small_cnn;
 

@@ -384,7 +384,8 @@ pub struct TrainConfig {
     pub input_norm: InputNorm,
     /// The network.
     pub model: EmbeddingNetConfig,
-    /// Pretrained backbone weights (`.safetensors` with torchvision names), if any.
+    /// Pretrained backbone weights (`.safetensors` with torchvision names), if any: a local path
+    /// or `hf:<owner>/<repo>[@revision]/<file>` ([`crate::models::pretrained`]).
     pub pretrained: Option<PathBuf>,
     /// The batch sampler.
     pub sampler: SamplerConfig,

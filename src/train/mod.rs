@@ -10,6 +10,8 @@ pub mod data;
 pub mod large_batch;
 pub mod log;
 pub mod optim;
+pub mod overrides;
+pub mod run_dir;
 pub mod schedule;
 pub mod trainer;
 
@@ -22,5 +24,7 @@ pub use data::{
 };
 pub use log::{LogRow, MetricsLog};
 pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
+pub use overrides::{apply_overrides, load_with_overrides, Override};
+pub use run_dir::{read_results, train_to_dir, RunOptions, RunResults, CONFIG_FILE, RESULTS_FILE};
 pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
 pub use trainer::{run, run_config, EpochSummary, Evaluation, TrainReport, Trainer};

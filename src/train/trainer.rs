@@ -206,8 +206,8 @@ impl<'a> Trainer<'a> {
         let device = config.device.device()?;
         let params = ParamStore::new(config.seed);
         let model = EmbeddingNet::new(&config.model, params.var_builder(DType::F32, &device))?;
-        if let Some(path) = &config.pretrained {
-            params.load_safetensors(path, BACKBONE_PREFIX)?;
+        if let Some(spec) = &config.pretrained {
+            crate::models::pretrained::load_backbone(&params, spec)?;
         }
         if config.large_batch_chunk.is_some() && model.uses_batch_statistics() {
             return Err(Error::invalid(
@@ -480,6 +480,42 @@ impl<'a> Trainer<'a> {
         }
         pb.finish_and_clear();
         Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    /// The images of `split`: `train` (the training images, evaluation transform), `test` (the
+    /// first test set when its queries are ranked against each other), `query` / `gallery` (the
+    /// first test set's queries and gallery; `query` is also the whole test set when it has no
+    /// gallery). Errors name the split and say which ones the dataset has.
+    pub fn split_source(&self, split: &str) -> Result<Arc<dyn ImageSource>> {
+        let first = &self.test.sets()[0];
+        let has_gallery = first.gallery.is_some();
+        let available = if has_gallery {
+            "train, query, gallery"
+        } else {
+            "train, test, query"
+        };
+        match split {
+            "train" => Ok(Arc::clone(&self.train)),
+            "test" if !has_gallery => Ok(Arc::clone(&first.queries)),
+            "query" => Ok(Arc::clone(&first.queries)),
+            "gallery" if has_gallery => Ok(Arc::clone(first.gallery.as_ref().expect("checked"))),
+            other => Err(Error::invalid(
+                "split",
+                format!(
+                    "`{other}` is not a split of this dataset's test protocol (`{}`); use one \
+                     of: {available}",
+                    first.split
+                ),
+            )),
+        }
+    }
+
+    /// Embeddings (`N × D`, on the CPU) and labels of every image of `split`
+    /// ([`Trainer::split_source`]), in evaluation mode.
+    pub fn embed_split(&self, split: &str) -> Result<(Tensor, crate::hierarchy::Labels)> {
+        let source = self.split_source(split)?;
+        let embeddings = self.embed(source.as_ref())?.to_device(&Device::Cpu)?;
+        Ok((embeddings, source.labels().clone()))
     }
 
     /// Retrieval evaluation on the dataset's test protocol ([`TestProtocol`]), logged at the
