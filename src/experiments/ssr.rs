@@ -321,7 +321,7 @@ fn select(
                 first,
             )?);
             let score = validate(&model)?;
-            eprintln!(
+            println!(
                 "  ssr {:?}: λ = {lambda}, T = {}: {} iterations, last loss {:.4}, validation {score:.4}",
                 model.task,
                 stage.steps,
@@ -463,7 +463,7 @@ fn few_shot(
             f.val_episodes,
             f.seed + 1,
         )?;
-        eprintln!(
+        println!(
             "  {shots}-shot validation accuracy of the baseline: {:.4}",
             val_base.mean
         );
@@ -609,7 +609,7 @@ fn retrieval(
         .iter()
         .flat_map(|&l| r.k.iter().map(move |&k| (l, k)))
         .collect();
-    eprintln!(
+    println!(
         "  validation mAP@R of the features: {:.4}",
         scores(&CosineRanking::new(val_x, None)?, val_y)?.0
     );
