@@ -259,3 +259,79 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
     let e = recipe.at(Scale::Paper).unwrap_err().to_string();
     assert!(e.contains("[paper]"), "{e}");
 }
+
+/// The quoted names that follow `call` in `source` (`show_table(&results, "Table 2")` →
+/// `Table 2`).
+fn quoted_after(source: &str, call: &str) -> Vec<String> {
+    source
+        .match_indices(call)
+        .filter_map(|(i, _)| {
+            let rest = &source[i + call.len()..];
+            let start = rest.find('"')? + 1;
+            let end = start + rest[start..].find('"')?;
+            Some(rest[start..end].to_string())
+        })
+        .collect()
+}
+
+/// Every paper notebook names tables and figures that the paper's experiment produces: the
+/// notebooks are not executed by CI (the evcxr build is too slow for it), so this is what keeps a
+/// renamed table or figure from breaking a notebook silently. Each notebook's paper runs through
+/// the same `run_paper` call at the `tiny` scale.
+#[test]
+fn every_paper_notebook_names_what_its_experiment_produces() {
+    use experiments::notebook::{self, NotebookPaths};
+    let out = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let mut seen = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(root().join("notebooks"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ipynb"))
+        .collect();
+    files.sort();
+    for path in files {
+        let nb: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let source: String = nb["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| c["cell_type"] == "code")
+            .flat_map(|c| c["source"].as_array().unwrap().iter())
+            .map(|line| line.as_str().unwrap())
+            .collect();
+        let papers = quoted_after(&source, "notebook::run_paper(");
+        let Some(paper) = papers.first() else {
+            continue; // the quickstart
+        };
+        assert_eq!(papers.len(), 1, "{}", path.display());
+        let mut paths =
+            NotebookPaths::new(root().to_path_buf(), out.path().to_path_buf(), Scale::Tiny);
+        paths.cache = cache.path().to_path_buf();
+        let r = notebook::run_paper(paper, Scale::Tiny, &paths)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        notebook::check_results(&r).unwrap();
+        let tables = quoted_after(&source, "notebook::show_table(&results,");
+        let figures = quoted_after(&source, "notebook::show_figure(&results,");
+        assert!(
+            !tables.is_empty() && !figures.is_empty(),
+            "{}",
+            path.display()
+        );
+        for t in &tables {
+            notebook::table_markdown(&r, t).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+        // The notebook shows every table and figure its paper produces.
+        assert_eq!(tables.len(), r.tables.len(), "{}", path.display());
+        for f in &figures {
+            assert!(r.figure(f).is_some(), "{}: no figure {f}", path.display());
+        }
+        assert_eq!(figures.len(), r.figures.len(), "{}", path.display());
+        seen.push(paper.clone());
+    }
+    seen.sort();
+    let mut all: Vec<String> = experiments::PAPERS.iter().map(|p| p.to_string()).collect();
+    all.sort();
+    assert_eq!(seen, all, "one notebook per paper");
+}
