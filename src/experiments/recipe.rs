@@ -38,21 +38,11 @@ pub struct ExperimentRecipe {
 impl ExperimentRecipe {
     /// Reads a recipe; errors name the file, line and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let recipe: ExperimentRecipe =
-            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
-        for (scale, config) in [
-            (Scale::Tiny, Some(&recipe.tiny)),
-            (Scale::Quick, Some(&recipe.quick)),
-            (Scale::Paper, recipe.paper.as_ref()),
-        ] {
-            if let Some(c) = config {
-                c.validate()
-                    .map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
-            }
-        }
-        Ok(recipe)
+        read_per_scale(
+            path.as_ref(),
+            |r: &ExperimentRecipe| [Some(&r.tiny), Some(&r.quick), r.paper.as_ref()],
+            TrainConfig::validate,
+        )
     }
 
     /// The recipe of `configs/experiments/<paper>.toml` under the repository root `root`.
@@ -74,6 +64,30 @@ impl ExperimentRecipe {
             }),
         }
     }
+}
+
+/// Reads a recipe file with one section per scale (`[tiny]`, `[quick]`, optional `[paper]`,
+/// listed by `scales` in that order) and validates each section present with `validate`; errors
+/// name the file, and the section for a validation error.
+pub(crate) fn read_per_scale<R, C>(
+    path: &Path,
+    scales: impl for<'a> Fn(&'a R) -> [Option<&'a C>; 3],
+    validate: impl Fn(&C) -> Result<()>,
+) -> Result<R>
+where
+    R: serde::de::DeserializeOwned,
+{
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let recipe: R = toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+    for (scale, section) in [Scale::Tiny, Scale::Quick, Scale::Paper]
+        .into_iter()
+        .zip(scales(&recipe))
+    {
+        if let Some(c) = section {
+            validate(c).map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
+        }
+    }
+    Ok(recipe)
 }
 
 /// `configs/experiments/<paper>.toml` under `root`.

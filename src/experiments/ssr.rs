@@ -161,21 +161,11 @@ pub struct RetrievalRecipe {
 impl SsrRecipe {
     /// Reads `configs/experiments/ssr.toml`-like files; errors name the file and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let recipe: SsrRecipe =
-            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
-        for (scale, r) in [
-            (Scale::Tiny, Some(&recipe.tiny)),
-            (Scale::Quick, Some(&recipe.quick)),
-            (Scale::Paper, recipe.paper.as_ref()),
-        ] {
-            if let Some(r) = r {
-                r.validate()
-                    .map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
-            }
-        }
-        Ok(recipe)
+        super::recipe::read_per_scale(
+            path.as_ref(),
+            |r: &SsrRecipe| [Some(&r.tiny), Some(&r.quick), r.paper.as_ref()],
+            SsrScaleRecipe::validate,
+        )
     }
 
     /// The recipe under the repository root.

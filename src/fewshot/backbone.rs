@@ -8,8 +8,8 @@
 //! SSR's backbones are cosine classifiers trained for 120 epochs on the base classes
 //! (Sec. 3.2); here a rank loss on the base classes stands in for them at CPU scale.
 
-use crate::data::source::InMemorySource;
-use crate::data::{few_shot_split, FewShotFractions, ImageSet};
+use crate::data::source::{InMemorySource, Normalization};
+use crate::data::{few_shot_split, FewShotFractions, FewShotSplit, ImageSet};
 use crate::error::Result;
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::RankLoss;
@@ -61,6 +61,33 @@ pub struct BackboneFeatures {
     pub report: Option<TrainReport>,
 }
 
+/// The embedded dataset of `config` split into base, validation and novel classes, with the
+/// input normalisation of the base images (every part is normalised like the images the
+/// backbone trains on).
+struct SplitImages {
+    split: FewShotSplit,
+    base: ImageSet,
+    val: ImageSet,
+    novel: ImageSet,
+    norm: Normalization,
+}
+
+fn split_images(config: &QuickBackboneConfig) -> Result<SplitImages> {
+    config.train.validate()?;
+    let images = config.train.data.shapes().generate()?;
+    let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
+    let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
+    let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);
+    let norm = crate::train::data::input_normalization(config.train.input_norm, &base)?;
+    Ok(SplitImages {
+        split,
+        base,
+        val,
+        novel,
+        norm,
+    })
+}
+
 /// Generates the dataset of `config.train.data`, splits its fine classes, trains the backbone
 /// on the base classes with `loss` (unless `config.train_backbone` is false) and embeds the
 /// novel classes. Errors on invalid configurations (including a split with an empty part).
@@ -68,13 +95,13 @@ pub fn quick_backbone_features(
     config: &QuickBackboneConfig,
     loss: &dyn RankLoss,
 ) -> Result<BackboneFeatures> {
-    config.train.validate()?;
-    let images = config.train.data.shapes().generate()?;
-    let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
-    let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
-    let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);
-    // The novel images are normalised like the training images the backbone saw.
-    let norm = crate::train::data::input_normalization(config.train.input_norm, &base)?;
+    let SplitImages {
+        split,
+        base,
+        val,
+        novel,
+        norm,
+    } = split_images(config)?;
     let novel_source = InMemorySource::new(novel.clone(), norm)?;
     let mut trainer = Trainer::with_data(config.train.clone(), base, val, loss)?;
     let report = if config.train_backbone {
@@ -111,12 +138,13 @@ pub fn all_split_features(
     config: &QuickBackboneConfig,
     loss: &dyn RankLoss,
 ) -> Result<SplitFeatures> {
-    config.train.validate()?;
-    let images = config.train.data.shapes().generate()?;
-    let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
-    let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
-    let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);
-    let norm = crate::train::data::input_normalization(config.train.input_norm, &base)?;
+    let SplitImages {
+        base,
+        val,
+        novel,
+        norm,
+        ..
+    } = split_images(config)?;
     let sources = [&base, &val, &novel]
         .map(|s| InMemorySource::new(s.clone(), norm.clone()).map(|src| (src, s.labels().clone())));
     let [b, v, n] = sources;
