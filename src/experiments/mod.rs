@@ -20,6 +20,7 @@ pub mod happier;
 pub mod rambo;
 pub mod smooth_ap;
 pub mod ssr;
+pub mod ssr_features;
 
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
 pub use recipe::{scale_from_env, ExperimentRecipe, Scale};

@@ -22,7 +22,15 @@
 //! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE [9]",
 //!    "k-reciprocal [75] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
 //!    original features). mAP@R (the paper's metric) and R@1 (ours only).
+//!
+//! At the `paper` scale nothing is trained here but SSR: the recipe's `[paper.features]`
+//! ([`super::ssr_features`]) names frozen features on disk — the few-shot set of Table 2
+//! (e.g. mini-ImageNet, WRN-28-10), the retrieval set of a mAP@R column of Table 1 (e.g. CUB,
+//! GL) and the revisited landmarks (rOxford5k / rParis6k, Medium and Hard mAP, SSR meta-trained
+//! on the training landmarks' features) — and steps 2–4 run on them, filling the paper's own
+//! columns.
 
+use super::ssr_features::{Column, LandmarkSet, Split, SsrFeatureSets};
 use super::table::{data_name, describe_recipe, Claim, Measurements};
 use super::Scale;
 use crate::error::{Error, Result};
@@ -32,6 +40,7 @@ use crate::fewshot::{all_split_features, EpisodeClassifier, QuickBackboneConfig}
 use crate::hierarchy::Labels;
 use crate::losses::smooth_ap::SmoothAp;
 use crate::metrics::fewshot::AccuracyInterval;
+use crate::metrics::revisited::{Protocol, REVISITOP_KAPPAS};
 use crate::report::{Measured, Provenance, Unit};
 use crate::rerank::k_reciprocal::KReciprocal;
 use crate::rerank::query_expansion::QueryExpansion;
@@ -80,8 +89,13 @@ pub struct SsrRecipe {
 #[serde(deny_unknown_fields)]
 pub struct SsrScaleRecipe {
     /// The backbone's data, network and training (the embedded dataset's classes are split
-    /// 64/16/20 into base / validation / novel).
-    pub backbone: TrainConfig,
+    /// 64/16/20 into base / validation / novel). Exactly one of `backbone` and `features`.
+    #[serde(default)]
+    pub backbone: Option<TrainConfig>,
+    /// Frozen features from files instead of a backbone trained here (the paper's scale,
+    /// [`super::ssr_features`]).
+    #[serde(default)]
+    pub features: Option<SsrFeatureSets>,
     /// Seed of the class split.
     #[serde(default)]
     pub split_seed: u64,
@@ -192,7 +206,17 @@ impl SsrRecipe {
 impl SsrScaleRecipe {
     /// Errors naming the first invalid field.
     pub fn validate(&self) -> Result<()> {
-        self.backbone.validate()?;
+        match (&self.backbone, &self.features) {
+            (Some(b), None) => b.validate()?,
+            (None, Some(f)) => f.validate()?,
+            _ => {
+                return Err(Error::invalid(
+                    "backbone",
+                    "give exactly one of [backbone] (train one on the embedded dataset) and \
+                     [features] (frozen features from files)",
+                ))
+            }
+        }
         let f = &self.few_shot;
         if f.ways < 2 || f.queries == 0 || f.shots.is_empty() || f.shots.contains(&0) {
             return Err(Error::invalid(
@@ -376,13 +400,38 @@ pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
         .join(scale.as_str())
         .join(PAPER);
     let checkpoints = (scale != Scale::Tiny).then_some(dir.as_path());
-    measure_recipe(&recipe, scale, checkpoints)
+    measure_recipe_in(root, &recipe, scale, checkpoints)
 }
 
-/// Runs both tables with an explicit recipe; saves the selected SSR modules
-/// (`fewshot_<K>shot.safetensors`, `retrieval.safetensors`, atomically) under `checkpoints`
-/// if given.
+/// Runs both tables with an explicit recipe, relative feature paths resolved against the
+/// current directory; see [`measure_recipe_in`].
 pub fn measure_recipe(
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    checkpoints: Option<&Path>,
+) -> Result<Measurements> {
+    measure_recipe_in(Path::new(""), recipe, scale, checkpoints)
+}
+
+/// Where one table's rows come from and where they go.
+struct Source<'a> {
+    scale: Scale,
+    /// The dataset, for the provenance.
+    data: String,
+    /// How the features were made, for the provenance.
+    features: String,
+    /// The paper's column.
+    column: Column,
+    /// Where the selected SSR modules are saved.
+    checkpoints: Option<&'a Path>,
+}
+
+/// Runs the tables of `recipe`: with a `backbone`, both tables on its frozen features of the
+/// embedded dataset; with `features`, each listed feature set (relative paths against `root`).
+/// Saves the selected SSR modules (`fewshot_<K>shot.safetensors`, `retrieval.safetensors`,
+/// `landmarks.safetensors`, atomically) under `checkpoints` if given.
+pub fn measure_recipe_in(
+    root: &Path,
     recipe: &SsrScaleRecipe,
     scale: Scale,
     checkpoints: Option<&Path>,
@@ -391,49 +440,90 @@ pub fn measure_recipe(
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
     recipe.validate()?;
-    let config = QuickBackboneConfig {
-        train: recipe.backbone.clone(),
-        split_seed: recipe.split_seed,
-        ..QuickBackboneConfig::default()
-    };
-    let feats = all_split_features(&config, &SmoothAp::default())?;
-    let data = data_name(&recipe.backbone);
-    let backbone = format!(
-        "backbone {} trained with Smooth-AP on the base classes",
-        describe_recipe(&recipe.backbone)
-    );
     let mut out = Measurements::default();
-    few_shot(
-        recipe,
+    let source = |set_column: Column, data: String, features: String| Source {
         scale,
-        &feats,
-        &data,
-        &backbone,
+        data,
+        features,
+        column: set_column,
         checkpoints,
-        &mut out,
-    )?;
-    retrieval(
-        recipe,
-        scale,
-        &feats,
-        &data,
-        &backbone,
-        checkpoints,
-        &mut out,
-    )?;
+    };
+    match (&recipe.backbone, &recipe.features) {
+        (Some(backbone), _) => {
+            let config = QuickBackboneConfig {
+                train: backbone.clone(),
+                split_seed: recipe.split_seed,
+                ..QuickBackboneConfig::default()
+            };
+            let feats = all_split_features(&config, &SmoothAp::default())?;
+            let data = data_name(backbone);
+            let features = format!(
+                "backbone {} trained with Smooth-AP on the base classes",
+                describe_recipe(backbone)
+            );
+            let column = |dataset: &str, setting: &str| Column {
+                dataset: dataset.into(),
+                setting: setting.into(),
+            };
+            few_shot(
+                &recipe.few_shot,
+                &feats,
+                &source(
+                    column(FEWSHOT_DATASET, FEWSHOT_SETTING),
+                    data.clone(),
+                    features.clone(),
+                ),
+                &mut out,
+            )?;
+            retrieval(
+                &recipe.retrieval,
+                &feats,
+                &source(column(RETRIEVAL_DATASET, RETRIEVAL_SETTING), data, features),
+                &mut out,
+            )?;
+        }
+        (None, Some(sets)) => {
+            let named = |c: &Column, describe: &str| {
+                source(c.clone(), c.dataset.clone(), describe.to_string())
+            };
+            if let Some(set) = &sets.few_shot {
+                let feats = set.read(root)?;
+                few_shot(
+                    &recipe.few_shot,
+                    &feats,
+                    &named(&set.column, &set.describe),
+                    &mut out,
+                )?;
+            }
+            if let Some(set) = &sets.retrieval {
+                let feats = set.read(root)?;
+                retrieval(
+                    &recipe.retrieval,
+                    &feats,
+                    &named(&set.column, &set.describe),
+                    &mut out,
+                )?;
+            }
+            if let Some(set) = &sets.landmarks {
+                landmarks(&recipe.retrieval, set, root, scale, checkpoints, &mut out)?;
+            }
+        }
+        (None, None) => {
+            return Err(Error::invalid(
+                "backbone",
+                "the recipe has neither [backbone] nor [features]",
+            ))
+        }
+    }
     Ok(out)
 }
 
 fn few_shot(
-    recipe: &SsrScaleRecipe,
-    scale: Scale,
+    f: &FewShotRecipe,
     feats: &crate::fewshot::SplitFeatures,
-    data: &str,
-    backbone: &str,
-    checkpoints: Option<&Path>,
+    src: &Source,
     out: &mut Measurements,
 ) -> Result<()> {
-    let f = &recipe.few_shot;
     let (base_x, base_y) = &feats.base;
     let (val_x, val_y) = &feats.val;
     let (test_x, test_y) = &feats.novel;
@@ -492,7 +582,7 @@ fn few_shot(
                     .mean)
                 },
             )?;
-        if let Some(dir) = checkpoints {
+        if let Some(dir) = src.checkpoints {
             selected
                 .model
                 .save(&dir.join(format!("fewshot_{shots}shot.safetensors")))?;
@@ -530,10 +620,10 @@ fn few_shot(
                 f.seed + 2,
             )?;
             let detail = format!(
-                "{backbone}; {}-way {shots}-shot, {} queries per class, {} test episodes of the novel classes; {what}",
-                f.ways, f.queries, f.test_episodes
+                "{}; {}-way {shots}-shot, {} queries per class, {} test episodes of the novel classes; {what}",
+                src.features, f.ways, f.queries, f.test_episodes
             );
-            let prov = Provenance::new(data, scale, detail);
+            let prov = Provenance::new(&src.data, src.scale, detail);
             for (metric, v) in [
                 (format!("{shots}-shot accuracy"), acc.mean),
                 (format!("{shots}-shot CI95"), acc.half_width),
@@ -542,13 +632,13 @@ fn few_shot(
                     Measured::new(
                         TABLE_FEWSHOT,
                         method,
-                        FEWSHOT_DATASET,
+                        &src.column.dataset,
                         metric,
                         v / 100.0,
                         Unit::Fraction,
                         prov.clone(),
                     )
-                    .with_setting(FEWSHOT_SETTING),
+                    .with_setting(&src.column.setting),
                 );
             }
         }
@@ -581,19 +671,10 @@ fn scores(r: &dyn Reranker, labels: &Labels) -> Result<(f64, f64)> {
     Ok((get("mAP@R")?, get("R@1")?))
 }
 
-fn retrieval(
-    recipe: &SsrScaleRecipe,
-    scale: Scale,
-    feats: &crate::fewshot::SplitFeatures,
-    data: &str,
-    backbone: &str,
-    checkpoints: Option<&Path>,
-    out: &mut Measurements,
-) -> Result<()> {
-    let r = &recipe.retrieval;
-    let (base_x, base_y) = &feats.base;
-    let (val_x, val_y) = &feats.val;
-    let (test_x, test_y) = &feats.novel;
+/// Meta-trains SSR for retrieval on `base` for every `(λ, k)` of the recipe and keeps the
+/// best by mAP@R on `val`.
+fn select_retrieval(r: &RetrievalRecipe, base: &Split, val: &Split) -> Result<Selected> {
+    let ((base_x, base_y), (val_x, val_y)) = (base, val);
     let candidates: Vec<(f64, usize)> = r
         .lambdas
         .iter()
@@ -603,7 +684,7 @@ fn retrieval(
         "  validation mAP@R of the features: {:.4}",
         scores(&CosineRanking::new(val_x, None)?, val_y)?.0
     );
-    let selected = select(
+    select(
         &candidates,
         &r.ssr,
         &r.train,
@@ -623,49 +704,70 @@ fn retrieval(
             let top = TopN::from_features(val_x, None, k)?;
             Ok(scores(&SsrRanking::new(model, val_x, None, top)?, val_y)?.0)
         },
-    )?;
-    if let Some(dir) = checkpoints {
-        selected.model.save(&dir.join("retrieval.safetensors"))?;
-    }
-    let k = selected.k;
-    let ssr_what = selected.describe("mAP@R");
-    let feat = CosineRanking::new(test_x, None)?;
-    let aqe = QueryExpansion::aqe(r.aqe_k).fit(test_x, None)?;
-    let kr = KReciprocal {
-        k1: r.k1,
-        k2: r.k2,
-        lambda: r.kr_lambda,
-    }
-    .fit(test_x, None)?;
-    let firsts: [(&str, &str, &dyn Reranker, String); 3] = [
+    )
+}
+
+/// Table 1's first-stage rankings of `queries` against `references` (`None`: each query
+/// against the others): (row, its "+ SSR" row, the ranking, what it is).
+type FirstStage = (&'static str, &'static str, Box<dyn Reranker>, String);
+
+fn first_stages(
+    r: &RetrievalRecipe,
+    queries: &Tensor,
+    references: Option<&Tensor>,
+) -> Result<Vec<FirstStage>> {
+    Ok(vec![
         (
             "Feat. only",
             "Feat + SSR",
-            &feat,
+            Box::new(CosineRanking::new(queries, references)?),
             "cosine similarity".to_string(),
         ),
         (
             "AQE [9]",
             "AQE + Ours",
-            &aqe,
+            Box::new(QueryExpansion::aqe(r.aqe_k).fit(queries, references)?),
             format!("AQE with {} neighbours", r.aqe_k),
         ),
         (
             "k-reciprocal [75] †",
             "k-reciprocal [75] † + SSR",
-            &kr,
+            Box::new(
+                KReciprocal {
+                    k1: r.k1,
+                    k2: r.k2,
+                    lambda: r.kr_lambda,
+                }
+                .fit(queries, references)?,
+            ),
             format!(
                 "k-reciprocal (k1, k2, λ) = ({}, {}, {})",
                 r.k1, r.k2, r.kr_lambda
             ),
         ),
-    ];
+    ])
+}
+
+fn retrieval(
+    r: &RetrievalRecipe,
+    feats: &crate::fewshot::SplitFeatures,
+    src: &Source,
+    out: &mut Measurements,
+) -> Result<()> {
+    let (test_x, test_y) = &feats.novel;
+    let selected = select_retrieval(r, &feats.base, &feats.val)?;
+    if let Some(dir) = src.checkpoints {
+        selected.model.save(&dir.join("retrieval.safetensors"))?;
+    }
+    let k = selected.k;
+    let ssr_what = selected.describe("mAP@R");
     let mut push = |method: &str, what: String, (map_r, r1): (f64, f64)| {
         let prov = Provenance::new(
-            data,
-            scale,
+            &src.data,
+            src.scale,
             format!(
-                "{backbone}; the novel classes, every image a query against the others; {what}"
+                "{}; the novel classes, every image a query against the others; {what}",
+                src.features
             ),
         );
         for (metric, v) in [("mAP@R", map_r), ("R@1", r1)] {
@@ -673,25 +775,95 @@ fn retrieval(
                 Measured::new(
                     TABLE_RETRIEVAL,
                     method,
-                    RETRIEVAL_DATASET,
+                    &src.column.dataset,
                     metric,
                     v,
                     Unit::Fraction,
                     prov.clone(),
                 )
-                .with_setting(RETRIEVAL_SETTING),
+                .with_setting(&src.column.setting),
             );
         }
     };
-    for (method, plus, first, what) in firsts {
-        push(method, what.clone(), scores(first, test_y)?);
-        let top = TopN::from_reranker(first, k)?;
+    for (method, plus, first, what) in first_stages(r, test_x, None)? {
+        push(method, what.clone(), scores(first.as_ref(), test_y)?);
+        let top = TopN::from_reranker(first.as_ref(), k)?;
         let ssr = SsrRanking::new(&selected.model, test_x, None, top)?;
         push(
             plus,
             format!("{ssr_what}; applied to the top {k} of: {what}"),
             scores(&ssr, test_y)?,
         );
+    }
+    Ok(())
+}
+
+/// Table 1's revisited landmark columns: SSR meta-trained on the training landmarks, each
+/// first-stage ranking and its "+ SSR" scored with revisitop's Medium and Hard mAP.
+fn landmarks(
+    r: &RetrievalRecipe,
+    set: &LandmarkSet,
+    root: &Path,
+    scale: Scale,
+    checkpoints: Option<&Path>,
+    out: &mut Measurements,
+) -> Result<()> {
+    let (base, val, dim) = set.read_train(root)?;
+    let selected = select_retrieval(r, &base, &val)?;
+    if let Some(dir) = checkpoints {
+        selected.model.save(&dir.join("landmarks.safetensors"))?;
+    }
+    let k = selected.k;
+    let ssr_what = selected.describe("mAP@R");
+    let protocols = [
+        (Protocol::Medium, "mAP Medium"),
+        (Protocol::Hard, "mAP Hard"),
+    ];
+    for test in &set.tests {
+        let t = set.read_test(root, test, dim)?;
+        let mut push = |method: &str, what: String, reranker: &dyn Reranker| -> Result<()> {
+            let reports = rerank::evaluate_revisited(
+                reranker,
+                &t.ground_truth,
+                &protocols.map(|p| p.0),
+                &REVISITOP_KAPPAS,
+            )?;
+            let prov = Provenance::new(
+                t.dataset,
+                scale,
+                format!(
+                    "{}; {} queries against {} database images, revisitop's protocols; {what}",
+                    set.describe,
+                    t.ground_truth.len(),
+                    t.database.dim(0)?
+                ),
+            );
+            for ((_, metric), rep) in protocols.iter().zip(&reports) {
+                out.cells.push(
+                    Measured::new(
+                        TABLE_RETRIEVAL,
+                        method,
+                        t.dataset,
+                        *metric,
+                        rep.map,
+                        Unit::Fraction,
+                        prov.clone(),
+                    )
+                    .with_setting(&set.setting),
+                );
+            }
+            Ok(())
+        };
+        for (method, plus, first, what) in first_stages(r, &t.queries, Some(&t.database))? {
+            push(method, what.clone(), first.as_ref())?;
+            let top = TopN::from_reranker(first.as_ref(), k)?;
+            let ssr = SsrRanking::new(&selected.model, &t.queries, Some(&t.database), top)?;
+            push(
+                plus,
+                format!("{ssr_what}; applied to the top {k} of: {what}"),
+                &ssr,
+            )?;
+        }
     }
     Ok(())
 }
