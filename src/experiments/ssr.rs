@@ -21,7 +21,20 @@
 //!    not tuned on the test episodes, unlike SSR's script), "+ Ours" = SSR. Accuracy and 95% half-width.
 //! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE [9]",
 //!    "k-reciprocal [75] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
-//!    original features). mAP@R (the paper's metric) and R@1 (ours only).
+//!    original features). mAP@R (the paper's metric) and R@1 (ours only). One more row of
+//!    ours, [`KR_INPUT_ROW`]: SSR reading Eq. 9's `D^t = 2α(1 − S^t) + (1 − α)J` (Sec. 2.3; the
+//!    authors' code never does this), with k-reciprocal's `(k1, k2)` and `α` = its `λ`,
+//!    applied to the top-k of the features.
+//! 5. Tables 3 and 4 (the ablations; the paper: CARS with Group-Loss features and N = 100, and
+//!    mini-ImageNet WRN-28-10 1-shot; ours stand beside those columns): the "Baseline
+//!    (features)" row is Table 1's / Table 2's baseline on the same test set; every other row
+//!    is SSR with one switch of [`SsrConfig`] changed ([`retrieval_ablation_rows`],
+//!    [`few_shot_ablation_rows`]), meta-trained with the recipe's ablation schedule
+//!    ([`AblationRecipe`]) at the `λ` (and `k`) that Tables 1–2 selected — re-selecting `λ`
+//!    per row would multiply the cost by the grid size — with `T` chosen on the validation
+//!    classes after each stage, as there. "Ours" is retrained with the same schedule so that
+//!    every row is trained alike. The row "w.o feat. update" adds `λG` to `S` (Eq. 2 with
+//!    the feature step's scale, see [`UpdateSpace::Similarity`]).
 
 use super::table::{data_name, describe_recipe, Claim, Measurements};
 use super::Scale;

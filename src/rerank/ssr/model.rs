@@ -55,9 +55,12 @@ pub enum UpdateSpace {
     /// step size `λ`), so `S^t` stays a cosine-similarity matrix.
     #[default]
     Features,
-    /// "w.o feat. update": the unconstrained Eq. 2, `S^t = S^{t−1} + G(S^{t−1})` added
-    /// directly to the similarity matrix; `λ` (the step of the projection) is not used and the
-    /// loss is taken on `S^T`.
+    /// "w.o feat. update": the unconstrained Eq. 2, the update added directly to the
+    /// similarity matrix, `S^t = S^{t−1} + λ G(S^{t−1})`, and the loss taken on `S^T`. The
+    /// output is scaled by the same step `λ` as the feature step so that only *where* the
+    /// update is applied changes, not its size: the feature step moves an isolated entry by
+    /// `Δs_ij ≈ λ G_ij (1 − s_ij²)`. `λ = 1` is Eq. 2 as printed (which, unscaled, made
+    /// meta-training diverge at the few-shot LR of 0.1 at our quick scale).
     Similarity,
 }
 

@@ -235,7 +235,7 @@ impl SsrModel {
     /// The refined similarity matrix `S^T` (`n × n`) of the node features `f` (same layout as
     /// [`SsrModel::refine`]): the cosine similarities of the refined features
     /// ([`UpdateSpace::Features`], Eqs. 3–4), or `T` unconstrained updates
-    /// `S^t = S^{t−1} + G(S^{t−1})` of the initial cosine similarities
+    /// `S^t = S^{t−1} + λ G(S^{t−1})` of the initial cosine similarities
     /// ([`UpdateSpace::Similarity`], Eq. 2, Tables 3–4 "w.o feat. update").
     pub fn refined_similarity(&self, f: &Tensor) -> Result<Tensor> {
         let f = self.prepare(f)?;
@@ -248,7 +248,8 @@ impl SsrModel {
             UpdateSpace::Similarity => {
                 let mut s = cosine_graph(&f)?.2;
                 for _ in 0..self.config.steps {
-                    s = (&s + self.update_signal(&s, jaccard.as_ref(), 0)?)?;
+                    let g = self.update_signal(&s, jaccard.as_ref(), 0)?;
+                    s = (&s + (g * self.config.lambda)?)?;
                 }
                 Ok(s)
             }
@@ -806,8 +807,8 @@ mod tests {
 
     #[test]
     fn without_feature_update_s_gets_g_added_directly() {
-        // Table 3–4 "w.o feat. update": S^t = S^{t−1} + G(S^{t−1}) (Eq. 2), checked against
-        // loops over two steps, for retrieval and few-shot graphs.
+        // Table 3–4 "w.o feat. update": S^t = S^{t−1} + λ G(S^{t−1}) (Eq. 2), checked
+        // against loops over two steps, for retrieval and few-shot graphs.
         let d = 4;
         for (task, rows) in [
             (Task::Retrieval { k: 5 }, None),
@@ -827,6 +828,7 @@ mod tests {
             let config = SsrConfig {
                 hidden: 6,
                 steps: 2,
+                lambda: 0.7,
                 rows,
                 update_space: UpdateSpace::Similarity,
                 ..SsrConfig::default()
@@ -846,7 +848,7 @@ mod tests {
                 let x: Vec<f64> = index.flat.iter().map(|&p| s[p as usize]).collect();
                 let g = scatter(&index, &mlp_out(&model, &x, &index));
                 for (a, b) in s.iter_mut().zip(&g) {
-                    *a += b;
+                    *a += 0.7 * b;
                 }
             }
             let moved = s
