@@ -696,7 +696,8 @@ fn few_shot(
                 data,
                 scale,
                 format!(
-                    "{backbone}; {episodes_what}; {} (λ of Table 2's selection, the ablation schedule)",
+                    "{backbone}; {episodes_what}; row `{setting}`: {} (λ fixed to Table 2's \
+                     selection, T chosen on validation, the ablation schedule)",
                     row.describe("mean val accuracy")
                 ),
             );
@@ -911,10 +912,10 @@ fn retrieval(
         let s = scores(&SsrRanking::new(&row.model, test_x, None, top)?, test_y)?;
         Ok((row, s))
     };
-    let row_what = |row: &Selected| {
+    let row_what = |name: &str, row: &Selected| {
         format!(
-            "{} (λ and k of Table 1's selection, the ablation schedule); applied to the top {k} \
-             of the features (our N = {})",
+            "row `{name}`: {} (λ and k fixed to Table 1's selection, T chosen on validation, the \
+             ablation schedule); applied to the top {k} of the features (our N = {})",
             row.describe("mAP@R"),
             k + 1
         )
@@ -935,7 +936,7 @@ fn retrieval(
         KR_INPUT_ROW,
         format!(
             "{}; J from (k1, k2) = ({}, {}) over each graph's nodes, α = {}",
-            row_what(&row),
+            row_what(KR_INPUT_ROW, &row),
             r.k1,
             r.k2,
             r.kr_lambda
@@ -971,7 +972,7 @@ fn retrieval(
         change(&mut config);
         println!("  Table 3 row {method}:");
         let (row, (map_r, _)) = train_row(&config)?;
-        push3(method, row_what(&row), map_r);
+        push3(method, row_what(method, &row), map_r);
     }
     println!(
         "  Table 3 and the Sec. 2.3 row: {:.1} s",
