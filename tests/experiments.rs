@@ -232,16 +232,22 @@ fn notebook_run_writes_under_the_output_folder_and_shows_tables() {
     assert!(e.contains("no table"), "{e}");
 }
 
+/// SSR's tiny-scale measurements, shared by the tests that read them.
+fn ssr_tiny() -> &'static experiments::Measurements {
+    static M: std::sync::OnceLock<experiments::Measurements> = std::sync::OnceLock::new();
+    M.get_or_init(|| experiments::ssr::measure(root(), Scale::Tiny).unwrap())
+}
+
 #[test]
 fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
-    let m = experiments::ssr::measure(root(), Scale::Tiny).unwrap();
+    let m = ssr_tiny();
     check(&m.cells, "ssr");
     // Table 2: Baseline, k-reciprocal and SSR, accuracy and CI at 1 and 5 shots; Table 1: six
-    // rows × (mAP@R, R@1).
+    // rows and the Sec. 2.3 k-reciprocal-input row × (mAP@R, R@1).
     let t2 = m.cells.iter().filter(|c| c.table == "Table 2").count();
     let t1 = m.cells.iter().filter(|c| c.table == "Table 1").count();
-    assert_eq!((t1, t2), (12, 12), "{:?}", m.cells);
-    for c in experiments::ssr::claims(&m) {
+    assert_eq!((t1, t2), (14, 12), "{:?}", m.cells);
+    for c in experiments::ssr::claims(m) {
         assert!(c.holds.is_some(), "{c:?}");
     }
     let recipe = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
@@ -258,6 +264,100 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
     assert!(recipe.at(Scale::Quick).is_ok());
     // The paper scale reads features from files that are not shipped (tests/ssr_features.rs).
     assert!(recipe.at(Scale::Paper).unwrap().features.is_some());
+}
+
+#[test]
+fn ssr_tables_3_and_4_have_the_papers_rows_at_tiny_scale() {
+    use experiments::ssr::{
+        few_shot_ablation_rows, retrieval_ablation_rows, FEWSHOT_ABLATION_SETTING,
+        RETRIEVAL_ABLATION_SETTING,
+    };
+    let m = ssr_tiny();
+    let rows = |table: &str, metric: &str| -> Vec<(String, String)> {
+        m.cells
+            .iter()
+            .filter(|c| c.table == table && c.metric == metric)
+            .map(|c| (c.method.clone(), c.setting.clone()))
+            .collect()
+    };
+    // Table 3: the baseline, then Ours, w.o sample, w.o query, w.o other, w.o local sort,
+    // w.o subgraph, w.o feat. update, all beside the paper's CARS / GL / N = 100 column.
+    let t3 = rows("Table 3", "mAP@R");
+    let mut expect = vec!["Baseline (features)".to_string()];
+    expect.extend(retrieval_ablation_rows().iter().map(|r| r.0.to_string()));
+    assert_eq!(expect.len(), 8);
+    assert_eq!(t3.iter().map(|r| r.0.clone()).collect::<Vec<_>>(), expect);
+    assert!(
+        t3.iter().all(|r| r.1 == RETRIEVAL_ABLATION_SETTING),
+        "{t3:?}"
+    );
+    // Table 4 (1-shot): the baseline, the six M_i variants and the three ablations, accuracy
+    // and CI95 each.
+    let t4 = rows("Table 4", "1-shot accuracy");
+    assert_eq!(t4.len(), 10, "{t4:?}");
+    assert_eq!(
+        t4[0],
+        (
+            "Baseline (features)".to_string(),
+            FEWSHOT_ABLATION_SETTING.to_string()
+        )
+    );
+    for ((method, setting, _), (m4, s4)) in few_shot_ablation_rows().iter().zip(&t4[1..]) {
+        assert_eq!(
+            (*method, format!("{FEWSHOT_ABLATION_SETTING};{setting}")),
+            (m4.as_str(), s4.clone())
+        );
+    }
+    assert_eq!(rows("Table 4", "1-shot CI95").len(), 10);
+    // The rows join the published values (same table, method, dataset, setting, metric).
+    let published = rankwise::report::Published::for_paper(
+        root().join("paper_tables").join("published"),
+        rankwise::report::Paper::Ssr,
+    )
+    .unwrap();
+    for table in ["Table 3", "Table 4"] {
+        let paper = published.table(table);
+        let joined = m
+            .cells
+            .iter()
+            .filter(|c| c.table == table && !c.metric.ends_with("CI95"))
+            .filter(|c| {
+                paper.iter().any(|p| {
+                    p.method == c.method
+                        && p.setting == c.setting
+                        && p.metric == c.metric
+                        && p.dataset == c.dataset
+                })
+            })
+            .count();
+        assert_eq!(joined, if table == "Table 3" { 8 } else { 10 }, "{table}");
+    }
+    // Baseline rows repeat Tables 1–2's baseline.
+    let v =
+        |t: &str, method: &str, setting: &str, metric: &str| m.value(t, method, setting, metric);
+    assert_eq!(
+        v(
+            "Table 3",
+            "Baseline (features)",
+            RETRIEVAL_ABLATION_SETTING,
+            "mAP@R"
+        ),
+        v("Table 1", "Feat. only", "feature=GL", "mAP@R")
+    );
+    assert_eq!(
+        v(
+            "Table 4",
+            "Baseline (features)",
+            FEWSHOT_ABLATION_SETTING,
+            "1-shot accuracy"
+        ),
+        v(
+            "Table 2",
+            "Baseline",
+            "backbone=Conv-4-64",
+            "1-shot accuracy"
+        )
+    );
 }
 
 /// The quoted names that follow `call` in `source` (`show_table(&results, "Table 2")` →

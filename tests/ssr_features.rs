@@ -4,7 +4,7 @@
 
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
-use rankwise::experiments::ssr::{measure_recipe_in, SsrRecipe, SsrScaleRecipe};
+use rankwise::experiments::ssr::{self, measure_recipe_in, SsrRecipe, SsrScaleRecipe};
 use rankwise::experiments::ssr_features::{
     Column, FeatureFiles, FeatureSet, LandmarkSet, LandmarkTest, SsrFeatureSets,
 };
@@ -176,11 +176,31 @@ fn every_feature_set_fills_its_paper_column() {
         cells("Table 2", "mini-ImageNet", "backbone=WRN-28-10").len(),
         12
     );
-    // Table 1: six rows × (mAP@R, R@1) for CUB; six rows × (Medium, Hard) for rOxford5K.
-    assert_eq!(cells("Table 1", "CUB", "feature=GL").len(), 12);
+    // Table 1: six rows and the Eq. 9 input row × (mAP@R, R@1) for CUB; six rows × (Medium,
+    // Hard) for rOxford5K.
+    assert_eq!(cells("Table 1", "CUB", "feature=GL").len(), 14);
     let ox = cells("Table 1", "rOxford5K", "feature=[17]");
     assert_eq!(ox.len(), 12);
-    assert_eq!(m.cells.len(), 36, "{:#?}", m.cells);
+    // The ablations stand in the feature sets' own columns, never in the paper's CARS column:
+    // Table 3 with N = k + 1 = 7, Table 4 (1-shot, accuracy and CI) in mini-ImageNet's.
+    let t3 = cells("Table 3", "CUB", "feature=GL;N=7");
+    assert_eq!(t3.len(), 1 + ssr::retrieval_ablation_rows().len());
+    let t4 = m
+        .cells
+        .iter()
+        .filter(|c| c.table == "Table 4")
+        .inspect(|c| {
+            assert_eq!(c.dataset, "mini-ImageNet");
+            assert!(c.setting.starts_with("backbone=WRN-28-10"), "{c:?}");
+        })
+        .count();
+    assert_eq!(t4, 2 * (1 + ssr::few_shot_ablation_rows().len()));
+    assert_eq!(
+        m.cells.len(),
+        12 + 14 + 12 + t3.len() + t4,
+        "{:#?}",
+        m.cells
+    );
     for c in &m.cells {
         assert!((0.0..=1.0).contains(&c.value), "{c:?}");
         assert_eq!(c.provenance.scale, Scale::Paper);
@@ -211,7 +231,7 @@ fn a_part_left_out_is_skipped() {
     sets.landmarks = None;
     let m = measure_recipe_in(dir.path(), &r, Scale::Paper, None).unwrap();
     assert!(m.cells.iter().all(|c| c.dataset == "CUB"), "{:?}", m.cells);
-    assert_eq!(m.cells.len(), 12);
+    assert_eq!(m.cells.len(), 14 + 1 + ssr::retrieval_ablation_rows().len());
 }
 
 #[test]

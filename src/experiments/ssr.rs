@@ -21,7 +21,20 @@
 //!    not tuned on the test episodes, unlike SSR's script), "+ Ours" = SSR. Accuracy and 95% half-width.
 //! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE [9]",
 //!    "k-reciprocal [75] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
-//!    original features). mAP@R (the paper's metric) and R@1 (ours only).
+//!    original features). mAP@R (the paper's metric) and R@1 (ours only). One more row of
+//!    ours, [`KR_INPUT_ROW`]: SSR reading Eq. 9's `D^t = 2α(1 − S^t) + (1 − α)J` (Sec. 2.3; the
+//!    authors' code never does this), with k-reciprocal's `(k1, k2)` and `α` = its `λ`,
+//!    applied to the top-k of the features.
+//! 5. Tables 3 and 4 (the ablations; the paper: CARS with Group-Loss features and N = 100, and
+//!    mini-ImageNet WRN-28-10 1-shot; ours stand beside those columns): the "Baseline
+//!    (features)" row is Table 1's / Table 2's baseline on the same test set; every other row
+//!    is SSR with one switch of [`SsrConfig`] changed ([`retrieval_ablation_rows`],
+//!    [`few_shot_ablation_rows`]), meta-trained with the recipe's ablation schedule
+//!    ([`AblationRecipe`]) at the `λ` (and `k`) that Tables 1–2 selected — re-selecting `λ`
+//!    per row would multiply the cost by the grid size — with `T` chosen on the validation
+//!    classes after each stage, as there. "Ours" is retrained with the same schedule so that
+//!    every row is trained alike. The row "w.o feat. update" adds `λG` to `S` (Eq. 2 with
+//!    the feature step's scale, see [`UpdateSpace::Similarity`]).
 //!
 //! At the `paper` scale nothing is trained here but SSR: the recipe's `[paper.features]`
 //! ([`super::ssr_features`]) names frozen features on disk — the few-shot set of Table 2
@@ -46,8 +59,9 @@ use crate::rerank::k_reciprocal::KReciprocal;
 use crate::rerank::query_expansion::QueryExpansion;
 use crate::rerank::ssr::train::train_stage;
 use crate::rerank::ssr::{
-    FewShotTasks, MetaTrainConfig, RetrievalTasks, SsrClassifier, SsrConfig, SsrModel, SsrRanking,
-    SupportNodes, Task, TaskSource,
+    ColumnOrder, Decomposition, FewShotTasks, MetaTrainConfig, NodeGroup, RetrievalTasks,
+    SsrClassifier, SsrConfig, SsrInput, SsrModel, SsrRanking, SupportNodes, Task, TaskSource,
+    UpdateSpace,
 };
 use crate::rerank::{self, CosineRanking, RerankEvalOptions, Reranker, TopN};
 use crate::samplers::episodes::EpisodeConfig;
@@ -62,6 +76,79 @@ pub const PAPER: &str = "ssr";
 pub const TABLE_RETRIEVAL: &str = "Table 1";
 /// Table 2 (transductive few-shot accuracy).
 pub const TABLE_FEWSHOT: &str = "Table 2";
+/// Table 3 (retrieval ablation, mAP@R).
+pub const TABLE_RETRIEVAL_ABLATION: &str = "Table 3";
+/// Table 4 (few-shot ablation, 1-shot accuracy).
+pub const TABLE_FEWSHOT_ABLATION: &str = "Table 4";
+/// The paper's dataset and setting of Table 3 (CARS, Group-Loss features, N = 100).
+pub const RETRIEVAL_ABLATION_DATASET: &str = "CARS";
+/// See [`RETRIEVAL_ABLATION_DATASET`].
+pub const RETRIEVAL_ABLATION_SETTING: &str = "feature=GL;N=100";
+/// The paper's dataset and backbone of Table 4 (mini-ImageNet, WRN-28-10).
+pub const FEWSHOT_ABLATION_DATASET: &str = "mini-ImageNet";
+/// See [`FEWSHOT_ABLATION_DATASET`].
+pub const FEWSHOT_ABLATION_SETTING: &str = "backbone=WRN-28-10";
+/// Table 1's row of SSR reading Eq. 9's `D^t` (Sec. 2.3; ours only: the paper prints none).
+pub const KR_INPUT_ROW: &str = "Feat + SSR, k-reciprocal input (Eq. 9)";
+
+/// A row of an ablation table: the method, the paper's setting, and the change to SSR's
+/// configuration.
+type AblationRow = (&'static str, &'static str, fn(&mut SsrConfig));
+
+/// SSR Table 3's rows (after the baseline): `M_i`'s rows, the local sort, the subgraphs and
+/// the feature update.
+pub fn retrieval_ablation_rows() -> Vec<AblationRow> {
+    use NodeGroup::*;
+    vec![
+        ("Ours (sample and query)", "", |_| {}),
+        ("w.o sample", "", |c| c.rows = Some(vec![Query])),
+        ("w.o query", "", |c| c.rows = Some(vec![Sample])),
+        // The text: "considering the full graph" — every node's row.
+        ("w.o other", "", |c| {
+            c.rows = Some(vec![Sample, Query, References])
+        }),
+        ("w.o local sort", "", |c| c.order = ColumnOrder::Shared),
+        ("w.o subgraph", "", |c| {
+            c.decomposition = Decomposition::WholeGraph
+        }),
+        ("w.o feat. update", "", |c| {
+            c.update_space = UpdateSpace::Similarity
+        }),
+    ]
+}
+
+/// SSR Table 4's rows (after the baseline), method `SSR` with the paper's setting suffix:
+/// `M_i`'s rows × columns, then the ablations.
+pub fn few_shot_ablation_rows() -> Vec<AblationRow> {
+    use NodeGroup::*;
+    vec![
+        ("SSR", "rows=sample+S;columns=S+Q", |_| {}),
+        ("SSR", "rows=sample+S+Q;columns=S+Q", |c| {
+            c.rows = Some(vec![Sample, Support, Query])
+        }),
+        ("SSR", "rows=S;columns=S+Q", |c| {
+            c.rows = Some(vec![Support])
+        }),
+        ("SSR", "rows=sample;columns=S+Q", |c| {
+            c.rows = Some(vec![Sample])
+        }),
+        ("SSR", "rows=sample+S;columns=S", |c| {
+            c.columns = Some(vec![Support])
+        }),
+        ("SSR", "rows=sample+S;columns=Q", |c| {
+            c.columns = Some(vec![Query])
+        }),
+        ("SSR", "ablation=w.o local sort", |c| {
+            c.order = ColumnOrder::Shared
+        }),
+        ("SSR", "ablation=w.o subgraph", |c| {
+            c.decomposition = Decomposition::WholeGraph
+        }),
+        ("SSR", "ablation=w.o feat. update", |c| {
+            c.update_space = UpdateSpace::Similarity
+        }),
+    ]
+}
 /// The paper's dataset column our retrieval values stand beside.
 pub const RETRIEVAL_DATASET: &str = "CUB";
 /// The paper's feature (setting) our retrieval values stand beside.
@@ -131,9 +218,31 @@ pub struct FewShotRecipe {
     /// The "+ k-reciprocal" row's `(k1, k2, λ)` (Zhong et al.'s default (20, 6, 0.3)).
     #[serde(default = "default_kr")]
     pub k_reciprocal: (usize, usize, f64),
+    /// Table 4 (the `M_i` variants and ablations); absent: not measured.
+    #[serde(default)]
+    pub ablation: Option<AblationRecipe>,
     /// Seed of SSR's initialisation and of the episodes.
     #[serde(default)]
     pub seed: u64,
+}
+
+/// The ablation tables (SSR Tables 3 and 4): every row is an SSR model meta-trained with
+/// `train` on the base classes at the `λ` (and `k`) selected for Table 1 / Table 2, its `T`
+/// chosen on the validation classes after each stage as there, and evaluated on the same
+/// novel-class test set as Tables 1–2.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AblationRecipe {
+    /// The meta-training schedule of every row (may be shorter than Tables 1–2's to keep the
+    /// scale affordable; "Ours" is retrained with it so that every row is trained alike).
+    pub train: MetaTrainConfig,
+    /// Shots of the few-shot ablation (Table 4: 1); must be one of `few_shot.shots`.
+    #[serde(default = "one")]
+    pub shots: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 fn default_kr() -> (usize, usize, f64) {
@@ -167,6 +276,10 @@ pub struct RetrievalRecipe {
     pub k2: usize,
     /// k-reciprocal's `λ` (weight of the original distance).
     pub kr_lambda: f64,
+    /// Table 3 (the `M_i` row variants and ablations) and Table 1's Sec. 2.3 row (SSR reading
+    /// Eq. 9's `D^t` with `α = kr_lambda`, `k1`, `k2`); absent: not measured.
+    #[serde(default)]
+    pub ablation: Option<AblationRecipe>,
     /// Seed of SSR's initialisation and of the training graphs.
     #[serde(default)]
     pub seed: u64,
@@ -248,7 +361,20 @@ impl SsrScaleRecipe {
             return Err(Error::invalid("retrieval.aqe_k", "must be ≥ 1"));
         }
         r.ssr.validate()?;
-        r.train.validate()
+        r.train.validate()?;
+        if let Some(a) = &f.ablation {
+            a.train.validate()?;
+            if !f.shots.contains(&a.shots) {
+                return Err(Error::invalid(
+                    "few_shot.ablation.shots",
+                    format!("{} is not one of few_shot.shots {:?}", a.shots, f.shots),
+                ));
+            }
+        }
+        if let Some(a) = &r.ablation {
+            a.train.validate()?;
+        }
+        Ok(())
     }
 }
 
@@ -422,6 +548,11 @@ struct Source<'a> {
     features: String,
     /// The paper's column.
     column: Column,
+    /// The column of the ablation table (Table 3 or 4) its rows stand beside: on the embedded
+    /// data, the paper's (CARS, mini-ImageNet) as for every quick-scale table; with a
+    /// feature set, `None`: the set's own column (for Table 3 with `;N=<k + 1>` appended,
+    /// as the paper's settings), so paper values stand only beside the same dataset.
+    ablation: Option<Column>,
     /// Where the selected SSR modules are saved.
     checkpoints: Option<&'a Path>,
 }
@@ -441,13 +572,15 @@ pub fn measure_recipe_in(
     }
     recipe.validate()?;
     let mut out = Measurements::default();
-    let source = |set_column: Column, data: String, features: String| Source {
-        scale,
-        data,
-        features,
-        column: set_column,
-        checkpoints,
-    };
+    let source =
+        |set_column: Column, ablation: Option<Column>, data: String, features: String| Source {
+            scale,
+            data,
+            features,
+            column: set_column,
+            ablation,
+            checkpoints,
+        };
     match (&recipe.backbone, &recipe.features) {
         (Some(backbone), _) => {
             let config = QuickBackboneConfig {
@@ -470,6 +603,7 @@ pub fn measure_recipe_in(
                 &feats,
                 &source(
                     column(FEWSHOT_DATASET, FEWSHOT_SETTING),
+                    Some(column(FEWSHOT_ABLATION_DATASET, FEWSHOT_ABLATION_SETTING)),
                     data.clone(),
                     features.clone(),
                 ),
@@ -478,13 +612,21 @@ pub fn measure_recipe_in(
             retrieval(
                 &recipe.retrieval,
                 &feats,
-                &source(column(RETRIEVAL_DATASET, RETRIEVAL_SETTING), data, features),
+                &source(
+                    column(RETRIEVAL_DATASET, RETRIEVAL_SETTING),
+                    Some(column(
+                        RETRIEVAL_ABLATION_DATASET,
+                        RETRIEVAL_ABLATION_SETTING,
+                    )),
+                    data,
+                    features,
+                ),
                 &mut out,
             )?;
         }
         (None, Some(sets)) => {
             let named = |c: &Column, describe: &str| {
-                source(c.clone(), c.dataset.clone(), describe.to_string())
+                source(c.clone(), None, c.dataset.clone(), describe.to_string())
             };
             if let Some(set) = &sets.few_shot {
                 let feats = set.read(root)?;
@@ -547,41 +689,38 @@ fn few_shot(
             "  {shots}-shot validation accuracy of the baseline: {:.4}",
             val_base.mean
         );
-        let selected =
-            select(
-                &candidates,
-                &f.ssr,
-                &f.train,
+        let make_task = |_: usize| Task::FewShot {
+            supports,
+            queries: f.ways * f.queries,
+        };
+        let make_tasks = |_: usize| -> Result<Box<dyn TaskSource>> {
+            Ok(Box::new(FewShotTasks::new(
+                base_x,
+                base_y,
+                &ep,
+                f.support_nodes,
                 f.seed,
-                &|_| Task::FewShot {
-                    supports,
-                    queries: f.ways * f.queries,
-                },
-                &|_| {
-                    Ok(Box::new(FewShotTasks::new(
-                        base_x,
-                        base_y,
-                        &ep,
-                        f.support_nodes,
-                        f.seed,
-                    )?) as Box<dyn TaskSource>)
-                },
-                &|model| {
-                    let c = SsrClassifier {
-                        model,
-                        support_nodes: f.support_nodes,
-                    };
-                    Ok(crate::fewshot::evaluate(
-                        &c,
-                        val_x,
-                        val_y,
-                        &val_ep,
-                        f.val_episodes,
-                        f.seed + 1,
-                    )?
-                    .mean)
-                },
-            )?;
+            )?))
+        };
+        let validate = |model: &SsrModel| -> Result<f64> {
+            let c = SsrClassifier {
+                model,
+                support_nodes: f.support_nodes,
+            };
+            Ok(
+                crate::fewshot::evaluate(&c, val_x, val_y, &val_ep, f.val_episodes, f.seed + 1)?
+                    .mean,
+            )
+        };
+        let selected = select(
+            &candidates,
+            &f.ssr,
+            &f.train,
+            f.seed,
+            &make_task,
+            &make_tasks,
+            &validate,
+        )?;
         if let Some(dir) = src.checkpoints {
             selected
                 .model
@@ -610,40 +749,119 @@ fn few_shot(
             ),
             ("+ Ours", &ssr, selected.describe("mean val accuracy")),
         ];
+        let episodes_what = format!(
+            "{}-way {shots}-shot, {} queries per class, {} test episodes of the novel classes",
+            f.ways, f.queries, f.test_episodes
+        );
+        let test = |c: &dyn EpisodeClassifierSync| {
+            crate::fewshot::evaluate(&Wrap(c), test_x, test_y, &ep, f.test_episodes, f.seed + 2)
+        };
+        let mut baseline = None;
         for (method, classifier, what) in rows {
-            let acc = crate::fewshot::evaluate(
-                &Wrap(classifier),
-                test_x,
-                test_y,
-                &ep,
-                f.test_episodes,
-                f.seed + 2,
-            )?;
-            let detail = format!(
-                "{}; {}-way {shots}-shot, {} queries per class, {} test episodes of the novel classes; {what}",
-                src.features, f.ways, f.queries, f.test_episodes
+            let acc = test(classifier)?;
+            let prov = Provenance::new(
+                &src.data,
+                src.scale,
+                format!("{}; {episodes_what}; {what}", src.features),
             );
-            let prov = Provenance::new(&src.data, src.scale, detail);
-            for (metric, v) in [
-                (format!("{shots}-shot accuracy"), acc.mean),
-                (format!("{shots}-shot CI95"), acc.half_width),
-            ] {
-                out.cells.push(
-                    Measured::new(
-                        TABLE_FEWSHOT,
-                        method,
-                        &src.column.dataset,
-                        metric,
-                        v / 100.0,
-                        Unit::Fraction,
-                        prov.clone(),
-                    )
-                    .with_setting(&src.column.setting),
-                );
+            let key = (
+                TABLE_FEWSHOT,
+                method,
+                src.column.dataset.as_str(),
+                src.column.setting.as_str(),
+            );
+            push_accuracy(out, key, shots, &acc, &prov);
+            if method == "Baseline" {
+                baseline = Some((acc, prov));
             }
         }
+        let Some(ablation) = f.ablation.as_ref().filter(|a| a.shots == shots) else {
+            continue;
+        };
+        // Table 4: the baseline is Table 2's (same test episodes); every SSR row is retrained
+        // with the ablation schedule at Table 2's selected λ.
+        let start = std::time::Instant::now();
+        let column = src.ablation.as_ref().unwrap_or(&src.column);
+        if let Some((acc, prov)) = &baseline {
+            let key = (
+                TABLE_FEWSHOT_ABLATION,
+                "Baseline (features)",
+                column.dataset.as_str(),
+                column.setting.as_str(),
+            );
+            push_accuracy(out, key, shots, acc, prov);
+        }
+        for (method, setting, change) in few_shot_ablation_rows() {
+            let mut config = f.ssr.clone();
+            change(&mut config);
+            println!("  Table 4 row {setting}:");
+            let row = select(
+                &[(selected.lambda, 0)],
+                &config,
+                &ablation.train,
+                f.seed,
+                &make_task,
+                &make_tasks,
+                &validate,
+            )?;
+            let acc = test(&SsrClassifier {
+                model: &row.model,
+                support_nodes: f.support_nodes,
+            })?;
+            let prov = Provenance::new(
+                &src.data,
+                src.scale,
+                format!(
+                    "{}; {episodes_what}; row `{setting}`: {} (λ fixed to Table 2's \
+                     selection, T chosen on validation, the ablation schedule)",
+                    src.features,
+                    row.describe("mean val accuracy")
+                ),
+            );
+            let setting = format!("{};{setting}", column.setting);
+            let key = (
+                TABLE_FEWSHOT_ABLATION,
+                method,
+                column.dataset.as_str(),
+                setting.as_str(),
+            );
+            push_accuracy(out, key, shots, &acc, &prov);
+        }
+        println!(
+            "  Table 4 ({shots}-shot ablation): {:.1} s",
+            start.elapsed().as_secs_f64()
+        );
     }
     Ok(())
+}
+
+/// Pushes the accuracy and 95% half-width of `shots`-shot episodes (ours in percent from
+/// [`crate::fewshot::evaluate`], stored as fractions) under `(table, method, dataset,
+/// setting)`.
+fn push_accuracy(
+    out: &mut Measurements,
+    (table, method, dataset, setting): (&str, &str, &str, &str),
+    shots: usize,
+    acc: &AccuracyInterval,
+    prov: &Provenance,
+) {
+    for (metric, v) in [
+        (format!("{shots}-shot accuracy"), acc.mean),
+        (format!("{shots}-shot CI95"), acc.half_width),
+    ] {
+        out.cells.push(
+            Measured::new(
+                table,
+                method,
+                dataset,
+                metric,
+                v / 100.0,
+                Unit::Fraction,
+                prov.clone(),
+            )
+            .with_setting(setting),
+        );
+    }
 }
 
 /// An object-safe, thread-safe classifier.
@@ -674,7 +892,7 @@ fn scores(r: &dyn Reranker, labels: &Labels) -> Result<(f64, f64)> {
 /// Meta-trains SSR for retrieval on `base` for every `(λ, k)` of the recipe and keeps the
 /// best by mAP@R on `val`.
 fn select_retrieval(r: &RetrievalRecipe, base: &Split, val: &Split) -> Result<Selected> {
-    let ((base_x, base_y), (val_x, val_y)) = (base, val);
+    let (val_x, val_y) = val;
     let candidates: Vec<(f64, usize)> = r
         .lambdas
         .iter()
@@ -684,26 +902,42 @@ fn select_retrieval(r: &RetrievalRecipe, base: &Split, val: &Split) -> Result<Se
         "  validation mAP@R of the features: {:.4}",
         scores(&CosineRanking::new(val_x, None)?, val_y)?.0
     );
+    select_retrieval_with(r, base, val, &candidates, &r.ssr, &r.train)
+}
+
+/// Meta-trains SSR for retrieval on `base` with `config` and the schedule `train` for every
+/// candidate `(λ, k)` and keeps the best by mAP@R on `val` (`T` chosen after each stage).
+fn select_retrieval_with(
+    r: &RetrievalRecipe,
+    (base_x, base_y): &Split,
+    (val_x, val_y): &Split,
+    candidates: &[(f64, usize)],
+    config: &SsrConfig,
+    train: &MetaTrainConfig,
+) -> Result<Selected> {
+    let make_task = |k: usize| Task::Retrieval { k };
+    let make_tasks = |k: usize| -> Result<Box<dyn TaskSource>> {
+        let mut t = RetrievalTasks::new(base_x, base_y, k, r.seed)?;
+        t.pool = r.pool;
+        t.min_positives = r.min_positives;
+        t.max_ap = r.max_ap;
+        Ok(Box::new(t))
+    };
+    let validate = |model: &SsrModel| -> Result<f64> {
+        let Task::Retrieval { k } = model.task else {
+            return Err(Error::invalid("task", "a retrieval model was expected"));
+        };
+        let top = TopN::from_features(val_x, None, k)?;
+        Ok(scores(&SsrRanking::new(model, val_x, None, top)?, val_y)?.0)
+    };
     select(
-        &candidates,
-        &r.ssr,
-        &r.train,
+        candidates,
+        config,
+        train,
         r.seed,
-        &|k| Task::Retrieval { k },
-        &|k| {
-            let mut t = RetrievalTasks::new(base_x, base_y, k, r.seed)?;
-            t.pool = r.pool;
-            t.min_positives = r.min_positives;
-            t.max_ap = r.max_ap;
-            Ok(Box::new(t) as Box<dyn TaskSource>)
-        },
-        &|model| {
-            let Task::Retrieval { k } = model.task else {
-                return Err(Error::invalid("task", "a retrieval model was expected"));
-            };
-            let top = TopN::from_features(val_x, None, k)?;
-            Ok(scores(&SsrRanking::new(model, val_x, None, top)?, val_y)?.0)
-        },
+        &make_task,
+        &make_tasks,
+        &validate,
     )
 }
 
@@ -785,8 +1019,13 @@ fn retrieval(
             );
         }
     };
+    let mut baseline = None;
     for (method, plus, first, what) in first_stages(r, test_x, None)? {
-        push(method, what.clone(), scores(first.as_ref(), test_y)?);
+        let feat_scores = scores(first.as_ref(), test_y)?;
+        if method == "Feat. only" {
+            baseline = Some(feat_scores.0);
+        }
+        push(method, what.clone(), feat_scores);
         let top = TopN::from_reranker(first.as_ref(), k)?;
         let ssr = SsrRanking::new(&selected.model, test_x, None, top)?;
         push(
@@ -795,6 +1034,99 @@ fn retrieval(
             scores(&ssr, test_y)?,
         );
     }
+    let Some(ablation) = &r.ablation else {
+        return Ok(());
+    };
+    // Every row below: retrained with the ablation schedule at Table 1's selected (λ, k), its
+    // T chosen on the validation classes, applied to the top k of the features.
+    let start = std::time::Instant::now();
+    let train_row = |config: &SsrConfig| -> Result<(Selected, (f64, f64))> {
+        let row = select_retrieval_with(
+            r,
+            &feats.base,
+            &feats.val,
+            &[(selected.lambda, k)],
+            config,
+            &ablation.train,
+        )?;
+        let top = TopN::from_features(test_x, None, k)?;
+        let s = scores(&SsrRanking::new(&row.model, test_x, None, top)?, test_y)?;
+        Ok((row, s))
+    };
+    let row_what = |name: &str, row: &Selected| {
+        format!(
+            "row `{name}`: {} (λ and k fixed to Table 1's selection, T chosen on validation, the \
+             ablation schedule); applied to the top {k} of the features (our N = {})",
+            row.describe("mAP@R"),
+            k + 1
+        )
+    };
+    // Table 1, Sec. 2.3: SSR reading D^t = 2α(1 − S^t) + (1 − α)J with k-reciprocal's
+    // parameters (α = its λ).
+    println!("  Table 1 row {KR_INPUT_ROW}:");
+    let kr_config = SsrConfig {
+        input: SsrInput::KReciprocal {
+            alpha: r.kr_lambda,
+            k1: r.k1,
+            k2: r.k2,
+        },
+        ..r.ssr.clone()
+    };
+    let (row, s) = train_row(&kr_config)?;
+    push(
+        KR_INPUT_ROW,
+        format!(
+            "{}; J from (k1, k2) = ({}, {}) over each graph's nodes, α = {}",
+            row_what(KR_INPUT_ROW, &row),
+            r.k1,
+            r.k2,
+            r.kr_lambda
+        ),
+        s,
+    );
+    // Table 3.
+    let (dataset3, setting3) = match &src.ablation {
+        Some(c) => (c.dataset.clone(), c.setting.clone()),
+        None => (
+            src.column.dataset.clone(),
+            format!("{};N={}", src.column.setting, k + 1),
+        ),
+    };
+    let mut push3 = |method: &str, what: String, map_r: f64| {
+        out.cells.push(
+            Measured::new(
+                TABLE_RETRIEVAL_ABLATION,
+                method,
+                &dataset3,
+                "mAP@R",
+                map_r,
+                Unit::Fraction,
+                Provenance::new(
+                    &src.data,
+                    src.scale,
+                    format!(
+                        "{}; the novel classes, every image a query against the others; {what}",
+                        src.features
+                    ),
+                ),
+            )
+            .with_setting(&setting3),
+        );
+    };
+    if let Some(b) = baseline {
+        push3("Baseline (features)", "cosine similarity".into(), b);
+    }
+    for (method, _, change) in retrieval_ablation_rows() {
+        let mut config = r.ssr.clone();
+        change(&mut config);
+        println!("  Table 3 row {method}:");
+        let (row, (map_r, _)) = train_row(&config)?;
+        push3(method, row_what(method, &row), map_r);
+    }
+    println!(
+        "  Table 3 and the Sec. 2.3 row: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -907,6 +1239,7 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
             ("k-reciprocal", rt("k-reciprocal [75] †")),
         ),
     ];
+    c.extend(ablation_claims(m));
     c.push(Claim::best_of(
         "k-reciprocal + SSR is the best re-ranking (Table 1, CUB/CARS/SOP)",
         "k-reciprocal + SSR",
@@ -923,6 +1256,120 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
         ],
     ));
     c
+}
+
+/// A claim that `x` is closer to `near` than to `far` (e.g. an ablation that brings SSR back
+/// to the baseline).
+fn closer(
+    claim: &str,
+    x: (&str, Option<f64>),
+    near: (&str, Option<f64>),
+    far: (&str, Option<f64>),
+) -> Claim {
+    let (holds, evidence) = match (x.1, near.1, far.1) {
+        (Some(a), Some(b), Some(c)) => (
+            Some((a - b).abs() < (a - c).abs()),
+            format!(
+                "{} {a:.4}: {:.4} from {} ({b:.4}), {:.4} from {} ({c:.4})",
+                x.0,
+                (a - b).abs(),
+                near.0,
+                (a - c).abs(),
+                far.0
+            ),
+        ),
+        _ => (
+            None,
+            format!("{}, {} or {} not measured", x.0, near.0, far.0),
+        ),
+    };
+    Claim {
+        claim: claim.into(),
+        holds,
+        evidence,
+    }
+}
+
+/// Tables 3 and 4's claims (the paper's text on its ablations), on our numbers.
+fn ablation_claims(m: &Measurements) -> Vec<Claim> {
+    let t3 = |method: &str| {
+        m.value(
+            TABLE_RETRIEVAL_ABLATION,
+            method,
+            RETRIEVAL_ABLATION_SETTING,
+            "mAP@R",
+        )
+    };
+    // The ablation's shots come from the recipe: take its accuracy column.
+    let metric4 = m
+        .cells
+        .iter()
+        .find(|c| c.table == TABLE_FEWSHOT_ABLATION && c.metric.ends_with("accuracy"))
+        .map_or_else(|| "1-shot accuracy".to_string(), |c| c.metric.clone());
+    let t4 = |method: &str, setting: &str| {
+        let setting = if setting.is_empty() {
+            FEWSHOT_ABLATION_SETTING.to_string()
+        } else {
+            format!("{FEWSHOT_ABLATION_SETTING};{setting}")
+        };
+        m.value(TABLE_FEWSHOT_ABLATION, method, &setting, &metric4)
+    };
+    let ours3 = ("Ours", t3("Ours (sample and query)"));
+    let ours4 = ("Ours", t4("SSR", "rows=sample+S;columns=S+Q"));
+    let variants4: Vec<(String, Option<f64>)> = few_shot_ablation_rows()
+        .iter()
+        .filter(|(_, setting, _)| setting.starts_with("rows="))
+        .map(|(method, setting, _)| (setting.to_string(), t4(method, setting)))
+        .collect();
+    vec![
+        Claim::greater(
+            "SSR (sample and query rows) improves over the features (Table 3)",
+            ours3,
+            ("Baseline", t3("Baseline (features)")),
+        ),
+        Claim::greater(
+            "Removing the query row hurts more than removing the sample row (Table 3)",
+            ("w.o sample", t3("w.o sample")),
+            ("w.o query", t3("w.o query")),
+        ),
+        Claim::greater(
+            "The local sort helps: w.o local sort loses to the full method (Table 3)",
+            ours3,
+            ("w.o local sort", t3("w.o local sort")),
+        ),
+        closer(
+            "Without subgraphs SSR is close to the baseline: closer to it than to the full method (Table 3)",
+            ("w.o subgraph", t3("w.o subgraph")),
+            ("Baseline", t3("Baseline (features)")),
+            ours3,
+        ),
+        Claim::greater(
+            "The feature update helps: w.o feat. update < Ours (Table 3)",
+            ours3,
+            ("w.o feat. update", t3("w.o feat. update")),
+        ),
+        Claim::best_of(
+            "The paper's M_i (rows sample + S, columns S + Q) is the best variant (Table 4)",
+            "rows=sample+S;columns=S+Q",
+            &variants4,
+        ),
+        Claim::greater(
+            "The local sort is crucial in few-shot: w.o local sort < Ours (Table 4)",
+            ours4,
+            ("w.o local sort", t4("SSR", "ablation=w.o local sort")),
+        ),
+        closer(
+            "Without subgraphs few-shot SSR falls back near the baseline (Table 4)",
+            ("w.o subgraph", t4("SSR", "ablation=w.o subgraph")),
+            ("Baseline", t4("Baseline (features)", "")),
+            ours4,
+        ),
+        Claim::greater(
+            "The feature update helps in few-shot: w.o feat. update < Ours (Table 4)",
+            ours4,
+            ("w.o feat. update", t4("SSR", "ablation=w.o feat. update")),
+        ),
+    ]
 }
 
 /// The figure: our Table 2 accuracies with their 95% intervals, by shots.

@@ -170,17 +170,7 @@ impl KReciprocal {
                 sq(j, i) / col_max[i]
             })
             .collect();
-        let width = self.width();
-        let ranks: Vec<u32> = original
-            .par_chunks(n)
-            .flat_map_iter(|row| {
-                let mut order: Vec<u32> = (0..n as u32).collect();
-                order.sort_by(|&a, &b| row[a as usize].total_cmp(&row[b as usize]));
-                order.truncate(width);
-                order
-            })
-            .collect();
-        let v = encode(self, &ranks, width, |i, j| original[i * n + j]);
+        let v = self.encode_dense(&original, n);
         let inverted = v.transpose(n);
         let mut acc = vec![0.0; n];
         let mut touched = Vec::new();
@@ -191,6 +181,76 @@ impl KReciprocal {
                 let j = nq + g;
                 out.push(self.combine(jaccard(acc[j]), original[i * n + j]));
             }
+            clear(&mut acc, &mut touched);
+        }
+        Ok(out)
+    }
+
+    /// Steps 1–5 on a dense `n × n` matrix of normalised original distances `o`: the ranking
+    /// of every node and its encoding `V`.
+    fn encode_dense(&self, original: &[f64], n: usize) -> SparseRows {
+        let width = self.width();
+        let ranks: Vec<u32> = original
+            .par_chunks(n)
+            .flat_map_iter(|row| {
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                order.sort_by(|&a, &b| row[a as usize].total_cmp(&row[b as usize]));
+                order.truncate(width);
+                order
+            })
+            .collect();
+        encode(self, &ranks, width, |i, j| original[i * n + j])
+    }
+
+    /// The Jaccard distances `d_J(i, j)` (step 6) between every pair of **one** node set, from
+    /// their cosine similarities `cos` (`n × n`, row-major): the `J` of SSR's Eq. 9 input
+    /// `D = 2α(1 − S) + (1 − α)J` over a graph's nodes (Sec. 2.3). `λ` is not used (it only
+    /// weighs the final distance). Dense, `O(n²)` memory: meant for one graph.
+    ///
+    /// Errors on a matrix of another size, non-finite entries, bad `k1`/`k2` for `n` nodes, or
+    /// a node whose distances to every node are 0.
+    pub fn jaccard_from_similarities(&self, cos: &[f64], n: usize) -> Result<Vec<f64>> {
+        if cos.len() != n * n {
+            return Err(Error::Shape(format!(
+                "{} similarities for {n} nodes ({} expected)",
+                cos.len(),
+                n * n
+            )));
+        }
+        if let Some(p) = cos.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid(
+                "similarities",
+                format!("entry {p} is {}", cos[p]),
+            ));
+        }
+        self.validate(n)?;
+        // d(i, j) = ‖f̂_i − f̂_j‖² = 2 − 2 cos, then the reference's column normalisation.
+        let sq = |i: usize, j: usize| (2.0 - 2.0 * cos[i * n + j]).max(0.0);
+        let col_max: Vec<f64> = (0..n)
+            .map(|c| (0..n).map(|a| sq(a, c)).fold(0.0, f64::max))
+            .collect();
+        if let Some(c) = col_max.iter().position(|&m| m == 0.0) {
+            return Err(Error::invalid(
+                "similarities",
+                format!(
+                    "node {c} is at distance 0 from every node; the distances cannot be normalised"
+                ),
+            ));
+        }
+        let original: Vec<f64> = (0..n * n)
+            .map(|p| {
+                let (i, j) = (p / n, p % n);
+                sq(j, i) / col_max[i]
+            })
+            .collect();
+        let v = self.encode_dense(&original, n);
+        let inverted = v.transpose(n);
+        let mut acc = vec![0.0; n];
+        let mut touched = Vec::new();
+        let mut out = Vec::with_capacity(n * n);
+        for i in 0..n {
+            min_overlap(&v, &inverted, i, &mut acc, &mut touched);
+            out.extend(acc.iter().map(|&m| jaccard(m)));
             clear(&mut acc, &mut touched);
         }
         Ok(out)
@@ -641,6 +701,57 @@ mod tests {
         let own = kr.fit(&r, None).unwrap();
         assert_eq!((own.num_queries(), own.num_references()), (9, 9));
         assert!(own.queries_are_references());
+    }
+
+    #[test]
+    fn jaccard_of_one_node_set_matches_the_query_gallery_path() {
+        // Node 0 as the query and nodes 1..n as the gallery form the same node set, so the
+        // reference path with λ = 0 gives row 0 of the one-set Jaccard matrix.
+        let (n, d) = (9, 3);
+        let pts: Vec<Vec<f64>> = (0..n)
+            .map(|i| {
+                let a = i as f64 * 0.7;
+                let v = [a.cos(), a.sin(), 0.3 * ((i * i) % 5) as f64];
+                let nv = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+                v.iter().map(|x| x / nv).collect()
+            })
+            .collect();
+        let cos: Vec<f64> = (0..n * n)
+            .map(|p| (0..d).map(|c| pts[p / n][c] * pts[p % n][c]).sum())
+            .collect();
+        let euclid = |i: usize, j: usize| (2.0 - 2.0 * cos[i * n + j]).max(0.0).sqrt();
+        let params = KReciprocal {
+            k1: 3,
+            k2: 2,
+            lambda: 0.0,
+        };
+        let j = params.jaccard_from_similarities(&cos, n).unwrap();
+        let q_g: Vec<f64> = (1..n).map(|g| euclid(0, g)).collect();
+        let g_g: Vec<f64> = (1..n)
+            .flat_map(|a| (1..n).map(move |b| (a, b)))
+            .map(|(a, b)| euclid(a, b))
+            .collect();
+        let reference = params
+            .distances_from_matrices(&q_g, &[0.0], &g_g, 1, n - 1)
+            .unwrap();
+        for g in 1..n {
+            assert!((j[g] - reference[g - 1]).abs() < 1e-12, "{g}");
+        }
+        // A distance: 0 on the diagonal, symmetric, in [0, 1], and not constant.
+        for a in 0..n {
+            assert!(j[a * n + a].abs() < 1e-12);
+            for b in 0..n {
+                assert!((j[a * n + b] - j[b * n + a]).abs() < 1e-12);
+                assert!((0.0..=1.0).contains(&j[a * n + b]));
+            }
+        }
+        assert!(j.iter().any(|&x| x > 0.0 && x < 1.0));
+        assert!(params.jaccard_from_similarities(&cos[1..], n).is_err());
+        let e = KReciprocal { k1: 9, ..params }
+            .jaccard_from_similarities(&cos, n)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k1"), "{e}");
     }
 
     #[test]

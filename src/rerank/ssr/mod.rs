@@ -18,14 +18,21 @@
 //! Where the paper and the authors' code differ, both are implemented
 //! ([`graph::Layout`], [`model::UpdateRule`], [`model::GroupSchedule`],
 //! [`model::RetrievalLoss`], [`SupportNodes`]); the defaults follow the paper.
+//!
+//! The ablations of Tables 3–4 are switches of [`SsrConfig`]: the rows and columns of `M_i`
+//! ([`NodeGroup`]), the local sort ([`ColumnOrder`]), the subgraph decomposition
+//! ([`Decomposition`]) and the feature update ([`UpdateSpace`]); Sec. 2.3's k-reciprocal input
+//! `D^t = 2α(1 − S^t) + (1 − α)J` (Eq. 9) is [`SsrInput::KReciprocal`].
 
 pub mod graph;
 pub mod model;
 pub mod train;
 pub mod update;
 
-pub use graph::{Layout, SubgraphIndex};
-pub use model::{GroupSchedule, RetrievalLoss, SsrConfig, SsrModel, Task, UpdateRule};
+pub use graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphIndex, SubgraphSpec};
+pub use model::{
+    GroupSchedule, RetrievalLoss, SsrConfig, SsrInput, SsrModel, Task, UpdateRule, UpdateSpace,
+};
 pub use train::{meta_train, FewShotTasks, MetaTrainConfig, RetrievalTasks, Stage, TaskSource};
 
 use super::{check_chunk, Reranker, TopN};

@@ -2,7 +2,7 @@
 //! to an update signal of the same shape, and the learnable temperature `τ` of the losses
 //! (Eqs. 6–7).
 
-use super::graph::Layout;
+use super::graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphSpec};
 use crate::error::{Error, Result};
 use crate::models::ParamStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -47,6 +47,46 @@ pub enum RetrievalLoss {
     QueryRow,
 }
 
+/// What is refined by each update (SSR Table 3–4, "w.o feat. update").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateSpace {
+    /// SSR Eqs. 3–4: the update is projected onto the node features (one gradient step of
+    /// step size `λ`), so `S^t` stays a cosine-similarity matrix.
+    #[default]
+    Features,
+    /// "w.o feat. update": the unconstrained Eq. 2, the update added directly to the
+    /// similarity matrix, `S^t = S^{t−1} + λ G(S^{t−1})`, and the loss taken on `S^T`. The
+    /// output is scaled by the same step `λ` as the feature step so that only *where* the
+    /// update is applied changes, not its size: the feature step moves an isolated entry by
+    /// `Δs_ij ≈ λ G_ij (1 − s_ij²)`. `λ = 1` is Eq. 2 as printed (which, unscaled, made
+    /// meta-training diverge at the few-shot LR of 0.1 at our quick scale).
+    Similarity,
+}
+
+/// What SSR's MLP reads at each update.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum SsrInput {
+    /// The entries of `S^t` (Sec. 2.2).
+    #[default]
+    Similarity,
+    /// SSR Sec. 2.3: the entries of `D^t = 2α(1 − S^t) + (1 − α)J` (Eq. 9, since
+    /// `‖â − b̂‖² = 2(1 − cos)`), with `J` the k-reciprocal Jaccard distance between the graph's
+    /// nodes ([`crate::rerank::k_reciprocal`]) computed once from the initial features and
+    /// kept fixed (not differentiated). The subgraphs are still sorted by `S^t`, the update
+    /// still moves the features (or `S^t`) and the loss stays on `S^T`. The authors' released
+    /// code does not do this (it applies SSR to the k-reciprocal list instead).
+    KReciprocal {
+        /// Weight `α` of the feature distance (Eq. 9), in `[0, 1]`.
+        alpha: f64,
+        /// Size of the k-reciprocal sets `R(i, k1)` (Eq. 8); `k1 + 1` ≤ the graph's nodes.
+        k1: usize,
+        /// Neighbours averaged by the local query expansion (1 = none); ≤ the graph's nodes.
+        k2: usize,
+    },
+}
+
 /// SSR's hyperparameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -59,6 +99,23 @@ pub struct SsrConfig {
     pub lambda: f64,
     /// Subgraph layout.
     pub layout: Layout,
+    /// Row groups of `M_i` (SSR Tables 3–4; absent: the paper's — retrieval `["sample",
+    /// "query"]`, few-shot `["sample", "support"]`). Table 3: `["query"]` (w.o sample),
+    /// `["sample"]` (w.o query), `["sample", "query", "references"]` (w.o other, "the full
+    /// graph"); Table 4: `["sample", "support", "query"]`, `["support"]`, `["sample"]`.
+    pub rows: Option<Vec<NodeGroup>>,
+    /// Column groups of `M_i`, few-shot only (Table 4; absent: `["support", "query"]`, each
+    /// block sorted separately): `["support"]` or `["query"]`.
+    pub columns: Option<Vec<NodeGroup>>,
+    /// Local sort (the paper) or one shared order (Tables 3–4 "w.o local sort").
+    pub order: ColumnOrder,
+    /// Subgraphs (the paper) or the whole matrix (Tables 3–4 "w.o subgraph").
+    pub decomposition: Decomposition,
+    /// Features (Eqs. 3–4, the paper) or the similarity matrix (Eq. 2, Tables 3–4 "w.o feat.
+    /// update").
+    pub update_space: UpdateSpace,
+    /// The MLP's input: `S^t` (the paper's default) or Eq. 9's `D^t` (Sec. 2.3).
+    pub input: SsrInput,
     /// Feature update.
     pub rule: UpdateRule,
     /// One MLP for every node or two alternating ones.
@@ -76,13 +133,20 @@ pub struct SsrConfig {
 
 impl Default for SsrConfig {
     /// The paper's few-shot choices: hidden 4,096, `T = 3`, `λ = 1e-3`, paper layout, Eq. 4
-    /// update, one MLP, Eq. 6 loss, `τ₀ = 10`.
+    /// update, one MLP, Eq. 6 loss, `τ₀ = 10`; the full method of Tables 3–4 (local sort,
+    /// subgraphs, feature update, similarity input).
     fn default() -> Self {
         SsrConfig {
             hidden: 4096,
             steps: 3,
             lambda: 1e-3,
             layout: Layout::Paper,
+            rows: None,
+            columns: None,
+            order: ColumnOrder::Local,
+            decomposition: Decomposition::Subgraphs,
+            update_space: UpdateSpace::Features,
+            input: SsrInput::Similarity,
             rule: UpdateRule::Paper,
             schedule: GroupSchedule::Joint,
             retrieval_loss: RetrievalLoss::AllPositivePairs,
@@ -110,7 +174,50 @@ impl SsrConfig {
                 format!("must be finite and > 0, got {}", self.tau_init),
             ));
         }
+        self.subgraph_spec().validate()?;
+        if self.update_space == UpdateSpace::Similarity {
+            // Both settings only change how the update signal moves the *features*.
+            if self.schedule == GroupSchedule::Alternating {
+                return Err(Error::invalid(
+                    "schedule",
+                    "\"alternating\" updates the features of one node group at a time; with \
+                     update_space = \"similarity\" there are no features to update: use \"joint\"",
+                ));
+            }
+            if self.rule == UpdateRule::AuthorsCode {
+                return Err(Error::invalid(
+                    "rule",
+                    "the rule shapes the feature step; with update_space = \"similarity\" \
+                     (Eq. 2) use rule = \"paper\"",
+                ));
+            }
+        }
+        if let SsrInput::KReciprocal { alpha, k1, k2 } = self.input {
+            if !(0.0..=1.0).contains(&alpha) {
+                return Err(Error::invalid(
+                    "input.k_reciprocal.alpha",
+                    format!("must be in [0, 1], got {alpha}"),
+                ));
+            }
+            if k1 == 0 || k2 == 0 {
+                return Err(Error::invalid(
+                    "input.k_reciprocal",
+                    format!("k1 and k2 must be ≥ 1, got k1 = {k1}, k2 = {k2}"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// What the MLP reads of the graph (layout, rows, columns, order, decomposition).
+    pub fn subgraph_spec(&self) -> SubgraphSpec {
+        SubgraphSpec {
+            layout: self.layout,
+            rows: self.rows.clone(),
+            columns: self.columns.clone(),
+            order: self.order,
+            decomposition: self.decomposition,
+        }
     }
 
     /// Number of MLPs the schedule needs.
@@ -229,7 +336,7 @@ impl SsrModel {
     /// by `seed` and each variable's name, [`ParamStore`]) in `dtype` (F32 or F64).
     pub fn new(config: SsrConfig, task: Task, dtype: DType, seed: u64) -> Result<Self> {
         config.validate()?;
-        let dim = task.input_dim(config.layout)?;
+        let dim = task.input_dim(&config)?;
         let device = Device::Cpu;
         let params = ParamStore::new(seed);
         let vb = params.var_builder(dtype, &device);
@@ -325,24 +432,28 @@ impl SsrModel {
 }
 
 impl Task {
-    /// The MLP's input width under `layout`; errors on an empty graph.
-    pub fn input_dim(&self, layout: Layout) -> Result<usize> {
+    /// Number of nodes of the graph (`k + 1`, or supports + queries).
+    pub fn nodes(&self) -> usize {
         match *self {
-            Task::Retrieval { k } => {
-                if k == 0 {
-                    return Err(Error::invalid("k", "re-rank at least 1 reference"));
-                }
-                Ok(super::graph::retrieval_dim(layout, k))
-            }
-            Task::FewShot { supports, queries } => {
-                if supports == 0 || queries == 0 {
-                    return Err(Error::invalid(
-                        "episode",
-                        format!("{supports} support nodes and {queries} queries: need ≥ 1 of each"),
-                    ));
-                }
-                Ok(super::graph::few_shot_dim(layout, supports, queries))
-            }
+            Task::Retrieval { k } => k + 1,
+            Task::FewShot { supports, queries } => supports + queries,
         }
+    }
+
+    /// The MLP's input width under `config` (its subgraph layout, rows, columns and
+    /// decomposition); errors on an empty graph, on row/column groups the task does not have,
+    /// and on k-reciprocal input parameters too large for the graph.
+    pub fn input_dim(&self, config: &SsrConfig) -> Result<usize> {
+        let dim = config.subgraph_spec().input_dim(*self)?;
+        if let SsrInput::KReciprocal { alpha, k1, k2 } = config.input {
+            crate::rerank::k_reciprocal::KReciprocal {
+                k1,
+                k2,
+                lambda: alpha,
+            }
+            .validate(self.nodes())
+            .map_err(|e| Error::invalid("input.k_reciprocal", e.to_string()))?;
+        }
+        Ok(dim)
     }
 }

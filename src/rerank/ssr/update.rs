@@ -8,9 +8,12 @@
 //! update) has a first-order backward in candle, so the meta-loss after `T` updates is
 //! differentiable w.r.t. the MLP's parameters and `τ`.
 
-use super::graph::{few_shot_subgraphs, retrieval_subgraphs, SubgraphIndex};
-use super::model::{GroupSchedule, RetrievalLoss, SsrModel, Task, UpdateRule};
+use super::graph::{subgraphs, SubgraphIndex};
+use super::model::{
+    GroupSchedule, RetrievalLoss, SsrInput, SsrModel, Task, UpdateRule, UpdateSpace,
+};
 use crate::error::{Error, Result};
+use crate::rerank::k_reciprocal::KReciprocal;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Module;
 
@@ -63,38 +66,88 @@ pub fn graph_sum(g: &Tensor, index: &SubgraphIndex, idx: &Tensor) -> Result<Tens
 
 impl SsrModel {
     /// The subgraphs of the current similarities (the sort is not differentiated).
-    fn subgraphs(&self, s: &Tensor) -> Result<SubgraphIndex> {
+    pub fn subgraphs(&self, s: &Tensor) -> Result<SubgraphIndex> {
         let n = s.dims()[0];
+        if n != self.task.nodes() {
+            return Err(Error::Shape(format!(
+                "a {n}-node similarity matrix for {:?}",
+                self.task
+            )));
+        }
         let sim: Vec<f64> = s
             .detach()
             .to_dtype(DType::F64)?
             .flatten_all()?
             .to_vec1::<f64>()?;
-        Ok(match self.task {
-            Task::Retrieval { .. } => retrieval_subgraphs(&sim, n, self.config.layout),
-            Task::FewShot { supports, queries } => {
-                few_shot_subgraphs(&sim, supports, queries, self.config.layout)
-            }
-        })
+        Ok(subgraphs(&sim, self.task, &self.config.subgraph_spec()))
     }
 
-    /// The GraphSum matrix `G(S)` (Eqs. 2 and 5) of MLP `which` at features `f`.
-    pub fn update_signal(&self, f: &Tensor, which: usize) -> Result<Tensor> {
-        let (_, _, s) = cosine_graph(f)?;
-        let index = self.subgraphs(&s)?;
-        let idx = Tensor::from_vec(index.flat.clone(), index.flat.len(), f.device())?;
-        let x = s
+    /// The fixed Jaccard matrix `J` of SSR Sec. 2.3 (`n × n`, not differentiated) from the
+    /// initial (normalised) features `f`, if the input is [`SsrInput::KReciprocal`].
+    pub fn fixed_jaccard(&self, f: &Tensor) -> Result<Option<Tensor>> {
+        let SsrInput::KReciprocal { alpha, k1, k2 } = self.config.input else {
+            return Ok(None);
+        };
+        let n = f.dims()[0];
+        let (_, _, s) = cosine_graph(&f.detach().to_dtype(DType::F64)?)?;
+        let cos = s.flatten_all()?.to_vec1::<f64>()?;
+        let j = KReciprocal {
+            k1,
+            k2,
+            lambda: alpha,
+        }
+        .jaccard_from_similarities(&cos, n)?;
+        Ok(Some(
+            Tensor::from_vec(j, (n, n), f.device())?.to_dtype(self.dtype)?,
+        ))
+    }
+
+    /// What the MLP reads at similarities `s`: `s` itself, or SSR Eq. 9's
+    /// `D = 2α(1 − S) + (1 − α)J` when `jaccard` is given.
+    pub fn mlp_input(&self, s: &Tensor, jaccard: Option<&Tensor>) -> Result<Tensor> {
+        match (self.config.input, jaccard) {
+            (SsrInput::KReciprocal { alpha, .. }, Some(j)) => {
+                Ok(((s.affine(-2.0 * alpha, 2.0 * alpha)?) + (j * (1.0 - alpha))?)?)
+            }
+            (SsrInput::KReciprocal { .. }, None) => Err(Error::invalid(
+                "input",
+                "the k-reciprocal input needs the Jaccard matrix of the initial features",
+            )),
+            (SsrInput::Similarity, _) => Ok(s.clone()),
+        }
+    }
+
+    /// The GraphSum matrix `G(S)` (Eqs. 2 and 5) of MLP `which` at similarities `s` (`n × n`),
+    /// reading `s` or Eq. 9's `D` (with `jaccard`, [`SsrModel::fixed_jaccard`]) at the
+    /// subgraph positions.
+    pub fn update_signal(
+        &self,
+        s: &Tensor,
+        jaccard: Option<&Tensor>,
+        which: usize,
+    ) -> Result<Tensor> {
+        let index = self.subgraphs(s)?;
+        let idx = Tensor::from_vec(index.flat.clone(), index.flat.len(), s.device())?;
+        let x = self
+            .mlp_input(s, jaccard)?
             .flatten_all()?
             .index_select(&idx, 0)?
-            .reshape((index.nodes, index.dim))?;
+            .reshape((index.subgraphs, index.dim))?;
         let g = self.mlps[which].forward(&x)?;
         graph_sum(&g, &index, &idx)
     }
 
     /// One SSR update (Eq. 4 with the learned `G`) of the rows selected by `mask`, with MLP
-    /// `which`.
-    pub fn step(&self, f: &Tensor, which: usize, mask: &Tensor) -> Result<Tensor> {
-        let g = self.update_signal(f, which)?;
+    /// `which` (and the fixed `jaccard` of the k-reciprocal input).
+    pub fn step(
+        &self,
+        f: &Tensor,
+        which: usize,
+        mask: &Tensor,
+        jaccard: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let (_, _, s) = cosine_graph(f)?;
+        let g = self.update_signal(&s, jaccard, which)?;
         feature_step(f, &g, mask, self.config.lambda, self.config.rule)
     }
 
@@ -136,9 +189,24 @@ impl SsrModel {
 
     /// `T` SSR updates of the node features `f` (`n × d`; retrieval: row 0 the query, rows
     /// `1..=k` its references; few-shot: the support nodes then the queries), following the
-    /// configured schedule. Returns the refined features.
+    /// configured schedule. Returns the refined features. Errors with
+    /// [`UpdateSpace::Similarity`] (no features are refined; see
+    /// [`SsrModel::refined_similarity`]).
     pub fn refine(&self, f: &Tensor) -> Result<Tensor> {
-        let mut f = self.prepare(f)?;
+        if self.config.update_space == UpdateSpace::Similarity {
+            return Err(Error::invalid(
+                "update_space",
+                "\"similarity\" refines S directly (Eq. 2), not the features; use \
+                 refined_similarity",
+            ));
+        }
+        let f = self.prepare(f)?;
+        let jaccard = self.fixed_jaccard(&f)?;
+        self.refine_prepared(f, jaccard.as_ref())
+    }
+
+    /// The feature updates of [`SsrModel::refine`] on prepared (normalised) features.
+    fn refine_prepared(&self, mut f: Tensor, jaccard: Option<&Tensor>) -> Result<Tensor> {
         let n = f.dims()[0];
         let dev = f.device().clone();
         let ones = Tensor::ones((n, 1), self.dtype, &dev)?;
@@ -154,20 +222,43 @@ impl SsrModel {
         };
         for _ in 0..self.config.steps {
             match self.config.schedule {
-                GroupSchedule::Joint => f = self.step(&f, 0, &ones)?,
+                GroupSchedule::Joint => f = self.step(&f, 0, &ones, jaccard)?,
                 GroupSchedule::Alternating => {
-                    f = self.step(&f, 0, &group(true)?)?;
-                    f = self.step(&f, 1, &group(false)?)?;
+                    f = self.step(&f, 0, &group(true)?, jaccard)?;
+                    f = self.step(&f, 1, &group(false)?, jaccard)?;
                 }
             }
         }
         Ok(f)
     }
 
+    /// The refined similarity matrix `S^T` (`n × n`) of the node features `f` (same layout as
+    /// [`SsrModel::refine`]): the cosine similarities of the refined features
+    /// ([`UpdateSpace::Features`], Eqs. 3–4), or `T` unconstrained updates
+    /// `S^t = S^{t−1} + λ G(S^{t−1})` of the initial cosine similarities
+    /// ([`UpdateSpace::Similarity`], Eq. 2, Tables 3–4 "w.o feat. update").
+    pub fn refined_similarity(&self, f: &Tensor) -> Result<Tensor> {
+        let f = self.prepare(f)?;
+        let jaccard = self.fixed_jaccard(&f)?;
+        match self.config.update_space {
+            UpdateSpace::Features => {
+                let r = self.refine_prepared(f, jaccard.as_ref())?;
+                Ok(cosine_graph(&r)?.2)
+            }
+            UpdateSpace::Similarity => {
+                let mut s = cosine_graph(&f)?.2;
+                for _ in 0..self.config.steps {
+                    let g = self.update_signal(&s, jaccard.as_ref(), 0)?;
+                    s = (&s + (g * self.config.lambda)?)?;
+                }
+                Ok(s)
+            }
+        }
+    }
+
     /// Refined similarities `s^T(q, ·)` of the query (row 0) to its `k` references.
     pub fn refine_retrieval(&self, f: &Tensor) -> Result<Vec<f64>> {
-        let r = self.refine(f)?;
-        let (_, _, s) = cosine_graph(&r)?;
+        let s = self.refined_similarity(f)?;
         let row = s.get(0)?.to_dtype(DType::F64)?.to_vec1::<f64>()?;
         Ok(row[1..].to_vec())
     }
@@ -202,8 +293,7 @@ impl SsrModel {
                 }
             }
         }
-        let r = self.refine(f)?;
-        let (_, _, s) = cosine_graph(&r)?;
+        let s = self.refined_similarity(f)?;
         self.contrastive(&s, pm, nm, n, n)
     }
 
@@ -258,11 +348,11 @@ impl SsrModel {
         query_labels: &[usize],
     ) -> Result<Tensor> {
         let (s_n, q_n) = (support_labels.len(), query_labels.len());
-        let r = self.refine(f)?;
-        let (_, fhat, _) = cosine_graph(&r)?;
-        let q = fhat.narrow(0, s_n, q_n)?;
-        let sup = fhat.narrow(0, 0, s_n)?;
-        let s = q.matmul(&sup.t()?)?;
+        // The query × support block of S^T.
+        let s = self
+            .refined_similarity(f)?
+            .narrow(0, s_n, q_n)?
+            .narrow(1, 0, s_n)?;
         let mut pm = vec![0.0; q_n * s_n];
         let mut nm = vec![0.0; q_n * s_n];
         for (i, &y) in query_labels.iter().enumerate() {
@@ -284,7 +374,8 @@ impl SsrModel {
     }
 
     /// Class scores after `T` updates: cosine of each refined query with each class's mean
-    /// refined support node (`n_way` columns), row-major.
+    /// refined support node (`n_way` columns), row-major. With [`UpdateSpace::Similarity`]
+    /// (no refined features), the mean of `s^T(query, ·)` over the class's support nodes.
     pub fn few_shot_scores(
         &self,
         f: &Tensor,
@@ -292,6 +383,37 @@ impl SsrModel {
         n_way: usize,
     ) -> Result<Vec<Vec<f64>>> {
         let s_n = support_labels.len();
+        if self.config.update_space == UpdateSpace::Similarity {
+            // No refined features to average: the mean refined similarity to the class's
+            // support nodes (with one node per class, the similarity to its prototype).
+            let s = self
+                .refined_similarity(f)?
+                .to_dtype(DType::F64)?
+                .to_vec2::<f64>()?;
+            let mut counts = vec![0usize; n_way];
+            for &l in support_labels {
+                counts[l] += 1;
+            }
+            return Ok(s[s_n..]
+                .iter()
+                .map(|row| {
+                    let mut sums = vec![0.0; n_way];
+                    for (v, &l) in row[..s_n].iter().zip(support_labels) {
+                        sums[l] += v;
+                    }
+                    sums.iter()
+                        .zip(&counts)
+                        .map(|(x, &c)| {
+                            if c == 0 {
+                                f64::NEG_INFINITY
+                            } else {
+                                x / c as f64
+                            }
+                        })
+                        .collect()
+                })
+                .collect());
+        }
         let r = self.refine(f)?;
         let rows = r.to_dtype(DType::F64)?.to_vec2::<f64>()?;
         let dim = rows[0].len();
@@ -321,7 +443,7 @@ impl SsrModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rerank::ssr::graph::Layout;
+    use crate::rerank::ssr::graph::{ColumnOrder, Decomposition, Layout, NodeGroup};
     use crate::rerank::ssr::model::{GroupSchedule, SsrConfig};
 
     fn feats(n: usize, d: usize, seed: u64) -> Vec<f64> {
@@ -518,13 +640,63 @@ mod tests {
         let n = k + 1;
         let f = t(&feats(n, d, 11), n, d);
         let positive = [true, false, true, false, false];
-        for (schedule, rule) in [
-            (GroupSchedule::Joint, UpdateRule::Paper),
-            (GroupSchedule::Alternating, UpdateRule::AuthorsCode),
-        ] {
-            let mut model = tiny_model(Task::Retrieval { k }, Layout::Paper, rule, schedule);
-            model.config.steps = 2;
-            model.config.lambda = 0.2;
+        // The paper's and the code's updates, and the differentiable paths of the ablations
+        // (Tables 3–4) and of the k-reciprocal input (Sec. 2.3).
+        type Variant = (&'static str, GroupSchedule, UpdateRule, fn(&mut SsrConfig));
+        let variants: [Variant; 6] = [
+            ("paper", GroupSchedule::Joint, UpdateRule::Paper, |_| {}),
+            (
+                "code",
+                GroupSchedule::Alternating,
+                UpdateRule::AuthorsCode,
+                |_| {},
+            ),
+            (
+                "k-reciprocal input",
+                GroupSchedule::Joint,
+                UpdateRule::Paper,
+                |c| {
+                    c.input = SsrInput::KReciprocal {
+                        alpha: 0.4,
+                        k1: 2,
+                        k2: 2,
+                    }
+                },
+            ),
+            (
+                "w.o feat. update",
+                GroupSchedule::Joint,
+                UpdateRule::Paper,
+                |c| c.update_space = UpdateSpace::Similarity,
+            ),
+            (
+                "w.o subgraph",
+                GroupSchedule::Joint,
+                UpdateRule::Paper,
+                |c| c.decomposition = Decomposition::WholeGraph,
+            ),
+            (
+                "full rows, shared order",
+                GroupSchedule::Joint,
+                UpdateRule::Paper,
+                |c| {
+                    c.rows = Some(vec![
+                        NodeGroup::Sample,
+                        NodeGroup::Query,
+                        NodeGroup::References,
+                    ]);
+                    c.order = ColumnOrder::Shared;
+                },
+            ),
+        ];
+        for (what, schedule, rule, change) in variants {
+            let mut config =
+                tiny_model(Task::Retrieval { k }, Layout::Paper, rule, schedule).config;
+            change(&mut config);
+            config.steps = 2;
+            config.lambda = 0.2;
+            let model = SsrModel::new(config, Task::Retrieval { k }, DType::F64, 3).unwrap();
+            let schedule = what;
             let loss = model.retrieval_loss(&f, &positive).unwrap();
             let grads = loss.backward().unwrap();
             for (name, var) in model.vars() {
@@ -600,5 +772,316 @@ mod tests {
                 assert!((r[i][c] - row[c] / nr).abs() < 1e-15);
             }
         }
+    }
+    /// Plain-loop GraphSum of MLP outputs `g_out` at `index`'s positions.
+    fn scatter(index: &SubgraphIndex, g_out: &[f64]) -> Vec<f64> {
+        let mut g = vec![0.0; index.nodes * index.nodes];
+        for (p, &v) in index.flat.iter().zip(g_out) {
+            g[*p as usize] += v;
+        }
+        g
+    }
+
+    /// The MLP's output on the gathered inputs `x` (`subgraphs × D`, row-major).
+    fn mlp_out(model: &SsrModel, x: &[f64], index: &SubgraphIndex) -> Vec<f64> {
+        let xt = Tensor::from_vec(x.to_vec(), (index.subgraphs, index.dim), &Device::Cpu).unwrap();
+        model.mlps[0]
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap()
+    }
+
+    fn cosine_loops(raw: &[f64], n: usize, d: usize) -> Vec<f64> {
+        (0..n * n)
+            .map(|p| {
+                cos(
+                    &raw[p / n * d..(p / n + 1) * d],
+                    &raw[p % n * d..(p % n + 1) * d],
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn without_feature_update_s_gets_g_added_directly() {
+        // Table 3–4 "w.o feat. update": S^t = S^{t−1} + λ G(S^{t−1}) (Eq. 2), checked
+        // against loops over two steps, for retrieval and few-shot graphs.
+        let d = 4;
+        for (task, rows) in [
+            (Task::Retrieval { k: 5 }, None),
+            (
+                Task::FewShot {
+                    supports: 2,
+                    queries: 4,
+                },
+                Some(vec![
+                    NodeGroup::Sample,
+                    NodeGroup::Support,
+                    NodeGroup::Query,
+                ]),
+            ),
+        ] {
+            let n = task.nodes();
+            let config = SsrConfig {
+                hidden: 6,
+                steps: 2,
+                lambda: 0.7,
+                rows,
+                update_space: UpdateSpace::Similarity,
+                ..SsrConfig::default()
+            };
+            let model = SsrModel::new(config, task, DType::F64, 5).unwrap();
+            let raw = feats(n, d, 21);
+            let got = model
+                .refined_similarity(&t(&raw, n, d))
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap();
+            let mut s = cosine_loops(&raw, n, d);
+            for _ in 0..2 {
+                let index = subgraphs(&s, task, &model.config.subgraph_spec());
+                let x: Vec<f64> = index.flat.iter().map(|&p| s[p as usize]).collect();
+                let g = scatter(&index, &mlp_out(&model, &x, &index));
+                for (a, b) in s.iter_mut().zip(&g) {
+                    *a += 0.7 * b;
+                }
+            }
+            let moved = s
+                .iter()
+                .zip(cosine_loops(&raw, n, d))
+                .any(|(a, b)| (a - b).abs() > 1e-6);
+            assert!(moved, "{task:?}: G is not zero");
+            for (p, (a, b)) in got.iter().zip(&s).enumerate() {
+                assert!((a - b).abs() < 1e-12, "{task:?} [{p}]: {a} vs {b}");
+            }
+            // There are no refined features.
+            let e = model.refine(&t(&raw, n, d)).unwrap_err().to_string();
+            assert!(e.contains("update_space"), "{e}");
+        }
+    }
+
+    #[test]
+    fn whole_graph_reads_and_predicts_the_whole_matrix() {
+        // "w.o subgraph": one MLP input of n² entries per graph, one update per entry.
+        let (k, d) = (4, 3);
+        let n = k + 1;
+        let task = Task::Retrieval { k };
+        let config = SsrConfig {
+            hidden: 5,
+            decomposition: Decomposition::WholeGraph,
+            ..SsrConfig::default()
+        };
+        let model = SsrModel::new(config, task, DType::F64, 2).unwrap();
+        assert_eq!(
+            model.params.get("g.fc1.weight").unwrap().dims(),
+            &[5, n * n]
+        );
+        assert_eq!(
+            model.params.get("g.fc3.weight").unwrap().dims(),
+            &[n * n, 5]
+        );
+        let raw = feats(n, d, 4);
+        let s = cosine_loops(&raw, n, d);
+        let st = t(&s, n, n);
+        let index = model.subgraphs(&st).unwrap();
+        assert_eq!((index.subgraphs, index.dim), (1, n * n));
+        let g = model
+            .update_signal(&st, None, 0)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let x: Vec<f64> = index.flat.iter().map(|&p| s[p as usize]).collect();
+        let expect = scatter(&index, &mlp_out(&model, &x, &index));
+        // Every entry is predicted once: G is a permutation of the MLP's output.
+        assert_eq!(g.len(), n * n);
+        for (a, b) in g.iter().zip(&expect) {
+            assert!((a - b).abs() < 1e-12);
+        }
+        let mut sorted = index.flat.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..(n * n) as u32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn k_reciprocal_input_is_eq_9_of_the_fixed_jaccard() {
+        let (k, d) = (7, 3);
+        let n = k + 1;
+        let task = Task::Retrieval { k };
+        let raw = feats(n, d, 9);
+        let s = cosine_loops(&raw, n, d);
+        let st = t(&s, n, n);
+        let kr = |alpha: f64| SsrConfig {
+            hidden: 4,
+            input: SsrInput::KReciprocal {
+                alpha,
+                k1: 3,
+                k2: 2,
+            },
+            ..SsrConfig::default()
+        };
+        // α = 1: D = 2(1 − S), an affine map of the similarity input.
+        let m1 = SsrModel::new(kr(1.0), task, DType::F64, 0).unwrap();
+        let j = m1.fixed_jaccard(&t(&raw, n, d)).unwrap().unwrap();
+        let x = m1
+            .mlp_input(&st, Some(&j))
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        assert!((x[1] - 2.0 * (1.0 - s[1])).abs() < 1e-12);
+        for (a, b) in x.iter().zip(&s) {
+            assert!((a - (2.0 - 2.0 * b)).abs() < 1e-12);
+        }
+        // α = 0.3: D_ij = 0.6 (1 − s_ij) + 0.7 J_ij with J the k-reciprocal Jaccard distance.
+        let m = SsrModel::new(kr(0.3), task, DType::F64, 0).unwrap();
+        let j = m.fixed_jaccard(&t(&raw, n, d)).unwrap().unwrap();
+        let jv = KReciprocal {
+            k1: 3,
+            k2: 2,
+            lambda: 0.3,
+        }
+        .jaccard_from_similarities(&s, n)
+        .unwrap();
+        let jt = j.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        for (a, b) in jt.iter().zip(&jv) {
+            assert!((a - b).abs() < 1e-9);
+        }
+        let x = m
+            .mlp_input(&st, Some(&j))
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let p = 2 * n + 5;
+        assert!((x[p] - (0.6 * (1.0 - s[p]) + 0.7 * jv[p])).abs() < 1e-9);
+        assert!(jv[p] > 0.0, "a pair with a non-trivial Jaccard distance");
+        // Bad parameters name the field.
+        for (bad, field) in [
+            (kr(1.5), "alpha"),
+            (
+                SsrConfig {
+                    input: SsrInput::KReciprocal {
+                        alpha: 0.5,
+                        k1: n,
+                        k2: 2,
+                    },
+                    ..kr(0.5)
+                },
+                "k_reciprocal",
+            ),
+            (
+                SsrConfig {
+                    input: SsrInput::KReciprocal {
+                        alpha: 0.5,
+                        k1: 0,
+                        k2: 2,
+                    },
+                    ..kr(0.5)
+                },
+                "k_reciprocal",
+            ),
+        ] {
+            let e = SsrModel::new(bad, task, DType::F64, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn invalid_ablation_combinations_are_errors() {
+        let task = Task::FewShot {
+            supports: 2,
+            queries: 3,
+        };
+        for (config, field) in [
+            (
+                SsrConfig {
+                    update_space: UpdateSpace::Similarity,
+                    schedule: GroupSchedule::Alternating,
+                    ..SsrConfig::default()
+                },
+                "schedule",
+            ),
+            (
+                SsrConfig {
+                    update_space: UpdateSpace::Similarity,
+                    rule: UpdateRule::AuthorsCode,
+                    ..SsrConfig::default()
+                },
+                "rule",
+            ),
+            (
+                SsrConfig {
+                    layout: Layout::AuthorsCode,
+                    rows: Some(vec![NodeGroup::Sample]),
+                    ..SsrConfig::default()
+                },
+                "rows",
+            ),
+        ] {
+            let e = SsrModel::new(config, task, DType::F64, 0)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        // The code's alternating schedule and layout do combine with the shared order and the
+        // whole matrix with the alternating schedule.
+        for config in [
+            SsrConfig {
+                hidden: 4,
+                layout: Layout::AuthorsCode,
+                schedule: GroupSchedule::Alternating,
+                order: ColumnOrder::Shared,
+                ..SsrConfig::default()
+            },
+            SsrConfig {
+                hidden: 4,
+                decomposition: Decomposition::WholeGraph,
+                schedule: GroupSchedule::Alternating,
+                ..SsrConfig::default()
+            },
+        ] {
+            let model = SsrModel::new(config, task, DType::F64, 0).unwrap();
+            let r = model.refine(&t(&feats(5, 3, 1), 5, 3)).unwrap();
+            assert_eq!(r.dims(), &[5, 3]);
+        }
+    }
+
+    #[test]
+    fn ablation_configs_parse_from_toml() {
+        let c: SsrConfig = toml::from_str(
+            r#"
+            rows = ["sample", "support", "query"]
+            columns = ["query"]
+            order = "shared"
+            decomposition = "whole_graph"
+            update_space = "similarity"
+            input = { k_reciprocal = { alpha = 0.3, k1 = 20, k2 = 6 } }
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.columns, Some(vec![NodeGroup::Query]));
+        assert_eq!(
+            c.input,
+            SsrInput::KReciprocal {
+                alpha: 0.3,
+                k1: 20,
+                k2: 6
+            }
+        );
+        let d: SsrConfig = toml::from_str("input = \"similarity\"").unwrap();
+        assert_eq!(d, SsrConfig::default());
+        assert!(toml::from_str::<SsrConfig>("rows = [\"other\"]").is_err());
+        assert!(toml::from_str::<SsrConfig>("local_sort = false").is_err());
     }
 }
