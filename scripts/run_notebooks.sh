@@ -14,7 +14,8 @@
 # Installs into git-ignored folders of the repository, nothing under $HOME:
 #   .venv-notebooks/        Python venv (notebooks/requirements.txt: nbclient, jupyter_client)
 #                           + evcxr_jupyter (cargo install --root) + the `rust` kernel spec;
-#   target/notebooks/evcxr  EVCXR_TMPDIR: evcxr's build folder, kept so that later runs and later
+#   target/notebooks/{fast-compile,optimised}/evcxr  EVCXR_TMPDIR: evcxr's build folder (one per
+#                           cargo profile: tiny / quick and paper), kept so that later runs and later
 #                           notebooks start warm.
 # A cold machine spends ~8 min installing evcxr_jupyter and then several minutes in the first
 # cell of the first notebook (evcxr compiles rankwise and its dependencies); see
@@ -81,8 +82,15 @@ if [[ ! -f "$JUPYTER_PATH/kernels/rust/kernel.json" ]] ||
   "$VENV/bin/evcxr_jupyter" --install >/dev/null
 fi
 
-# 3. evcxr's environment.
-export EVCXR_TMPDIR="$ROOT/target/notebooks/evcxr"
+# 3. evcxr's environment. One build folder per cargo profile, so that switching scales does not
+# rebuild: `tiny` (CI) compiles rankwise and its dependencies as cheaply as possible and runs them
+# slowly; `quick` and `paper` use evcxr's optimised build (notebooks/README.md has the costs).
+case "$scale" in
+  tiny) build="fast-compile"; profile="cargo-config-tiny.toml" ;;
+  *) build="optimised"; profile="cargo-config.toml" ;;
+esac
+BUILD="$ROOT/target/notebooks/$build"
+export EVCXR_TMPDIR="$BUILD/evcxr"
 export EVCXR_CONFIG_DIR="$ROOT/notebooks/evcxr"     # init.evcxr: a panic fails the cell
 export JUPYTER_RUNTIME_DIR="$ROOT/target/notebooks/jupyter-runtime"
 export JUPYTER_PLATFORM_DIRS=1
@@ -92,8 +100,8 @@ mkdir -p "$EVCXR_TMPDIR" "$JUPYTER_RUNTIME_DIR"
 cp "$ROOT/Cargo.lock" "$EVCXR_TMPDIR/Cargo.lock"
 # Cargo reads .cargo/config.toml from the folders above evcxr's build folder: the profile the
 # notebooks are compiled with (see notebooks/README.md for why these settings).
-mkdir -p "$ROOT/target/notebooks/.cargo"
-cp "$ROOT/notebooks/evcxr/cargo-config.toml" "$ROOT/target/notebooks/.cargo/config.toml"
+mkdir -p "$BUILD/.cargo"
+cp "$ROOT/notebooks/evcxr/$profile" "$BUILD/.cargo/config.toml"
 
 export RANKWISE_SCALE="$scale"
 args=(--cell-timeout "$cell_timeout")
