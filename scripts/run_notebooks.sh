@@ -17,8 +17,8 @@
 #   target/notebooks/{fast-compile,optimised}/evcxr  EVCXR_TMPDIR: evcxr's build folder (one per
 #                           cargo profile: tiny / quick and paper), kept so that later runs and later
 #                           notebooks start warm.
-# A cold machine spends ~8 min installing evcxr_jupyter and then several minutes in the first
-# cell of the first notebook (evcxr compiles rankwise and its dependencies); see
+# A cold idle 2-core machine spends ~6 min installing evcxr_jupyter, then ~4 min (tiny) in the
+# first notebook (evcxr compiles rankwise and its dependencies; longer at quick); see
 # notebooks/README.md for measured times. Exit status non-zero if any notebook failed, including
 # a panic or an error printed by a cell (scripts/check_notebook.py).
 set -euo pipefail
