@@ -25,6 +25,10 @@
 //! the process's baseline; for a clean number run one configuration per process. One JSON line
 //! per configuration on stdout.
 //!
+//! The allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train`,
+//! `reproduce` and the notebooks do); `--no-malloc-tuning` leaves glibc's defaults, under which
+//! every `B × B` intermediate above 128 KiB is a fresh `mmap` whose pages fault in again.
+//!
 //! `--check-smooth-ap PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP
 //! value and gradient to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
 
@@ -107,7 +111,7 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn bench(name: &str, b: usize, reps: Option<usize>) -> Result<()> {
+fn bench(name: &str, b: usize, reps: Option<usize>, malloc_tuned: bool) -> Result<()> {
     let reps = reps.unwrap_or(match b {
         0..=384 => 5,
         385..=1024 => 3,
@@ -141,6 +145,7 @@ fn bench(name: &str, b: usize, reps: Option<usize>) -> Result<()> {
         "B": b,
         "D": DIM,
         "threads": rayon::current_num_threads(),
+        "malloc_tuned": malloc_tuned,
         "reps": reps,
         "seconds": median(times.clone()),
         "seconds_all": times,
@@ -188,12 +193,14 @@ fn main() -> Result<()> {
     let mut losses: Vec<String> = Vec::new();
     let mut batches: Vec<usize> = Vec::new();
     let mut reps = None;
+    let mut tune_malloc = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--loss" => losses.push(args.next().context("--loss NAME")?),
             "--batch" => batches.push(args.next().context("--batch B")?.parse()?),
             "--reps" => reps = Some(args.next().context("--reps N")?.parse()?),
+            "--no-malloc-tuning" => tune_malloc = false,
             "--check-smooth-ap" => {
                 return check_smooth_ap(&args.next().context("--check-smooth-ap PATH")?)
             }
@@ -202,6 +209,9 @@ fn main() -> Result<()> {
             other => bail!("unknown argument {other}"),
         }
     }
+    // As `rankwise train` / `reproduce` and the notebooks run the losses: glibc keeps freed
+    // buffers instead of mapping and zero-filling fresh pages for every B × B intermediate.
+    let tuned = tune_malloc && rankwise::alloc::tune_allocator();
     if losses.is_empty() {
         losses = LOSSES.iter().map(|s| s.to_string()).collect();
     }
@@ -210,7 +220,7 @@ fn main() -> Result<()> {
     }
     for b in &batches {
         for name in &losses {
-            bench(name, *b, reps)?;
+            bench(name, *b, reps, tuned)?;
         }
     }
     Ok(())
