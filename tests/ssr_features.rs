@@ -216,6 +216,12 @@ fn every_feature_set_fills_its_paper_column() {
         .find(|c| c.method == "Feat. only" && c.metric == "mAP@R")
         .unwrap();
     assert!(feat.value > 0.5, "{feat:?}");
+    // The claims and the figure read the columns this run filled (mini-ImageNet WRN, CUB GL,
+    // CUB's Table 3 with N = 7), not the quick scale's: every claim is decidable.
+    for c in ssr::claims(&m) {
+        assert!(c.holds.is_some(), "{c:?}");
+    }
+    assert_eq!(ssr::figures(&m).unwrap().len(), 1);
     for f in ["fewshot_1shot", "fewshot_5shot", "retrieval", "landmarks"] {
         let p = ckpt.join(format!("{f}.safetensors"));
         assert!(rankwise::rerank::ssr::SsrModel::load(&p).is_ok(), "{f}");
@@ -231,6 +237,8 @@ fn a_part_left_out_is_skipped() {
     sets.landmarks = None;
     let m = measure_recipe_in(dir.path(), &r, Scale::Paper, None).unwrap();
     assert!(m.cells.iter().all(|c| c.dataset == "CUB"), "{:?}", m.cells);
+    // No few-shot set: no Table 2 figure, and not an error.
+    assert!(ssr::figures(&m).unwrap().is_empty());
     assert_eq!(m.cells.len(), 14 + 1 + ssr::retrieval_ablation_rows().len());
 }
 
