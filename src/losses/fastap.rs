@@ -147,10 +147,15 @@ impl Bins {
     /// The bins whose kernel (or the port's derivative) can be non-zero at `d`: a window of
     /// four centres around `d`, which contains the two that matter.
     fn window(&self, d: f64) -> std::ops::Range<usize> {
-        let idx = (d / self.delta).floor();
-        let last = self.centres.len() as f64 - 1.0;
-        let lo = (idx - 1.0).clamp(0.0, last) as usize;
-        let hi = (idx + 2.0).clamp(0.0, last) as usize;
+        // ⌊d/Δ⌋ without `f64::floor`, which is a libm call on the baseline x86-64 target and
+        // showed in the loss's profile; identical for every finite d (distances of unit vectors
+        // lie in [−ε, 4 + ε]).
+        let t = d / self.delta;
+        let trunc = t as i64;
+        let idx = if (trunc as f64) > t { trunc - 1 } else { trunc };
+        let last = self.centres.len() as i64 - 1;
+        let lo = (idx - 1).clamp(0, last) as usize;
+        let hi = (idx + 2).clamp(0, last) as usize;
         lo..hi + 1
     }
 }
@@ -170,10 +175,15 @@ impl QueryHistograms {
     /// Builds `h⁺`, `h⁻` from the squared distances of the retrieval set and whether each item is
     /// a positive.
     pub fn new(dists: &[f64], positive: &[bool], bins: &Bins) -> Self {
+        Self::from_items(dists.iter().copied().zip(positive.iter().copied()), bins)
+    }
+
+    /// [`QueryHistograms::new`] from `(squared distance, is positive)` pairs, in order.
+    fn from_items(items: impl Iterator<Item = (f64, bool)>, bins: &Bins) -> Self {
         let mut pos = vec![0.0; bins.len()];
         let mut neg = vec![0.0; bins.len()];
         let mut num_pos = 0;
-        for (&d, &p) in dists.iter().zip(positive) {
+        for (d, p) in items {
             num_pos += p as usize;
             let hist = if p { &mut pos } else { &mut neg };
             for l in bins.window(d) {
@@ -276,46 +286,56 @@ impl RankLoss for FastAp {
     }
 }
 
-/// FastAP as a [`RowLoss`]: a row's summary is its FastAP (`None` without positives).
+/// FastAP as a [`RowLoss`]: a row's summary is its FastAP and the partials of its histograms
+/// (`None` without positives), so the backward pass does not rebuild the histograms.
 struct FastApRows {
     bins: Bins,
     fine: Arc<Vec<ClassId>>,
     gradient: FastApGradient,
 }
 
+/// One query's FastAP and `(∂FastAP/∂h⁺_l, ∂FastAP/∂h⁻_l)`.
+struct FastApRow {
+    fastap: f64,
+    d_pos: Vec<f64>,
+    d_neg: Vec<f64>,
+}
+
 impl FastApRows {
-    /// Squared distances and positive flags of query `q`'s retrieval set, in column order with
-    /// the query's own column removed.
-    fn retrieval_set(&self, q: usize, sims: &[f64]) -> (Vec<f64>, Vec<bool>, Vec<usize>) {
-        let n = sims.len() - 1;
-        let (mut dists, mut positive, mut cols) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for (j, &s) in sims.iter().enumerate() {
-            if j != q {
-                dists.push(2.0 - 2.0 * s);
-                positive.push(self.fine[j] == self.fine[q]);
-                cols.push(j);
-            }
-        }
-        (dists, positive, cols)
+    /// `(column, squared distance, is positive)` of query `q`'s retrieval set, in column order
+    /// with the query's own column left out.
+    fn retrieval_set<'a>(
+        &'a self,
+        q: usize,
+        sims: &'a [f64],
+    ) -> impl Iterator<Item = (usize, f64, bool)> + 'a {
+        let fine_q = self.fine[q];
+        sims.iter()
+            .enumerate()
+            .filter(move |&(j, _)| j != q)
+            .map(move |(j, &s)| (j, 2.0 - 2.0 * s, self.fine[j] == fine_q))
     }
 }
 
 impl RowLoss for FastApRows {
-    type Row = Option<f64>;
+    type Row = Option<FastApRow>;
     /// (number of queries with a positive, Σ FastAP over them)
     type Global = (usize, f64);
 
-    fn summarise(&self, q: usize, sims: &[f64]) -> Option<f64> {
-        let (dists, positive, _) = self.retrieval_set(q, sims);
-        QueryHistograms::new(&dists, &positive, &self.bins).fastap()
+    fn summarise(&self, q: usize, sims: &[f64]) -> Option<FastApRow> {
+        let items = self.retrieval_set(q, sims).map(|(_, d, p)| (d, p));
+        let hist = QueryHistograms::from_items(items, &self.bins);
+        let fastap = hist.fastap()?;
+        let (d_pos, d_neg) = hist.fastap_partials();
+        Some(FastApRow {
+            fastap,
+            d_pos,
+            d_neg,
+        })
     }
 
-    fn global(&self, rows: &[Option<f64>]) -> Result<(usize, f64)> {
-        let valid: Vec<f64> = rows.iter().flatten().copied().collect();
+    fn global(&self, rows: &[Option<FastApRow>]) -> Result<(usize, f64)> {
+        let valid: Vec<f64> = rows.iter().flatten().map(|r| r.fastap).collect();
         if valid.is_empty() {
             return Err(Error::invalid(
                 "labels",
@@ -334,25 +354,22 @@ impl RowLoss for FastApRows {
         &self,
         q: usize,
         sims: &[f64],
-        row: &Option<f64>,
+        row: &Option<FastApRow>,
         global: &(usize, f64),
         upstream: f64,
         out: &mut [f64],
     ) {
-        if row.is_none() {
+        let Some(row) = row else {
             return;
-        }
-        let (dists, positive, cols) = self.retrieval_set(q, sims);
-        let hist = QueryHistograms::new(&dists, &positive, &self.bins);
-        let (d_pos, d_neg) = hist.fastap_partials();
+        };
         // loss = 1 − (1/N_valid) Σ_q FastAP_q and d = 2 − 2s, so ∂loss/∂s = (2/N_valid) ∂FastAP/∂d;
         // the port returns N_valid/2 times that.
         let scale = match self.gradient {
             FastApGradient::Exact => 2.0 / global.0 as f64,
             FastApGradient::AuthorsPort => 1.0,
         };
-        for ((&d, &p), &j) in dists.iter().zip(&positive).zip(&cols) {
-            let partial = if p { &d_pos } else { &d_neg };
+        for (j, d, p) in self.retrieval_set(q, sims) {
+            let partial = if p { &row.d_pos } else { &row.d_neg };
             let mut coeff = 0.0;
             for l in self.bins.window(d) {
                 let slope = match self.gradient {
