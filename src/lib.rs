@@ -15,6 +15,7 @@ pub mod error;
 pub mod experiments;
 pub mod fewshot;
 pub mod hierarchy;
+pub(crate) mod host_sums;
 pub mod io;
 pub mod losses;
 pub mod metrics;

@@ -16,7 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, PairMetric, RowLoss};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -120,13 +120,12 @@ impl RankLoss for Contrastive {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
         self.validate()?;
-        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = ContrastiveRows {
             loss: self.clone(),
             fine: fine_ids(labels),
         };
-        Ok(row_loss(&e, rows, chunk)?.0)
+        Ok(row_loss(embeddings, Input::Normalise, rows, chunk)?.0)
     }
 }
 

@@ -36,7 +36,9 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{check_unit_rows, chunk_size, fine_ids, row_loss, RowLoss};
+use crate::losses::pairwise_rows::{
+    check_unit_rows, chunk_size, fine_ids, row_loss, Input, RowLoss,
+};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -115,7 +117,13 @@ impl Bins {
 
     /// The triangular kernel `δ(d, z_l) = max(0, 1 − |d − z_l|/Δ)`.
     pub fn kernel(&self, d: f64, l: usize) -> f64 {
-        (1.0 - (d - self.centres[l]).abs() / self.delta).max(0.0)
+        let gap = (d - self.centres[l]).abs();
+        // The same value without the division where it is 0: a correctly rounded `gap / Δ` is
+        // ≥ 1 exactly when `gap ≥ Δ`. Divisions dominated the per-row work of the loss.
+        if gap >= self.delta {
+            return 0.0;
+        }
+        (1.0 - gap / self.delta).max(0.0)
     }
 
     /// `∂δ(d, z_l)/∂d` as torch's autograd computes it: `−sign(d − z_l)/Δ` where the kernel is
@@ -270,11 +278,11 @@ impl RankLoss for FastAp {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
         let bins = Bins::new(self.num_bins)?;
-        let e = if self.normalize {
-            crate::losses::l2_normalize(embeddings, "embeddings")?
+        let input = if self.normalize {
+            Input::Normalise
         } else {
             check_unit_rows(embeddings, 1e-4)?;
-            embeddings.clone()
+            Input::AsGiven
         };
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = FastApRows {
@@ -282,7 +290,7 @@ impl RankLoss for FastAp {
             fine: fine_ids(labels),
             gradient: self.gradient,
         };
-        Ok(row_loss(&e, rows, chunk)?.0)
+        Ok(row_loss(embeddings, input, rows, chunk)?.0)
     }
 }
 

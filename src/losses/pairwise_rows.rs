@@ -19,6 +19,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::host_sums::{dot, sum_squares};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
@@ -146,22 +147,222 @@ pub(crate) trait RowLoss: Send + Sync + 'static {
     );
 }
 
-/// Computes a [`RowLoss`] over the unit-norm embeddings `e_unit` (`B × D`, part of the autograd
-/// graph) in chunks of `chunk` query rows. Returns the scalar loss (dtype and device of
-/// `e_unit`) and the row summaries of the value pass.
+/// What the engine receives: raw embeddings it L2-normalises itself (and differentiates
+/// through), or rows that are already unit vectors (FastAP's `normalize = false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// `êᵢ = xᵢ/‖xᵢ‖` inside the engine; the backward pass applies
+    /// `∂loss/∂xᵢ = (gᵢ − êᵢ(êᵢ·gᵢ))/‖xᵢ‖` to `gᵢ = ∂loss/∂êᵢ`.
+    Normalise,
+    /// The rows are used as given.
+    AsGiven,
+}
+
+/// The unit rows `Ê` the engine works on.
+///
+/// Why the engine normalises itself instead of receiving `l2_normalize(x)` from candle: on the
+/// CPU the normalisation, its backward pass and the `B × B` products are then a handful of
+/// passes over plain slices instead of about fifteen candle element-wise ops, each allocating
+/// and synchronising the thread pool; at B = 256 those ops cost as much as the two products.
+struct UnitRows {
+    /// `Ê` on the embeddings' device and dtype (operand of the products).
+    tensor: Tensor,
+    /// `‖xᵢ‖` per row when the engine normalised (`None`: [`Input::AsGiven`]).
+    norms: Option<Vec<f64>>,
+    /// `Ê` (the values of `tensor`) row-major as `f64` when the embeddings live on the CPU:
+    /// the sparse backward product and the normalisation's backward pass read it. `None` on
+    /// other devices, where both run as tensor operations.
+    host: Option<Vec<f64>>,
+}
+
+/// Row-major values of a CPU or device tensor as `f64`.
+fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(match t.dtype() {
+        DType::F64 => t.flatten_all()?.to_vec1::<f64>()?,
+        DType::F32 => t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        _ => t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+    })
+}
+
+/// A tensor of `dtype` on `device` from row-major `f64` values. `f32` and `f64` are converted
+/// here on the host rather than by a candle cast: candle runs element-wise ops of 64 Ki elements
+/// or more on its own thread pool, whose workers then spin for a while and, on a 2-core
+/// machine, take a core from the rayon threads that run the loss's next step.
+fn tensor_from_f64(
+    values: Vec<f64>,
+    shape: (usize, usize),
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    let t = match dtype {
+        DType::F64 => Tensor::from_vec(values, shape, &Device::Cpu)?,
+        DType::F32 => {
+            let v: Vec<f32> = values.par_iter().map(|&x| x as f32).collect();
+            Tensor::from_vec(v, shape, &Device::Cpu)?
+        }
+        _ => Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?,
+    };
+    Ok(t.to_device(device)?)
+}
+
+/// Errors on a row whose norm cannot divide (the message of [`crate::losses::l2_normalize`]).
+fn check_norms(norms: &[f64]) -> Result<()> {
+    match norms.iter().position(|&n| n <= 0.0 || !n.is_finite()) {
+        Some(row) => Err(Error::invalid(
+            "embeddings",
+            format!("row {row} has zero norm and cannot be L2-normalised"),
+        )),
+        None => Ok(()),
+    }
+}
+
+impl UnitRows {
+    /// `Ê` from the (detached) embeddings. `on_host` selects the CPU path (plain slices); the
+    /// tensor path is what other devices run, and is tested on the CPU against the host path.
+    fn new(x: &Tensor, input: Input, on_host: bool) -> Result<Self> {
+        let (b, d) = x.dims2()?;
+        if !on_host {
+            return Ok(match input {
+                Input::AsGiven => UnitRows {
+                    tensor: x.clone(),
+                    norms: None,
+                    host: None,
+                },
+                Input::Normalise => {
+                    let norms_t = x.sqr()?.sum_keepdim(1)?.sqrt()?;
+                    let norms = norms_t.to_dtype(DType::F64)?.flatten_all()?.to_vec1()?;
+                    check_norms(&norms)?;
+                    UnitRows {
+                        tensor: x.broadcast_div(&norms_t)?,
+                        norms: Some(norms),
+                        host: None,
+                    }
+                }
+            });
+        }
+        let mut unit = host_f64(x)?;
+        if input == Input::AsGiven {
+            return Ok(UnitRows {
+                tensor: x.clone(),
+                norms: None,
+                host: Some(unit),
+            });
+        }
+        // Norms in f64 (no overflow for large f32 values), then Ê rounded to the embeddings'
+        // dtype in place, so `host` holds exactly the values the products see.
+        let round: fn(f64) -> f64 = match x.dtype() {
+            DType::F32 => |v| v as f32 as f64,
+            _ => |v| v,
+        };
+        let mut norms = vec![0.0f64; b];
+        unit.par_chunks_mut(d.max(1))
+            .zip(norms.par_iter_mut())
+            .for_each(|(r, n)| {
+                *n = sum_squares(r).sqrt();
+                let inv = 1.0 / *n;
+                r.iter_mut().for_each(|v| *v = round(*v * inv));
+            });
+        check_norms(&norms)?;
+        let tensor = match x.dtype() {
+            DType::F32 | DType::F64 => {
+                tensor_from_f64(unit.clone(), (b, d), x.dtype(), &Device::Cpu)?
+            }
+            dtype => {
+                let t = tensor_from_f64(unit, (b, d), dtype, &Device::Cpu)?;
+                unit = host_f64(&t)?;
+                t
+            }
+        };
+        Ok(UnitRows {
+            tensor,
+            norms: Some(norms),
+            host: Some(unit),
+        })
+    }
+
+    /// `∂loss/∂x` from `∂loss/∂Ê` (the normalisation's backward pass; identity for
+    /// [`Input::AsGiven`]). `grad` is either a tensor or, on the host path, row-major `f64`.
+    fn backward(&self, grad: UnitGrad, dtype: DType, device: &Device) -> Result<Tensor> {
+        let (b, d) = self.tensor.dims2()?;
+        let Some(norms) = &self.norms else {
+            return match grad {
+                UnitGrad::Tensor(t) => Ok(t),
+                UnitGrad::Host(g) => tensor_from_f64(g, (b, d), dtype, device),
+            };
+        };
+        match (&self.host, grad) {
+            (Some(unit), grad) => {
+                let mut g = match grad {
+                    UnitGrad::Host(g) => g,
+                    UnitGrad::Tensor(t) => host_f64(&t)?,
+                };
+                g.par_chunks_mut(d.max(1))
+                    .zip(unit.par_chunks(d.max(1)))
+                    .zip(norms.par_iter())
+                    .for_each(|((g, e), n)| {
+                        let dot = dot(g, e);
+                        let inv = 1.0 / n;
+                        g.iter_mut()
+                            .zip(e)
+                            .for_each(|(a, b)| *a = (*a - b * dot) * inv);
+                    });
+                tensor_from_f64(g, (b, d), dtype, device)
+            }
+            (None, grad) => {
+                let g = match grad {
+                    UnitGrad::Tensor(t) => t,
+                    UnitGrad::Host(g) => tensor_from_f64(g, (b, d), dtype, device)?,
+                };
+                let e = &self.tensor;
+                let norms_t = Tensor::from_slice(norms, (b, 1), device)?.to_dtype(dtype)?;
+                let dot = (&g * e)?.sum_keepdim(1)?;
+                Ok((g - e.broadcast_mul(&dot)?)?.broadcast_div(&norms_t)?)
+            }
+        }
+    }
+}
+
+/// `∂loss/∂Ê` as a tensor (dense products) or as row-major `f64` on the CPU (sparse product).
+enum UnitGrad {
+    Tensor(Tensor),
+    Host(Vec<f64>),
+}
+
+/// Computes a [`RowLoss`] over the embeddings (`B × D`, part of the autograd graph; normalised
+/// by the engine under [`Input::Normalise`]) in chunks of `chunk` query rows. Returns the scalar
+/// loss (dtype and device of the embeddings) and the row summaries of the value pass.
 pub(crate) fn row_loss<R: RowLoss>(
-    e_unit: &Tensor,
+    embeddings: &Tensor,
+    input: Input,
     loss: R,
     chunk: usize,
 ) -> Result<(Tensor, Arc<Vec<R::Row>>)> {
-    let e = e_unit.detach();
+    let on_host = embeddings.device().is_cpu();
+    row_loss_on(embeddings, input, loss, chunk, on_host)
+}
+
+/// [`row_loss`] with the host (CPU slices) or tensor path chosen explicitly.
+fn row_loss_on<R: RowLoss>(
+    embeddings: &Tensor,
+    input: Input,
+    loss: R,
+    chunk: usize,
+    on_host: bool,
+) -> Result<(Tensor, Arc<Vec<R::Row>>)> {
+    let unit = UnitRows::new(&embeddings.detach(), input, on_host)?;
+    let e = &unit.tensor;
     let (b, _) = e.dims2()?;
     let loss = Arc::new(loss);
     let mut rows: Vec<R::Row> = Vec::with_capacity(b);
     let mut cached = None;
     for start in (0..b).step_by(chunk) {
         let len = chunk.min(b - start);
-        let sims = chunk_similarities(&e, start, len)?;
+        let sims = chunk_similarities(e, start, len)?;
         let summaries: Vec<R::Row> = sims
             .par_chunks(b)
             .enumerate()
@@ -177,15 +378,18 @@ pub(crate) fn row_loss<R: RowLoss>(
     let rows = Arc::new(rows);
     let global = Arc::new(loss.global(&rows)?);
     let value = loss.value(&global);
-    let value = Tensor::new(value, e.device())?.to_dtype(e.dtype())?;
+    let value = tensor_from_f64(vec![value], (1, 1), e.dtype(), e.device())?
+        .squeeze(0)?
+        .squeeze(0)?;
     let op = RowLossOp {
         loss,
         rows: rows.clone(),
         global,
         chunk,
         cached,
+        unit,
     };
-    let out = e_unit.apply_op2_arc(&value, Arc::new(Box::new(op)))?;
+    let out = embeddings.apply_op2_arc(&value, Arc::new(Box::new(op)))?;
     Ok((out, rows))
 }
 
@@ -193,8 +397,60 @@ pub(crate) fn row_loss<R: RowLoss>(
 /// dtype, like the authors' `x @ x.T`).
 fn chunk_similarities(e: &Tensor, start: usize, len: usize) -> Result<Vec<f64>> {
     let eq = e.narrow(0, start, len)?;
-    let sims = eq.matmul(&e.t()?)?;
-    Ok(sims.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?)
+    host_f64(&eq.matmul(&e.t()?)?)
+}
+
+/// `G + Gᵀ` of a row-major `b × b` matrix, in tiles so that both reads stay in cache.
+fn symmetrise(g: &[f64], b: usize) -> Vec<f64> {
+    const TILE: usize = 64;
+    let mut out = vec![0.0f64; b * b];
+    out.par_chunks_mut(TILE * b)
+        .enumerate()
+        .for_each(|(block, rows)| {
+            let i0 = block * TILE;
+            for j0 in (0..b).step_by(TILE) {
+                for (di, row) in rows.chunks_mut(b).enumerate() {
+                    let i = i0 + di;
+                    for j in j0..(j0 + TILE).min(b) {
+                        row[j] = g[i * b + j] + g[j * b + i];
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// The largest share of non-zero entries of `G + Gᵀ` for which the backward product runs as a
+/// sparse sum of rows instead of a dense product. The sparse sum does one `f64` multiply-add per
+/// non-zero and dimension; the dense `f32` product does `B·D` per row at several times the rate.
+/// Measured at B = 256, D = 512 on the 2-core CI machine: the contrastive loss (≈ 1% non-zero on
+/// random embeddings) and the semi-hard triplet loss gain, FastAP (every pair non-zero) keeps the
+/// product. See benches/losses_vs_torch.md.
+const SPARSE_BACKWARD_DENSITY: f64 = 0.125;
+
+/// `(G + Gᵀ) Ê` on the host from the non-zero entries of the row-major `b × b` matrix `G`
+/// (exact: the same sum, in `f64`): row `i` gathers `G_ij ê_j` from its own row and `G_ji ê_j`
+/// from its column.
+fn sparse_product(g: &[f64], unit: &[f64], b: usize, d: usize) -> Vec<f64> {
+    let mut lists: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
+    for (i, row) in g.chunks(b.max(1)).enumerate() {
+        for (j, &w) in row.iter().enumerate() {
+            if w != 0.0 {
+                lists[i].push((j, w));
+                lists[j].push((i, w));
+            }
+        }
+    }
+    let mut out = vec![0.0f64; b * d];
+    out.par_chunks_mut(d.max(1))
+        .zip(lists.par_iter())
+        .for_each(|(o, list)| {
+            for &(j, w) in list {
+                let ej = &unit[j * d..(j + 1) * d];
+                o.iter_mut().zip(ej).for_each(|(a, v)| *a += w * v);
+            }
+        });
+    out
 }
 
 /// The custom op that carries a [`RowLoss`] value in the graph. Its forward copies the
@@ -206,20 +462,21 @@ struct RowLossOp<R: RowLoss> {
     chunk: usize,
     /// The whole of `S` (row-major `f64`) when the forward pass ran as a single chunk.
     cached: Option<Arc<Vec<f64>>>,
+    /// `Ê` and what the backward pass needs of the normalisation.
+    unit: UnitRows,
 }
 
 impl<R: RowLoss> RowLossOp<R> {
-    /// `upstream · ∂loss/∂S[start..start+len, ·]` as a `len × B` tensor on the embeddings'
-    /// device, from the rows `sims` of `S`.
+    /// `upstream · ∂loss/∂S[start..start+len, ·]` as row-major `f64` (`len × B`), from the rows
+    /// `sims` of `S`.
     fn grad_rows(
         &self,
-        e: &Tensor,
+        b: usize,
         sims: &[f64],
         start: usize,
         len: usize,
         upstream: f64,
-    ) -> Result<Tensor> {
-        let (b, _) = e.dims2()?;
+    ) -> Vec<f64> {
         let mut grads = vec![0.0f64; len * b];
         grads
             .par_chunks_mut(b)
@@ -230,26 +487,37 @@ impl<R: RowLoss> RowLossOp<R> {
                 self.loss
                     .row_grad(q, row, &self.rows[q], &self.global, upstream, out);
             });
-        Ok(Tensor::from_vec(grads, (len, b), &Device::Cpu)?
-            .to_dtype(e.dtype())?
-            .to_device(e.device())?)
+        grads
     }
 
     /// `∂loss/∂Ê = G Ê + Gᵀ Ê` with `G = upstream · ∂loss/∂S`, since `S = Ê Êᵀ` makes row `q` of
     /// `S` depend on `ê_q` (through `G Ê`) and on every `ê_j` (through `Gᵀ Ê`).
-    fn gradient(&self, e: &Tensor, upstream: f64) -> Result<Tensor> {
-        let (b, _) = e.dims2()?;
+    fn unit_gradient(&self, upstream: f64) -> Result<UnitGrad> {
+        let e = &self.unit.tensor;
+        let (b, d) = e.dims2()?;
+        let to_tensor = |rows: Vec<f64>, len: usize| -> Result<Tensor> {
+            tensor_from_f64(rows, (len, b), e.dtype(), e.device())
+        };
         if let Some(sims) = &self.cached {
-            // One chunk: a single product with G + Gᵀ.
-            let g = self.grad_rows(e, sims, 0, b, upstream)?;
-            return Ok((&g + g.t()?)?.matmul(e)?);
+            // One chunk: a single product with G + Gᵀ, sparse when most pairs are inactive
+            // (G + Gᵀ has at most twice the non-zeros of G).
+            let g = self.grad_rows(b, sims, 0, b, upstream);
+            if let Some(unit) = &self.unit.host {
+                let nonzero = g.par_iter().filter(|w| **w != 0.0).count();
+                if (2 * nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
+                    return Ok(UnitGrad::Host(sparse_product(&g, unit, b, d)));
+                }
+            }
+            let sym = symmetrise(&g, b);
+            drop(g); // at B = 4096 each of these is 128 MiB
+            return Ok(UnitGrad::Tensor(to_tensor(sym, b)?.matmul(e)?));
         }
         let mut row_parts = Vec::new();
         let mut col_sum: Option<Tensor> = None;
         for start in (0..b).step_by(self.chunk) {
             let len = self.chunk.min(b - start);
             let sims = chunk_similarities(e, start, len)?;
-            let g = self.grad_rows(e, &sims, start, len, upstream)?;
+            let g = to_tensor(self.grad_rows(b, &sims, start, len, upstream), len)?;
             let eq = e.narrow(0, start, len)?;
             row_parts.push(g.matmul(e)?);
             let col = g.t()?.matmul(&eq)?;
@@ -259,10 +527,16 @@ impl<R: RowLoss> RowLossOp<R> {
             });
         }
         let rows = Tensor::cat(&row_parts, 0)?;
-        Ok(match col_sum {
+        Ok(UnitGrad::Tensor(match col_sum {
             Some(c) => (rows + c)?,
             None => rows,
-        })
+        }))
+    }
+
+    /// `∂loss/∂x` for the op's input.
+    fn gradient(&self, input: &Tensor, upstream: f64) -> Result<Tensor> {
+        let grad = self.unit_gradient(upstream)?;
+        self.unit.backward(grad, input.dtype(), input.device())
     }
 }
 
@@ -411,7 +685,7 @@ mod tests {
             let loss = Quadratic {
                 weights: weights.clone(),
             };
-            let (out, _) = row_loss(v.as_tensor(), loss, chunk).unwrap();
+            let (out, _) = row_loss(v.as_tensor(), Input::AsGiven, loss, chunk).unwrap();
             let value = out.to_scalar::<f64>().unwrap();
             assert!((value - reference.to_scalar::<f64>().unwrap()).abs() < 1e-12);
             let scaled = (out * 3.0).unwrap();
@@ -430,6 +704,127 @@ mod tests {
                     3.0 * w
                 );
             }
+        }
+    }
+
+    /// A batch with raw (unnormalised) rows and the autograd reference of the Quadratic loss
+    /// on `l2_normalize(x)`, value and gradient.
+    fn normalised_reference(data: &[f64], weights: &[f64], b: usize) -> (f64, Vec<f64>) {
+        let d = data.len() / b;
+        let v = Var::from_vec(data.to_vec(), (b, d), &Device::Cpu).unwrap();
+        let e = crate::losses::l2_normalize(v.as_tensor(), "embeddings").unwrap();
+        let s = e.matmul(&e.t().unwrap()).unwrap();
+        let mut mask = vec![0.0f64; b * b];
+        for q in 0..b {
+            for j in 0..b {
+                if q != j {
+                    mask[q * b + j] = weights[j] / b as f64;
+                }
+            }
+        }
+        let m = Tensor::from_vec(mask, (b, b), &Device::Cpu).unwrap();
+        let value = (s.sqr().unwrap() * m).unwrap().sum_all().unwrap();
+        let grads = value.backward().unwrap();
+        let g = grads
+            .get(&v)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (value.to_scalar::<f64>().unwrap(), g)
+    }
+
+    fn engine(
+        data: &[f64],
+        weights: &[f64],
+        b: usize,
+        chunk: usize,
+        host: bool,
+    ) -> (f64, Vec<f64>) {
+        let d = data.len() / b;
+        let v = Var::from_vec(data.to_vec(), (b, d), &Device::Cpu).unwrap();
+        let loss = Quadratic {
+            weights: weights.to_vec(),
+        };
+        let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, chunk, host).unwrap();
+        let grads = out.backward().unwrap();
+        let g = grads
+            .get(&v)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (out.to_scalar::<f64>().unwrap(), g)
+    }
+
+    #[test]
+    fn normalising_engine_matches_autograd_through_l2_normalize() {
+        // Rows of very different norms, so the normalisation's backward pass matters.
+        let b = 6;
+        let data: Vec<f64> = (0..b * 4)
+            .map(|i| ((i * 5 % 13) as f64 - 6.0) * (1.0 + (i / 4) as f64))
+            .collect();
+        let weights = vec![0.5, -1.0, 2.0, 0.25, 1.5, -0.75];
+        let (want_v, want_g) = normalised_reference(&data, &weights, b);
+        // Host (CPU slices) and tensor (other devices) paths, unchunked and chunked.
+        for host in [true, false] {
+            for chunk in [1, 4, 6] {
+                let (v, g) = engine(&data, &weights, b, chunk, host);
+                assert!((v - want_v).abs() < 1e-12, "host {host} chunk {chunk}");
+                for (a, w) in g.iter().zip(&want_g) {
+                    assert!(
+                        (a - w).abs() < 1e-12,
+                        "host {host} chunk {chunk}: {a} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sparse_backward_equals_the_dense_product() {
+        // Only two columns carry weight, so G + Gᵀ is sparse enough for the host's sparse sum
+        // (2·2·B non-zeros of B² = 40 %; B = 40 → 10 %).
+        let b = 40;
+        let data: Vec<f64> = (0..b * 3)
+            .map(|i| ((i * 7 % 17) as f64 - 8.0) / 3.0)
+            .collect();
+        let mut weights = vec![0.0; b];
+        weights[3] = 1.5;
+        weights[17] = -0.5;
+        let g_nonzero = 2 * (b - 1);
+        assert!((2 * g_nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64);
+        let (want_v, want_g) = normalised_reference(&data, &weights, b);
+        let (v, g) = engine(&data, &weights, b, b, true);
+        assert!((v - want_v).abs() < 1e-12);
+        for (a, w) in g.iter().zip(&want_g) {
+            assert!((a - w).abs() < 1e-12, "{a} vs {w}");
+        }
+    }
+
+    #[test]
+    fn symmetrise_adds_the_transpose_across_tiles() {
+        let b = 70; // more than one 64-wide tile
+        let g: Vec<f64> = (0..b * b).map(|i| (i % 23) as f64 - 11.0).collect();
+        let s = symmetrise(&g, b);
+        for i in 0..b {
+            for j in 0..b {
+                assert_eq!(s[i * b + j], g[i * b + j] + g[j * b + i]);
+            }
+        }
+    }
+
+    #[test]
+    fn engine_rejects_zero_rows_on_both_paths() {
+        let e = Tensor::new(&[[3f64, 4.0], [0.0, 0.0]], &Device::Cpu).unwrap();
+        for host in [true, false] {
+            let err = UnitRows::new(&e, Input::Normalise, host)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains("row 1") && err.contains("zero norm"), "{err}");
         }
     }
 

@@ -43,7 +43,7 @@
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::blackbox_rank::{blackbox_gradient, check_lambda, descending_ranks, RankUnits};
-use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, RowLoss};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
@@ -329,7 +329,6 @@ impl Rambo {
         check_batch(embeddings, labels)?;
         self.validate()?;
         let b = labels.len();
-        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, b)?;
         let pass = self.passes.next();
         let draw_seed = match self.margin_mode {
@@ -349,7 +348,7 @@ impl Rambo {
             .enumerate()
             .map(|(i, (s, r))| rows.evaluate(b + i, s, r).map(|e| (e.term, e.num_pos)))
             .collect();
-        row_loss(&e, rows, chunk)
+        row_loss(embeddings, Input::Normalise, rows, chunk)
     }
 
     /// Σ over the relevant items of the per-item value (`Prec(i)` or `ℓ(r_i)`);

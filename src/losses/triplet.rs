@@ -27,7 +27,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, PairMetric, RowLoss};
+use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use std::sync::Arc;
@@ -83,13 +83,12 @@ impl RankLoss for Triplet {
                 format!("must be finite, got {}", self.margin),
             ));
         }
-        let e = crate::losses::l2_normalize(embeddings, "embeddings")?;
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = TripletRows {
             loss: self.clone(),
             fine: fine_ids(labels),
         };
-        Ok(row_loss(&e, rows, chunk)?.0)
+        Ok(row_loss(embeddings, Input::Normalise, rows, chunk)?.0)
     }
 }
 
