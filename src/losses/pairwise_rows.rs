@@ -422,10 +422,12 @@ fn symmetrise(g: &[f64], b: usize) -> Vec<f64> {
 
 /// The largest share of non-zero entries of `G + Gᵀ` for which the backward product runs as a
 /// sparse sum of rows instead of a dense product. The sparse sum does one `f64` multiply-add per
-/// non-zero and dimension; the dense `f32` product does `B·D` per row at several times the rate.
-/// Measured at B = 256, D = 512 on the 2-core CI machine: the contrastive loss (≈ 1% non-zero on
-/// random embeddings) and the semi-hard triplet loss gain, FastAP (every pair non-zero) keeps the
-/// product. See benches/losses_vs_torch.md.
+/// non-zero and dimension; the dense `f32` product does `B·D` per row at several times that rate
+/// (wider SIMD lanes, cache blocking), so the sparse sum only pays off well below full density.
+/// 1/8 is a conservative bound from that ratio, not a measured crossover. What was measured
+/// (B = 256, D = 512, 2 cores): the contrastive loss (≈ 1% non-zero on random embeddings) gains
+/// the time of one product; FastAP (every pair non-zero) keeps the dense product.
+/// See benches/losses_vs_torch.md.
 const SPARSE_BACKWARD_DENSITY: f64 = 0.125;
 
 /// `(G + Gᵀ) Ê` on the host from the non-zero entries of the row-major `b × b` matrix `G`
