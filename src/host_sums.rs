@@ -1,12 +1,31 @@
-//! Reductions over `f64` slices with independent partial sums.
+//! Host-side `f64` work for the CPU paths of the losses and the batch checks: a tensor's values
+//! as `f64`, and reductions over `f64` slices with independent partial sums.
 //!
-//! Why: a single running sum `s += x` is bound by the latency of the floating-point add (about
+//! Why partial sums: a single running sum `s += x` is bound by the latency of the floating-point add (about
 //! four cycles per element), because the compiler may not reorder floating-point additions.
 //! Eight partial sums break that chain and let it use SIMD registers; on the loss engine's
 //! `B × 512` passes that is several times faster. The results differ from a left-to-right sum
 //! only by rounding.
 
+use crate::error::Result;
+use candle_core::{DType, Tensor};
+
 const LANES: usize = 8;
+
+/// Row-major values of a CPU or device tensor as `f64` (one copy; `f32` and `f64` without a
+/// candle cast, which on large tensors would run on candle's own thread pool).
+pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(match t.dtype() {
+        DType::F64 => t.flatten_all()?.to_vec1::<f64>()?,
+        DType::F32 => t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect(),
+        _ => t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
+    })
+}
 
 /// `Σ f(aᵢ)` with [`LANES`] partial sums, added pairwise at the end.
 #[inline]

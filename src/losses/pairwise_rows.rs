@@ -19,7 +19,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::host_sums::{dot, sum_squares};
+use crate::host_sums::{dot, host_f64, sum_squares};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
@@ -173,20 +173,6 @@ struct UnitRows {
     /// the sparse backward product and the normalisation's backward pass read it. `None` on
     /// other devices, where both run as tensor operations.
     host: Option<Vec<f64>>,
-}
-
-/// Row-major values of a CPU or device tensor as `f64`.
-fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
-    Ok(match t.dtype() {
-        DType::F64 => t.flatten_all()?.to_vec1::<f64>()?,
-        DType::F32 => t
-            .flatten_all()?
-            .to_vec1::<f32>()?
-            .into_iter()
-            .map(f64::from)
-            .collect(),
-        _ => t.flatten_all()?.to_dtype(DType::F64)?.to_vec1::<f64>()?,
-    })
 }
 
 /// A tensor of `dtype` on `device` from row-major `f64` values. `f32` and `f64` are converted
@@ -657,64 +643,32 @@ mod tests {
         assert_eq!(chunk_size(None, 4).unwrap(), 4);
     }
 
-    #[test]
-    fn engine_gradient_matches_autograd_for_every_chunk() {
-        let data: Vec<f64> = (0..15).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
-        let weights = vec![0.5, -1.0, 2.0, 0.25, 1.5];
-        // Autograd reference on the full matrix.
-        let v = Var::from_vec(data.clone(), (5, 3), &Device::Cpu).unwrap();
-        let s = v.matmul(&v.t().unwrap()).unwrap();
-        let mut mask = vec![0.0f64; 25];
-        for q in 0..5 {
-            for j in 0..5 {
-                if q != j {
-                    mask[q * 5 + j] = weights[j] / 5.0;
-                }
-            }
-        }
-        let m = Tensor::from_vec(mask, (5, 5), &Device::Cpu).unwrap();
-        let reference = (s.sqr().unwrap() * m).unwrap().sum_all().unwrap();
-        let want = reference.backward().unwrap();
-        let want = want
-            .get(&v)
+    /// The gradient of `out` with respect to `v`, flattened.
+    fn grad_of(out: &Tensor, v: &Var) -> Vec<f64> {
+        let grads = out.backward().unwrap();
+        grads
+            .get(v)
             .unwrap()
             .flatten_all()
             .unwrap()
-            .to_vec1::<f64>()
-            .unwrap();
-        for chunk in [1, 2, 3, 5] {
-            let v = Var::from_vec(data.clone(), (5, 3), &Device::Cpu).unwrap();
-            let loss = Quadratic {
-                weights: weights.clone(),
-            };
-            let (out, _) = row_loss(v.as_tensor(), Input::AsGiven, loss, chunk).unwrap();
-            let value = out.to_scalar::<f64>().unwrap();
-            assert!((value - reference.to_scalar::<f64>().unwrap()).abs() < 1e-12);
-            let scaled = (out * 3.0).unwrap();
-            let got = scaled.backward().unwrap();
-            let got = got
-                .get(&v)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap();
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (g - 3.0 * w).abs() < 1e-12,
-                    "chunk {chunk}: {g} vs {}",
-                    3.0 * w
-                );
-            }
-        }
+            .to_vec1()
+            .unwrap()
     }
 
-    /// A batch with raw (unnormalised) rows and the autograd reference of the Quadratic loss
-    /// on `l2_normalize(x)`, value and gradient.
-    fn normalised_reference(data: &[f64], weights: &[f64], b: usize) -> (f64, Vec<f64>) {
+    /// Autograd reference of the Quadratic loss on the `b` rows of `data` (normalised first by
+    /// `l2_normalize` under [`Input::Normalise`]): value and gradient.
+    fn autograd_reference(
+        data: &[f64],
+        weights: &[f64],
+        b: usize,
+        input: Input,
+    ) -> (f64, Vec<f64>) {
         let d = data.len() / b;
         let v = Var::from_vec(data.to_vec(), (b, d), &Device::Cpu).unwrap();
-        let e = crate::losses::l2_normalize(v.as_tensor(), "embeddings").unwrap();
+        let e = match input {
+            Input::Normalise => crate::losses::l2_normalize(v.as_tensor(), "embeddings").unwrap(),
+            Input::AsGiven => v.as_tensor().clone(),
+        };
         let s = e.matmul(&e.t().unwrap()).unwrap();
         let mut mask = vec![0.0f64; b * b];
         for q in 0..b {
@@ -726,39 +680,44 @@ mod tests {
         }
         let m = Tensor::from_vec(mask, (b, b), &Device::Cpu).unwrap();
         let value = (s.sqr().unwrap() * m).unwrap().sum_all().unwrap();
-        let grads = value.backward().unwrap();
-        let g = grads
-            .get(&v)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        (value.to_scalar::<f64>().unwrap(), g)
+        (value.to_scalar::<f64>().unwrap(), grad_of(&value, &v))
     }
 
+    /// The engine's value of the Quadratic loss and the gradient of `upstream × value`.
     fn engine(
         data: &[f64],
         weights: &[f64],
         b: usize,
-        chunk: usize,
-        host: bool,
+        (input, chunk, host): (Input, usize, bool),
+        upstream: f64,
     ) -> (f64, Vec<f64>) {
         let d = data.len() / b;
         let v = Var::from_vec(data.to_vec(), (b, d), &Device::Cpu).unwrap();
         let loss = Quadratic {
             weights: weights.to_vec(),
         };
-        let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, chunk, host).unwrap();
-        let grads = out.backward().unwrap();
-        let g = grads
-            .get(&v)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        (out.to_scalar::<f64>().unwrap(), g)
+        let (out, _) = row_loss_on(v.as_tensor(), input, loss, chunk, host).unwrap();
+        let scaled = (&out * upstream).unwrap();
+        (out.to_scalar::<f64>().unwrap(), grad_of(&scaled, &v))
+    }
+
+    #[test]
+    fn engine_gradient_matches_autograd_for_every_chunk() {
+        let data: Vec<f64> = (0..15).map(|i| ((i * 7 % 11) as f64 - 5.0) / 4.0).collect();
+        let weights = vec![0.5, -1.0, 2.0, 0.25, 1.5];
+        // Autograd reference on the full matrix.
+        let (reference, want) = autograd_reference(&data, &weights, 5, Input::AsGiven);
+        for chunk in [1, 2, 3, 5] {
+            let (value, got) = engine(&data, &weights, 5, (Input::AsGiven, chunk, true), 3.0);
+            assert!((value - reference).abs() < 1e-12);
+            for (g, w) in got.iter().zip(&want) {
+                assert!(
+                    (g - 3.0 * w).abs() < 1e-12,
+                    "chunk {chunk}: {g} vs {}",
+                    3.0 * w
+                );
+            }
+        }
     }
 
     #[test]
@@ -769,11 +728,11 @@ mod tests {
             .map(|i| ((i * 5 % 13) as f64 - 6.0) * (1.0 + (i / 4) as f64))
             .collect();
         let weights = vec![0.5, -1.0, 2.0, 0.25, 1.5, -0.75];
-        let (want_v, want_g) = normalised_reference(&data, &weights, b);
+        let (want_v, want_g) = autograd_reference(&data, &weights, b, Input::Normalise);
         // Host (CPU slices) and tensor (other devices) paths, unchunked and chunked.
         for host in [true, false] {
             for chunk in [1, 4, 6] {
-                let (v, g) = engine(&data, &weights, b, chunk, host);
+                let (v, g) = engine(&data, &weights, b, (Input::Normalise, chunk, host), 1.0);
                 assert!((v - want_v).abs() < 1e-12, "host {host} chunk {chunk}");
                 for (a, w) in g.iter().zip(&want_g) {
                     assert!(
@@ -788,7 +747,7 @@ mod tests {
     #[test]
     fn sparse_backward_equals_the_dense_product() {
         // Only two columns carry weight, so G + Gᵀ is sparse enough for the host's sparse sum
-        // (2·2·B non-zeros of B² = 40 %; B = 40 → 10 %).
+        // (about 4·B non-zeros of B²: 10 % at B = 40).
         let b = 40;
         let data: Vec<f64> = (0..b * 3)
             .map(|i| ((i * 7 % 17) as f64 - 8.0) / 3.0)
@@ -798,8 +757,8 @@ mod tests {
         weights[17] = -0.5;
         let g_nonzero = 2 * (b - 1);
         assert!((2 * g_nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64);
-        let (want_v, want_g) = normalised_reference(&data, &weights, b);
-        let (v, g) = engine(&data, &weights, b, b, true);
+        let (want_v, want_g) = autograd_reference(&data, &weights, b, Input::Normalise);
+        let (v, g) = engine(&data, &weights, b, (Input::Normalise, b, true), 1.0);
         assert!((v - want_v).abs() < 1e-12);
         for (a, w) in g.iter().zip(&want_g) {
             assert!((a - w).abs() < 1e-12, "{a} vs {w}");

@@ -228,10 +228,13 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     }
     // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
     // overflowing on large but finite values.
-    let row_sums = if x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F64) {
+    let row_sums = if x.device().is_cpu() {
         // On the host, one copy and a loop: candle's element-wise ops on large tensors wake its
         // thread pool, whose spinning workers then slow the caller's next parallel step.
-        host_row_abs_sums(x, dims[1])?
+        crate::host_sums::host_f64(x)?
+            .chunks(dims[1].max(1))
+            .map(crate::host_sums::sum_abs)
+            .collect()
     } else {
         x.to_dtype(DType::F64)?
             .abs()?
@@ -246,23 +249,6 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
         ));
     }
     Ok((dims[0], dims[1]))
-}
-
-/// `Σ_j |x_ij|` per row, in `f64`, of an `f32` or `f64` CPU matrix with `d` columns.
-fn host_row_abs_sums(x: &Tensor, d: usize) -> Result<Vec<f64>> {
-    let flat = x.flatten_all()?;
-    let d = d.max(1);
-    Ok(match x.dtype() {
-        DType::F32 => {
-            let v: Vec<f64> = flat.to_vec1::<f32>()?.into_iter().map(f64::from).collect();
-            v.chunks(d).map(crate::host_sums::sum_abs).collect()
-        }
-        _ => flat
-            .to_vec1::<f64>()?
-            .chunks(d)
-            .map(crate::host_sums::sum_abs)
-            .collect(),
-    })
 }
 
 /// Prepared query and reference matrices on the compute device, and the per-reference bias that
