@@ -28,6 +28,10 @@
 //! The allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train`,
 //! `reproduce` and the notebooks do); `--no-malloc-tuning` leaves glibc's defaults, under which
 //! every `B × B` intermediate above 128 KiB is a fresh `mmap` whose pages fault in again.
+//! candle's thread pools are then set as `rankwise train` sets them
+//! ([`rankwise::cpu_threads::tune_candle_threads`]: on at most two cores, element-wise ops on the
+//! calling thread; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default); the JSON line says
+//! which (`candle_threads`).
 //!
 //! `--check-smooth-ap PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP
 //! value and gradient to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
@@ -111,7 +115,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn bench(name: &str, b: usize, reps: Option<usize>, malloc_tuned: bool) -> Result<()> {
+fn bench(
+    name: &str,
+    b: usize,
+    reps: Option<usize>,
+    malloc_tuned: bool,
+    threads: rankwise::cpu_threads::ThreadTuning,
+) -> Result<()> {
     let reps = reps.unwrap_or(match b {
         0..=384 => 5,
         385..=1024 => 3,
@@ -146,6 +156,7 @@ fn bench(name: &str, b: usize, reps: Option<usize>, malloc_tuned: bool) -> Resul
         "D": DIM,
         "threads": rayon::current_num_threads(),
         "malloc_tuned": malloc_tuned,
+        "candle_threads": format!("{threads:?}"),
         "reps": reps,
         "seconds": median(times.clone()),
         "seconds_all": times,
@@ -212,6 +223,10 @@ fn main() -> Result<()> {
     // As `rankwise train` / `reproduce` and the notebooks run the losses: glibc keeps freed
     // buffers instead of mapping and zero-filling fresh pages for every B × B intermediate.
     let tuned = tune_malloc && rankwise::alloc::tune_allocator();
+    // As `rankwise train` runs on a machine of at most two cores: candle's element-wise ops on
+    // the calling thread, so that its pool's spinning worker does not hold a core
+    // (`rankwise::cpu_threads`; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default).
+    let threads = rankwise::cpu_threads::tune_candle_threads();
     if losses.is_empty() {
         losses = LOSSES.iter().map(|s| s.to_string()).collect();
     }
@@ -220,7 +235,7 @@ fn main() -> Result<()> {
     }
     for b in &batches {
         for name in &losses {
-            bench(name, *b, reps, tuned)?;
+            bench(name, *b, reps, tuned, threads)?;
         }
     }
     Ok(())

@@ -9,7 +9,9 @@
 //!
 //! The dev profile already compiles candle (where the time goes) at `opt-level = 3`. The glibc
 //! allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train` does)
-//! unless `--no-malloc-tuning` is given. The PyTorch counterpart is
+//! unless `--no-malloc-tuning` is given, and candle's thread pools are set as `rankwise train`
+//! sets them ([`rankwise::cpu_threads::tune_candle_threads`]; `RANKWISE_NO_THREAD_TUNING=1`
+//! leaves candle's default). The PyTorch counterpart is
 //! `benches/train_throughput_vs_torch.py`; results in `benches/train_throughput_vs_torch.md`.
 
 use anyhow::Result;
@@ -77,6 +79,7 @@ impl RankLoss for Contrastive {
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    let threads = rankwise::cpu_threads::tune_candle_threads();
     let tuned = !args.no_malloc_tuning && rankwise::alloc::tune_allocator();
     let backbone = match args.model.as_str() {
         "small" => BackboneConfig::SmallCnn(SmallCnnConfig {
@@ -136,7 +139,7 @@ fn main() -> Result<()> {
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "{} {}x{} batch {}: {:.1} images/s ({:.3} s/step, {} trainable parameters, {} rayon threads, malloc tuning {})",
+        "{} {}x{} batch {}: {:.1} images/s ({:.3} s/step, {} trainable parameters, {} rayon threads, malloc tuning {}, candle threads {:?})",
         args.model,
         args.size,
         args.size,
@@ -145,7 +148,8 @@ fn main() -> Result<()> {
         secs / args.steps as f64,
         params.num_trainable(""),
         rayon::current_num_threads(),
-        if tuned { "on" } else { "off" }
+        if tuned { "on" } else { "off" },
+        threads
     );
     Ok(())
 }

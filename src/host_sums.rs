@@ -1,20 +1,49 @@
 //! Host-side `f64` work for the CPU paths of the losses and the batch checks: a tensor's values
-//! as `f64`, and reductions over `f64` slices with independent partial sums.
+//! (borrowed when they already sit in CPU memory, else as an `f64` copy), and reductions with
+//! independent partial sums.
 //!
 //! Why partial sums: a single running sum `s += x` is bound by the latency of the floating-point add (about
 //! four cycles per element), because the compiler may not reorder floating-point additions.
 //! Eight partial sums break that chain and let it use SIMD registers; on the loss engine's
 //! `B × 512` passes that is several times faster. The results differ from a left-to-right sum
-//! only by rounding.
+//! only by rounding. The sums take `f32` or `f64` slices and accumulate in `f64`, so an `f32`
+//! batch is read where it lies instead of being copied to `f64` first.
 
 use crate::error::Result;
-use candle_core::{DType, Tensor};
+use candle_core::{CpuStorage, DType, Storage, Tensor};
 
 const LANES: usize = 8;
+
+/// The values of a contiguous CPU tensor, borrowed from its storage.
+pub enum HostValues<'a> {
+    /// An `f32` tensor's values, row-major.
+    F32(&'a [f32]),
+    /// An `f64` tensor's values, row-major.
+    F64(&'a [f64]),
+}
+
+/// Runs `f` on the values of `t` without copying them when `t` is a contiguous `f32` or `f64`
+/// tensor in CPU memory; `None` otherwise (another device or dtype, or a strided view: use
+/// [`host_f64`]). The storage is read-locked while `f` runs, so `f` must not write to `t`.
+pub fn with_host_values<R>(t: &Tensor, f: impl FnOnce(HostValues<'_>) -> R) -> Option<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let (start, end) = layout.contiguous_offsets()?;
+    match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => Some(f(HostValues::F32(&v[start..end]))),
+        Storage::Cpu(CpuStorage::F64(v)) => Some(f(HostValues::F64(&v[start..end]))),
+        _ => None,
+    }
+}
 
 /// Row-major values of a CPU or device tensor as `f64` (one copy; `f32` and `f64` without a
 /// candle cast, which on large tensors would run on candle's own thread pool).
 pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
+    if let Some(v) = with_host_values(t, |v| match v {
+        HostValues::F32(s) => s.iter().map(|&x| f64::from(x)).collect(),
+        HostValues::F64(s) => s.to_vec(),
+    }) {
+        return Ok(v);
+    }
     Ok(match t.dtype() {
         DType::F64 => t.flatten_all()?.to_vec1::<f64>()?,
         DType::F32 => t
@@ -27,18 +56,18 @@ pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
     })
 }
 
-/// `Σ f(aᵢ)` with [`LANES`] partial sums, added pairwise at the end.
+/// `Σ f(aᵢ)` in `f64` with [`LANES`] partial sums, added pairwise at the end.
 #[inline]
-fn lane_sum(a: &[f64], f: impl Fn(f64) -> f64) -> f64 {
+fn lane_sum<T: Copy + Into<f64>>(a: &[T], f: impl Fn(f64) -> f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = a.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for (s, &x) in acc.iter_mut().zip(c) {
-            *s += f(x);
+            *s += f(x.into());
         }
     }
-    let tail: f64 = rest.iter().map(|&x| f(x)).sum();
+    let tail: f64 = rest.iter().map(|&x| f(x.into())).sum();
     reduce(acc) + tail
 }
 
@@ -47,18 +76,18 @@ fn reduce(acc: [f64; LANES]) -> f64 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
-/// `Σ |aᵢ|` (NaN and infinity propagate).
-pub fn sum_abs(a: &[f64]) -> f64 {
+/// `Σ |aᵢ|` in `f64` (NaN and infinity propagate).
+pub fn sum_abs<T: Copy + Into<f64>>(a: &[T]) -> f64 {
     lane_sum(a, f64::abs)
 }
 
-/// `Σ aᵢ²`.
-pub fn sum_squares(a: &[f64]) -> f64 {
+/// `Σ aᵢ²` in `f64`.
+pub fn sum_squares<T: Copy + Into<f64>>(a: &[T]) -> f64 {
     lane_sum(a, |x| x * x)
 }
 
-/// `Σ aᵢ bᵢ` over the common length.
-pub fn dot(a: &[f64], b: &[f64]) -> f64 {
+/// `Σ aᵢ bᵢ` in `f64` over the common length.
+pub fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f64; LANES];
@@ -67,11 +96,11 @@ pub fn dot(a: &[f64], b: &[f64]) -> f64 {
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(&x, &y)| x.into() * y.into())
         .sum();
     for (x, y) in ca.zip(cb) {
         for ((s, &p), &q) in acc.iter_mut().zip(x).zip(y) {
-            *s += p * q;
+            *s += p.into() * q.into();
         }
     }
     reduce(acc) + tail
@@ -106,5 +135,37 @@ mod tests {
                 .collect::<Vec<_>>()
         )
         .is_infinite());
+    }
+
+    #[test]
+    fn f32_slices_sum_in_f64() {
+        let a: Vec<f32> = (0..19).map(|i| (i as f32 * 0.37).sin() * 3e20).collect();
+        let wide: Vec<f64> = a.iter().map(|&x| f64::from(x)).collect();
+        // 3e20² overflows f32 but not the f64 accumulator.
+        assert_eq!(sum_squares(&a), sum_squares(&wide));
+        assert!(sum_squares(&a).is_finite());
+        assert_eq!(sum_abs(&a), sum_abs(&wide));
+        assert_eq!(dot(&a, &wide), dot(&wide, &wide));
+    }
+
+    #[test]
+    fn values_are_borrowed_only_from_contiguous_cpu_storage() {
+        use candle_core::{Device, Tensor};
+        let t = Tensor::arange(0f32, 12., &Device::Cpu)
+            .unwrap()
+            .reshape((3, 4))
+            .unwrap();
+        let sum = with_host_values(&t.narrow(0, 1, 2).unwrap(), |v| match v {
+            HostValues::F32(s) => s.iter().sum::<f32>(),
+            HostValues::F64(_) => f32::NAN,
+        });
+        assert_eq!(sum, Some((4..12).sum::<i32>() as f32));
+        // A transposed view is strided: no borrow, and host_f64 still returns its values.
+        let tt = t.t().unwrap();
+        assert!(with_host_values(&tt, |_| ()).is_none());
+        assert_eq!(host_f64(&tt).unwrap()[..3], [0.0, 4.0, 8.0]);
+        let ints = Tensor::new(&[1u32, 2], &Device::Cpu).unwrap();
+        assert!(with_host_values(&ints, |_| ()).is_none());
+        assert_eq!(host_f64(&ints).unwrap(), [1.0, 2.0]);
     }
 }

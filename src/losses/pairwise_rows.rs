@@ -19,10 +19,11 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::host_sums::{dot, host_f64, sum_squares};
+use crate::host_sums::{dot, host_f64, sum_squares, with_host_values, HostValues};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
+    WithDType,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -169,10 +170,12 @@ struct UnitRows {
     tensor: Tensor,
     /// `‖xᵢ‖` per row when the engine normalised (`None`: [`Input::AsGiven`]).
     norms: Option<Vec<f64>>,
-    /// `Ê` (the values of `tensor`) row-major as `f64` when the embeddings live on the CPU:
-    /// the sparse backward product and the normalisation's backward pass read it. `None` on
-    /// other devices, where both run as tensor operations.
-    host: Option<Vec<f64>>,
+    /// Whether the backward pass runs on the host (CPU slices) rather than as tensor ops.
+    on_host: bool,
+    /// `Ê` as row-major `f64` on the host path when `tensor` cannot be read in place (a dtype
+    /// other than `f32`/`f64`); otherwise the host path reads `tensor`'s own storage (exact:
+    /// the values the products see, and half the bytes for `f32`).
+    copy: Option<Vec<f64>>,
 }
 
 /// A tensor of `dtype` on `device` from row-major `f64` values. `f32` and `f64` are converted
@@ -207,6 +210,144 @@ fn check_norms(norms: &[f64]) -> Result<()> {
     }
 }
 
+/// `êᵢ = xᵢ/‖xᵢ‖` of the row-major `b × d` values `x` in one pass over the rows: `Ê` as a CPU
+/// tensor of `x`'s type, and the norms (computed in `f64`, so large `f32` values do not
+/// overflow). A zero or non-finite norm yields non-finite values; the caller checks the norms.
+fn normalise_rows<T: WithDType + Into<f64>>(
+    x: &[T],
+    b: usize,
+    d: usize,
+) -> Result<(Tensor, Vec<f64>)> {
+    let d1 = d.max(1);
+    let mut unit = vec![T::from_f64(0.0); b * d];
+    let mut norms = vec![0.0f64; b];
+    unit.par_chunks_mut(d1)
+        .zip(x.par_chunks(d1))
+        .zip(norms.par_iter_mut())
+        .for_each(|((u, row), n)| {
+            *n = sum_squares(row).sqrt();
+            let inv = 1.0 / *n;
+            for (u, &v) in u.iter_mut().zip(row) {
+                *u = T::from_f64(v.into() * inv);
+            }
+        });
+    Ok((Tensor::from_vec(unit, (b, d), &Device::Cpu)?, norms))
+}
+
+/// The rows of `∂loss/∂Ê` on the host, one at a time (so that the normalisation's backward
+/// pass runs on each row while it is in cache, straight after the row is formed).
+trait GradRows: Sync {
+    /// Adds row `i` of `∂loss/∂Ê` to `out` (length `D`, zeroed).
+    fn add_row(&self, i: usize, out: &mut [f64]);
+}
+
+/// `∂loss/∂Ê` held densely (row-major `f32` or `f64`), e.g. the result of the dense product.
+struct DenseRows<'a, G> {
+    g: &'a [G],
+    d: usize,
+}
+
+impl<G: Copy + Into<f64> + Sync> GradRows for DenseRows<'_, G> {
+    fn add_row(&self, i: usize, out: &mut [f64]) {
+        let row = &self.g[i * self.d..(i + 1) * self.d];
+        out.iter_mut().zip(row).for_each(|(o, &v)| *o += v.into());
+    }
+}
+
+/// `(G + Gᵀ) Ê` from the non-zero entries of `G` (exact: the same sums, in `f64`).
+struct SparseRows<'a, U> {
+    lists: &'a SparseG,
+    unit: &'a [U],
+    d: usize,
+}
+
+impl<U: Copy + Into<f64> + Sync> GradRows for SparseRows<'_, U> {
+    fn add_row(&self, i: usize, out: &mut [f64]) {
+        let (row, column) = (&self.lists.rows[i], &self.lists.columns[i]);
+        for &(j, w) in row.iter().chain(column) {
+            let ej = &self.unit[j * self.d..(j + 1) * self.d];
+            out.iter_mut()
+                .zip(ej)
+                .for_each(|(a, &v)| *a += w * v.into());
+        }
+    }
+}
+
+/// What the input gradient is made for: the norms of the engine's normalisation (`None`:
+/// [`Input::AsGiven`]) and the input's shape, dtype and device.
+#[derive(Clone, Copy)]
+struct InputGrad<'a> {
+    norms: Option<&'a [f64]>,
+    shape: (usize, usize),
+    dtype: DType,
+    device: &'a Device,
+}
+
+/// `∂loss/∂x` as a tensor of `dtype` on `device`, row by row from `∂loss/∂Ê`: row `i` is
+/// `(gᵢ − êᵢ(êᵢ·gᵢ))/‖xᵢ‖` when the engine normalised (`norms`), else `gᵢ`; in `f64`, rounded
+/// once to `dtype`.
+fn input_gradient<S: GradRows, U: Copy + Into<f64> + Sync>(
+    src: &S,
+    unit: &[U],
+    to: InputGrad<'_>,
+) -> Result<Tensor> {
+    let InputGrad {
+        norms,
+        shape,
+        dtype,
+        device,
+    } = to;
+    fn rows<S: GradRows, U: Copy + Into<f64> + Sync, T: WithDType>(
+        src: &S,
+        unit: &[U],
+        norms: Option<&[f64]>,
+        (b, d): (usize, usize),
+    ) -> Vec<T> {
+        let mut out = vec![T::from_f64(0.0); b * d];
+        out.par_chunks_mut(d.max(1)).enumerate().for_each_init(
+            || vec![0.0f64; d],
+            |g, (i, o)| {
+                g.fill(0.0);
+                src.add_row(i, g);
+                let Some(norms) = norms else {
+                    o.iter_mut()
+                        .zip(g.iter())
+                        .for_each(|(o, &v)| *o = T::from_f64(v));
+                    return;
+                };
+                let e = &unit[i * d..(i + 1) * d];
+                let dot = dot(g, e);
+                let inv = 1.0 / norms[i];
+                for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
+                    *o = T::from_f64((g - e.into() * dot) * inv);
+                }
+            },
+        );
+        out
+    }
+    let t = match dtype {
+        DType::F32 => Tensor::from_vec(
+            rows::<S, U, f32>(src, unit, norms, shape),
+            shape,
+            &Device::Cpu,
+        )?,
+        DType::F64 => Tensor::from_vec(
+            rows::<S, U, f64>(src, unit, norms, shape),
+            shape,
+            &Device::Cpu,
+        )?,
+        _ => {
+            return tensor_from_f64(
+                rows::<S, U, f64>(src, unit, norms, shape),
+                shape,
+                dtype,
+                device,
+            )
+        }
+    };
+    Ok(t.to_device(device)?)
+}
+
 impl UnitRows {
     /// `Ê` from the (detached) embeddings. `on_host` selects the CPU path (plain slices); the
     /// tensor path is what other devices run, and is tested on the CPU against the host path.
@@ -217,7 +358,8 @@ impl UnitRows {
                 Input::AsGiven => UnitRows {
                     tensor: x.clone(),
                     norms: None,
-                    host: None,
+                    on_host,
+                    copy: None,
                 },
                 Input::Normalise => {
                     let norms_t = x.sqr()?.sum_keepdim(1)?.sqrt()?;
@@ -226,97 +368,168 @@ impl UnitRows {
                     UnitRows {
                         tensor: x.broadcast_div(&norms_t)?,
                         norms: Some(norms),
-                        host: None,
+                        on_host,
+                        copy: None,
                     }
                 }
             });
         }
-        let mut unit = host_f64(x)?;
         if input == Input::AsGiven {
+            let readable = with_host_values(x, |_| ()).is_some();
             return Ok(UnitRows {
                 tensor: x.clone(),
                 norms: None,
-                host: Some(unit),
+                on_host,
+                copy: if readable { None } else { Some(host_f64(x)?) },
             });
         }
-        // Norms in f64 (no overflow for large f32 values), then Ê rounded to the embeddings'
-        // dtype in place, so `host` holds exactly the values the products see.
-        let round: fn(f64) -> f64 = match x.dtype() {
-            DType::F32 => |v| v as f32 as f64,
-            _ => |v| v,
+        let normalised = with_host_values(x, |v| match v {
+            HostValues::F32(s) => normalise_rows(s, b, d),
+            HostValues::F64(s) => normalise_rows(s, b, d),
+        });
+        let (tensor, norms, copy) = match normalised {
+            Some(r) => {
+                let (t, norms) = r?;
+                (t, norms, None)
+            }
+            None => {
+                // Other dtypes (or a strided view): normalise an f64 copy, then round Ê to the
+                // embeddings' dtype and keep those values, exactly what the products see.
+                let (t, norms) = normalise_rows(&host_f64(x)?, b, d)?;
+                let t = t.to_dtype(x.dtype())?;
+                let copy = host_f64(&t)?;
+                (t, norms, Some(copy))
+            }
         };
-        let mut norms = vec![0.0f64; b];
-        unit.par_chunks_mut(d.max(1))
-            .zip(norms.par_iter_mut())
-            .for_each(|(r, n)| {
-                *n = sum_squares(r).sqrt();
-                let inv = 1.0 / *n;
-                r.iter_mut().for_each(|v| *v = round(*v * inv));
-            });
         check_norms(&norms)?;
-        let tensor = match x.dtype() {
-            DType::F32 | DType::F64 => {
-                tensor_from_f64(unit.clone(), (b, d), x.dtype(), &Device::Cpu)?
-            }
-            dtype => {
-                let t = tensor_from_f64(unit, (b, d), dtype, &Device::Cpu)?;
-                unit = host_f64(&t)?;
-                t
-            }
-        };
         Ok(UnitRows {
             tensor,
             norms: Some(norms),
-            host: Some(unit),
+            on_host,
+            copy,
         })
     }
 
     /// `∂loss/∂x` from `∂loss/∂Ê` (the normalisation's backward pass; identity for
-    /// [`Input::AsGiven`]). `grad` is either a tensor or, on the host path, row-major `f64`.
+    /// [`Input::AsGiven`]). `grad` is either a tensor or, on the host path, sparse.
     fn backward(&self, grad: UnitGrad, dtype: DType, device: &Device) -> Result<Tensor> {
         let (b, d) = self.tensor.dims2()?;
-        let Some(norms) = &self.norms else {
-            return match grad {
-                UnitGrad::Tensor(t) => Ok(t),
-                UnitGrad::Host(g) => tensor_from_f64(g, (b, d), dtype, device),
-            };
+        let norms = self.norms.as_deref();
+        let to = InputGrad {
+            norms,
+            shape: (b, d),
+            dtype,
+            device,
         };
-        match (&self.host, grad) {
-            (Some(unit), grad) => {
-                let mut g = match grad {
-                    UnitGrad::Host(g) => g,
-                    UnitGrad::Tensor(t) => host_f64(&t)?,
-                };
-                g.par_chunks_mut(d.max(1))
-                    .zip(unit.par_chunks(d.max(1)))
-                    .zip(norms.par_iter())
-                    .for_each(|((g, e), n)| {
-                        let dot = dot(g, e);
-                        let inv = 1.0 / n;
-                        g.iter_mut()
-                            .zip(e)
-                            .for_each(|(a, b)| *a = (*a - b * dot) * inv);
-                    });
-                tensor_from_f64(g, (b, d), dtype, device)
-            }
-            (None, grad) => {
-                let g = match grad {
-                    UnitGrad::Tensor(t) => t,
-                    UnitGrad::Host(g) => tensor_from_f64(g, (b, d), dtype, device)?,
-                };
+        match grad {
+            UnitGrad::Tensor(t) if norms.is_none() => Ok(t),
+            UnitGrad::Tensor(g) if !self.on_host => {
+                let norms = norms.unwrap_or_default();
                 let e = &self.tensor;
                 let norms_t = Tensor::from_slice(norms, (b, 1), device)?.to_dtype(dtype)?;
                 let dot = (&g * e)?.sum_keepdim(1)?;
                 Ok((g - e.broadcast_mul(&dot)?)?.broadcast_div(&norms_t)?)
             }
+            UnitGrad::Tensor(t) => self.with_unit(|unit| match unit {
+                HostValues::F32(u) => dense_input_gradient(&t, u, to),
+                HostValues::F64(u) => dense_input_gradient(&t, u, to),
+            }),
+            UnitGrad::Sparse(lists) => self.with_unit(|unit| match unit {
+                HostValues::F32(u) => {
+                    let src = SparseRows {
+                        lists: &lists,
+                        unit: u,
+                        d,
+                    };
+                    input_gradient(&src, u, to)
+                }
+                HostValues::F64(u) => {
+                    let src = SparseRows {
+                        lists: &lists,
+                        unit: u,
+                        d,
+                    };
+                    input_gradient(&src, u, to)
+                }
+            }),
         }
+    }
+
+    /// Runs `f` on `Ê`'s values on the host path: the kept `f64` copy, or `tensor`'s own storage.
+    fn with_unit(&self, f: impl FnOnce(HostValues<'_>) -> Result<Tensor>) -> Result<Tensor> {
+        if let Some(copy) = &self.copy {
+            return f(HostValues::F64(copy));
+        }
+        with_host_values(&self.tensor, f).unwrap_or_else(|| {
+            Err(Error::invalid(
+                "embeddings",
+                "internal: the host path needs the unit rows in CPU memory",
+            ))
+        })
     }
 }
 
-/// `∂loss/∂Ê` as a tensor (dense products) or as row-major `f64` on the CPU (sparse product).
+/// [`input_gradient`] from the dense product's result `t`, read where it lies when it is a
+/// contiguous `f32`/`f64` CPU tensor (no `f64` copy).
+fn dense_input_gradient<U: Copy + Into<f64> + Sync>(
+    t: &Tensor,
+    unit: &[U],
+    to: InputGrad<'_>,
+) -> Result<Tensor> {
+    let d = to.shape.1;
+    let borrowed = with_host_values(t, |v| match v {
+        HostValues::F32(g) => input_gradient(&DenseRows { g, d }, unit, to),
+        HostValues::F64(g) => input_gradient(&DenseRows { g, d }, unit, to),
+    });
+    match borrowed {
+        Some(r) => r,
+        None => input_gradient(
+            &DenseRows {
+                g: &host_f64(t)?,
+                d,
+            },
+            unit,
+            to,
+        ),
+    }
+}
+
+/// `∂loss/∂Ê` as a tensor (dense products) or, on the CPU, as the non-zeros of `G`.
 enum UnitGrad {
     Tensor(Tensor),
-    Host(Vec<f64>),
+    Sparse(SparseG),
+}
+
+/// The non-zero entries of `G = upstream · ∂loss/∂S` by row (`rows[i]`: `(j, G_ij)`) and by
+/// column (`columns[i]`: `(j, G_ji)`), so that row `i` of `(G + Gᵀ) Ê` is
+/// `Σ_{(j, w) ∈ rows[i] ∪ columns[i]} w · ê_j`.
+struct SparseG {
+    rows: Vec<Vec<(usize, f64)>>,
+    columns: Vec<Vec<(usize, f64)>>,
+}
+
+impl SparseG {
+    /// The non-zeros of the row-major `b × b` matrix `g`: each row is scanned in parallel (the
+    /// scan is the dense part of the work); the column lists are gathered from those few entries.
+    fn new(g: &[f64], b: usize) -> Self {
+        let rows: Vec<Vec<(usize, f64)>> = g
+            .par_chunks(b.max(1))
+            .map(|row| {
+                row.iter()
+                    .enumerate()
+                    .filter(|(_, w)| **w != 0.0)
+                    .map(|(j, &w)| (j, w))
+                    .collect()
+            })
+            .collect();
+        let mut columns: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
+        for (i, list) in rows.iter().enumerate() {
+            for &(j, w) in list {
+                columns[j].push((i, w));
+            }
+        }
+        SparseG { rows, columns }
+    }
 }
 
 /// Computes a [`RowLoss`] over the embeddings (`B × D`, part of the autograd graph; normalised
@@ -416,31 +629,6 @@ fn symmetrise(g: &[f64], b: usize) -> Vec<f64> {
 /// See benches/losses_vs_torch.md.
 const SPARSE_BACKWARD_DENSITY: f64 = 0.125;
 
-/// `(G + Gᵀ) Ê` on the host from the non-zero entries of the row-major `b × b` matrix `G`
-/// (exact: the same sum, in `f64`): row `i` gathers `G_ij ê_j` from its own row and `G_ji ê_j`
-/// from its column.
-fn sparse_product(g: &[f64], unit: &[f64], b: usize, d: usize) -> Vec<f64> {
-    let mut lists: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
-    for (i, row) in g.chunks(b.max(1)).enumerate() {
-        for (j, &w) in row.iter().enumerate() {
-            if w != 0.0 {
-                lists[i].push((j, w));
-                lists[j].push((i, w));
-            }
-        }
-    }
-    let mut out = vec![0.0f64; b * d];
-    out.par_chunks_mut(d.max(1))
-        .zip(lists.par_iter())
-        .for_each(|(o, list)| {
-            for &(j, w) in list {
-                let ej = &unit[j * d..(j + 1) * d];
-                o.iter_mut().zip(ej).for_each(|(a, v)| *a += w * v);
-            }
-        });
-    out
-}
-
 /// The custom op that carries a [`RowLoss`] value in the graph. Its forward copies the
 /// precomputed scalar (second argument); its backward recomputes the chunks.
 struct RowLossOp<R: RowLoss> {
@@ -482,7 +670,7 @@ impl<R: RowLoss> RowLossOp<R> {
     /// `S` depend on `ê_q` (through `G Ê`) and on every `ê_j` (through `Gᵀ Ê`).
     fn unit_gradient(&self, upstream: f64) -> Result<UnitGrad> {
         let e = &self.unit.tensor;
-        let (b, d) = e.dims2()?;
+        let (b, _) = e.dims2()?;
         let to_tensor = |rows: Vec<f64>, len: usize| -> Result<Tensor> {
             tensor_from_f64(rows, (len, b), e.dtype(), e.device())
         };
@@ -490,10 +678,10 @@ impl<R: RowLoss> RowLossOp<R> {
             // One chunk: a single product with G + Gᵀ, sparse when most pairs are inactive
             // (G + Gᵀ has at most twice the non-zeros of G).
             let g = self.grad_rows(b, sims, 0, b, upstream);
-            if let Some(unit) = &self.unit.host {
+            if self.unit.on_host {
                 let nonzero = g.par_iter().filter(|w| **w != 0.0).count();
                 if (2 * nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
-                    return Ok(UnitGrad::Host(sparse_product(&g, unit, b, d)));
+                    return Ok(UnitGrad::Sparse(SparseG::new(&g, b)));
                 }
             }
             let sym = symmetrise(&g, b);
@@ -757,11 +945,78 @@ mod tests {
         weights[17] = -0.5;
         let g_nonzero = 2 * (b - 1);
         assert!((2 * g_nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64);
-        let (want_v, want_g) = autograd_reference(&data, &weights, b, Input::Normalise);
-        let (v, g) = engine(&data, &weights, b, (Input::Normalise, b, true), 1.0);
-        assert!((v - want_v).abs() < 1e-12);
-        for (a, w) in g.iter().zip(&want_g) {
-            assert!((a - w).abs() < 1e-12, "{a} vs {w}");
+        for input in [Input::Normalise, Input::AsGiven] {
+            let (want_v, want_g) = autograd_reference(&data, &weights, b, input);
+            let (v, g) = engine(&data, &weights, b, (input, b, true), 1.0);
+            assert!(
+                (v - want_v).abs() < 1e-12 * (1.0 + want_v.abs()),
+                "{input:?}"
+            );
+            for (a, w) in g.iter().zip(&want_g) {
+                assert!(
+                    (a - w).abs() < 1e-12 * (1.0 + w.abs()),
+                    "{input:?}: {a} vs {w}"
+                );
+            }
+        }
+        // f32 embeddings: the same gradient, rounded once to f32 at the end.
+        let (_, want_g) = autograd_reference(&data, &weights, b, Input::Normalise);
+        let narrow: Vec<f32> = data.iter().map(|&x| x as f32).collect();
+        let v = Var::from_vec(narrow, (b, 3), &Device::Cpu).unwrap();
+        let loss = Quadratic { weights };
+        let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, b, true).unwrap();
+        let grads = out.backward().unwrap();
+        let got = grads
+            .get(&v)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        for (a, w) in got.iter().zip(&want_g) {
+            assert!(
+                (f64::from(*a) - w).abs() < 1e-5 * (1.0 + w.abs()),
+                "f32: {a} vs {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn half_precision_embeddings_take_the_host_copy_path() {
+        // f16 storage cannot be read in place as f32/f64: the host path keeps an f64 copy of Ê
+        // (rounded to f16, as the products see it) and must agree with the tensor path.
+        let (b, d) = (6, 4);
+        let data: Vec<f64> = (0..b * d)
+            .map(|i| ((i * 5 % 13) as f64 - 6.0) / 4.0)
+            .collect();
+        let weights = vec![0.5, -1.0, 2.0, 0.25, 1.5, 1.0];
+        let x = Tensor::from_vec(data, (b, d), &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
+        let unit = UnitRows::new(&x, Input::Normalise, true).unwrap();
+        assert!(unit.copy.is_some());
+        let grad = |host: bool| {
+            let v = Var::from_tensor(&x).unwrap();
+            let loss = Quadratic {
+                weights: weights.clone(),
+            };
+            let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, b, host).unwrap();
+            let g = out.backward().unwrap();
+            let g = g.get(&v).unwrap().to_dtype(DType::F64).unwrap();
+            (
+                out.to_dtype(DType::F64)
+                    .unwrap()
+                    .to_scalar::<f64>()
+                    .unwrap(),
+                g.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+            )
+        };
+        let (vh, gh) = grad(true);
+        let (vt, gt) = grad(false);
+        assert!((vh - vt).abs() < 1e-2 * (1.0 + vt.abs()), "{vh} vs {vt}");
+        for (a, w) in gh.iter().zip(&gt) {
+            assert!((a - w).abs() < 2e-2 * (1.0 + w.abs()), "{a} vs {w}");
         }
     }
 

@@ -228,13 +228,19 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     }
     // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
     // overflowing on large but finite values.
-    let row_sums = if x.device().is_cpu() {
-        // On the host, one copy and a loop: candle's element-wise ops on large tensors wake its
-        // thread pool, whose spinning workers then slow the caller's next parallel step.
-        crate::host_sums::host_f64(x)?
-            .chunks(dims[1].max(1))
-            .map(crate::host_sums::sum_abs)
-            .collect()
+    use crate::host_sums::{host_f64, sum_abs, with_host_values, HostValues};
+    let d = dims[1].max(1);
+    let borrowed = with_host_values(x, |v| match v {
+        HostValues::F32(s) => s.chunks(d).map(sum_abs).collect(),
+        HostValues::F64(s) => s.chunks(d).map(sum_abs).collect(),
+    });
+    let row_sums: Vec<f64> = if let Some(sums) = borrowed {
+        // On the host, a loop over the values where they lie: candle's element-wise ops on
+        // large tensors wake its thread pool, whose spinning workers then slow the caller's
+        // next parallel step.
+        sums
+    } else if x.device().is_cpu() {
+        host_f64(x)?.chunks(d).map(sum_abs).collect()
     } else {
         x.to_dtype(DType::F64)?
             .abs()?
