@@ -11,7 +11,7 @@
 //! [`tune_candle_threads`] sets `CANDLE_NUM_THREADS=1` on machines with at most two cores
 //! (element-wise ops then run on the calling thread; GEMMs and our loops still use every rayon
 //! thread). Measured on the 2-core VM (`benches/losses_vs_torch.md`, 2026-11-25): the
-//! contrastive loss at B = 256 in 1.09–1.26 ms instead of 1.59–2.21 ms, FastAP 2.29 instead of
+//! contrastive loss at B = 256 in 1.13–1.26 ms instead of 1.59–2.21 ms, FastAP 2.29 instead of
 //! 3.27–3.45 ms; training throughput unchanged within noise (small CNN 352 / 309 against 347 /
 //! 304 images/s, ResNet-18 at 112 px 17.2 / 19.5 against 16.5 / 20.3 images/s, alternating
 //! runs). On larger machines it was not measured, so candle's default is left alone there.
