@@ -832,10 +832,13 @@ mod tests {
     }
 
     /// The gradient of `out` with respect to `v`, flattened.
+    /// (f32 and f16 gradients are widened to f64 exactly.)
     fn grad_of(out: &Tensor, v: &Var) -> Vec<f64> {
         let grads = out.backward().unwrap();
         grads
             .get(v)
+            .unwrap()
+            .to_dtype(DType::F64)
             .unwrap()
             .flatten_all()
             .unwrap()
@@ -965,19 +968,9 @@ mod tests {
         let v = Var::from_vec(narrow, (b, 3), &Device::Cpu).unwrap();
         let loss = Quadratic { weights };
         let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, b, true).unwrap();
-        let grads = out.backward().unwrap();
-        let got = grads
-            .get(&v)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let got = grad_of(&out, &v);
         for (a, w) in got.iter().zip(&want_g) {
-            assert!(
-                (f64::from(*a) - w).abs() < 1e-5 * (1.0 + w.abs()),
-                "f32: {a} vs {w}"
-            );
+            assert!((a - w).abs() < 1e-5 * (1.0 + w.abs()), "f32: {a} vs {w}");
         }
     }
 
@@ -1002,15 +995,8 @@ mod tests {
                 weights: weights.clone(),
             };
             let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, b, host).unwrap();
-            let g = out.backward().unwrap();
-            let g = g.get(&v).unwrap().to_dtype(DType::F64).unwrap();
-            (
-                out.to_dtype(DType::F64)
-                    .unwrap()
-                    .to_scalar::<f64>()
-                    .unwrap(),
-                g.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
-            )
+            let value = out.to_dtype(DType::F64).unwrap().to_scalar::<f64>();
+            (value.unwrap(), grad_of(&out, &v))
         };
         let (vh, gh) = grad(true);
         let (vt, gt) = grad(false);
