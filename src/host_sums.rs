@@ -14,6 +14,22 @@ use candle_core::{CpuStorage, DType, Storage, Tensor};
 
 const LANES: usize = 8;
 
+/// Runs `f` compiled for the widest SIMD instruction set the CPU has (AVX2 on x86-64 CPUs
+/// that have it, detected once at run time; the baseline build otherwise), through `pulp`,
+/// the dispatcher candle's `gemm` uses.
+///
+/// Why: the crate is built for baseline x86-64 (SSE2, two `f64` lanes), so the loss engine's
+/// passes over `B × D` rows ran at half the width the CPU offers while the products beside
+/// them (gemm) already ran on AVX2. The instructions change, not the arithmetic: Rust never
+/// fuses `a * b + c` into an FMA on its own, so results are bit-for-bit those of the baseline
+/// build. Functions called from `f` get the wider instructions only where they are inlined
+/// (mark the closure and the helpers it calls `#[inline(always)]`; without it the closure was
+/// compiled as a separate baseline function and nothing changed).
+#[inline(always)]
+pub fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
 /// The values of a contiguous CPU tensor, borrowed from its storage.
 pub enum HostValues<'a> {
     /// An `f32` tensor's values, row-major.
@@ -39,7 +55,10 @@ pub fn with_host_values<R>(t: &Tensor, f: impl FnOnce(HostValues<'_>) -> R) -> O
 /// candle cast, which on large tensors would run on candle's own thread pool).
 pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
     if let Some(v) = with_host_values(t, |v| match v {
-        HostValues::F32(s) => s.iter().map(|&x| f64::from(x)).collect(),
+        HostValues::F32(s) => vectorised(
+            #[inline(always)]
+            || s.iter().map(|&x| f64::from(x)).collect(),
+        ),
         HostValues::F64(s) => s.to_vec(),
     }) {
         return Ok(v);
@@ -57,7 +76,7 @@ pub fn host_f64(t: &Tensor) -> Result<Vec<f64>> {
 }
 
 /// `Σ f(aᵢ)` in `f64` with [`LANES`] partial sums, added pairwise at the end.
-#[inline]
+#[inline(always)]
 fn lane_sum<T: Copy + Into<f64>>(a: &[T], f: impl Fn(f64) -> f64) -> f64 {
     let mut acc = [0.0f64; LANES];
     let chunks = a.chunks_exact(LANES);
@@ -71,22 +90,25 @@ fn lane_sum<T: Copy + Into<f64>>(a: &[T], f: impl Fn(f64) -> f64) -> f64 {
     reduce(acc) + tail
 }
 
-#[inline]
+#[inline(always)]
 fn reduce(acc: [f64; LANES]) -> f64 {
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
 }
 
 /// `Σ |aᵢ|` in `f64` (NaN and infinity propagate).
+#[inline(always)]
 pub fn sum_abs<T: Copy + Into<f64>>(a: &[T]) -> f64 {
     lane_sum(a, f64::abs)
 }
 
 /// `Σ aᵢ²` in `f64`.
+#[inline(always)]
 pub fn sum_squares<T: Copy + Into<f64>>(a: &[T]) -> f64 {
     lane_sum(a, |x| x * x)
 }
 
 /// `Σ aᵢ bᵢ` in `f64` over the common length.
+#[inline(always)]
 pub fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -109,6 +131,27 @@ pub fn dot<A: Copy + Into<f64>, B: Copy + Into<f64>>(a: &[A], b: &[B]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vectorised_code_gives_the_baseline_bits() {
+        // The dispatched build changes the instructions, never the arithmetic (no FMA
+        // contraction): every sum and the f32 → f64 copy are bit-for-bit the baseline's.
+        let a: Vec<f32> = (0..1037)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        let b: Vec<f64> = (0..1037).map(|i| (i as f64).sin() * 1e3).collect();
+        let plain = (sum_abs(&a), sum_squares(&b), dot(&a, &b));
+        let wide = vectorised(
+            #[inline(always)]
+            || (sum_abs(&a), sum_squares(&b), dot(&a, &b)),
+        );
+        assert_eq!(plain.0.to_bits(), wide.0.to_bits());
+        assert_eq!(plain.1.to_bits(), wide.1.to_bits());
+        assert_eq!(plain.2.to_bits(), wide.2.to_bits());
+        let t = Tensor::from_vec(a.clone(), a.len(), &candle_core::Device::Cpu).unwrap();
+        let copied = host_f64(&t).unwrap();
+        assert!(copied.iter().zip(&a).all(|(&c, &x)| c == f64::from(x)));
+    }
 
     #[test]
     fn sums_match_the_plain_loops_on_every_length() {

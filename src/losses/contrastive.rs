@@ -88,6 +88,7 @@ impl Contrastive {
 
 /// The cost of one pair and its derivative with respect to the cosine similarity `s`
 /// (zero derivative where the cost is clamped at 0).
+#[inline]
 pub fn pair_cost(
     metric: PairMetric,
     s: f64,
@@ -166,16 +167,16 @@ struct ContrastiveRows {
 }
 
 impl ContrastiveRows {
-    fn cost(&self, q: usize, j: usize, s: f64) -> (bool, f64, f64) {
-        let positive = self.fine[j] == self.fine[q];
-        let (v, slope) = pair_cost(
+    /// [`pair_cost`] with this loss's metric and margins.
+    #[inline]
+    fn pair(&self, s: f64, positive: bool) -> (f64, f64) {
+        pair_cost(
             self.loss.metric,
             s,
             positive,
             self.loss.pos_margin,
             self.loss.neg_margin,
-        );
-        (positive, v, slope)
+        )
     }
 }
 
@@ -185,18 +186,40 @@ impl RowLoss for ContrastiveRows {
     type Global = (Term, Term);
 
     fn summarise(&self, q: usize, sims: &[f64]) -> (Term, Term) {
-        let (mut pos, mut neg) = (Term::default(), Term::default());
-        for (j, &s) in sims.iter().enumerate() {
+        // Plain local accumulators: updating the Term behind an `if positive {&mut pos} else
+        // {&mut neg}` reference kept every sum in memory, a store-to-load chain per pair.
+        let fq = self.fine[q];
+        let (mut pos_sum, mut pos_active, mut pos_pairs) = (0.0, 0, 0);
+        let (mut neg_sum, mut neg_active, mut neg_pairs) = (0.0, 0, 0);
+        for (j, (&s, &f)) in sims.iter().zip(self.fine.iter()).enumerate() {
             if j == q {
                 continue;
             }
-            let (positive, v, _) = self.cost(q, j, s);
-            let t = if positive { &mut pos } else { &mut neg };
-            t.pairs += 1;
-            t.sum += v;
-            t.active += (v > 0.0) as usize;
+            let positive = f == fq;
+            let (v, _) = self.pair(s, positive);
+            let active = (v > 0.0) as usize;
+            if positive {
+                pos_sum += v;
+                pos_active += active;
+                pos_pairs += 1;
+            } else {
+                neg_sum += v;
+                neg_active += active;
+                neg_pairs += 1;
+            }
         }
-        (pos, neg)
+        (
+            Term {
+                sum: pos_sum,
+                active: pos_active,
+                pairs: pos_pairs,
+            },
+            Term {
+                sum: neg_sum,
+                active: neg_active,
+                pairs: neg_pairs,
+            },
+        )
     }
 
     fn global(&self, rows: &[(Term, Term)]) -> Result<(Term, Term)> {
@@ -230,11 +253,13 @@ impl RowLoss for ContrastiveRows {
     ) {
         let r = self.loss.reduction;
         let (pos_div, neg_div) = (global.0.divisor(r), global.1.divisor(r));
-        for (j, &s) in sims.iter().enumerate() {
+        let fq = self.fine[q];
+        for (j, (&s, &f)) in sims.iter().zip(self.fine.iter()).enumerate() {
             if j == q {
                 continue;
             }
-            let (positive, _, slope) = self.cost(q, j, s);
+            let positive = f == fq;
+            let (_, slope) = self.pair(s, positive);
             let div = if positive { pos_div } else { neg_div };
             if slope != 0.0 && div > 0 {
                 out[j] = upstream * slope / div as f64;

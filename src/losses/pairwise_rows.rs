@@ -19,7 +19,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::host_sums::{dot, host_f64, sum_squares, with_host_values, HostValues};
+use crate::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
@@ -225,11 +225,16 @@ fn normalise_rows<T: WithDType + Into<f64>>(
         .zip(x.par_chunks(d1))
         .zip(norms.par_iter_mut())
         .for_each(|((u, row), n)| {
-            *n = sum_squares(row).sqrt();
-            let inv = 1.0 / *n;
-            for (u, &v) in u.iter_mut().zip(row) {
-                *u = T::from_f64(v.into() * inv);
-            }
+            vectorised(
+                #[inline(always)]
+                || {
+                    *n = sum_squares(row).sqrt();
+                    let inv = 1.0 / *n;
+                    for (u, &v) in u.iter_mut().zip(row) {
+                        *u = T::from_f64(v.into() * inv);
+                    }
+                },
+            )
         });
     Ok((Tensor::from_vec(unit, (b, d), &Device::Cpu)?, norms))
 }
@@ -248,6 +253,7 @@ struct DenseRows<'a, G> {
 }
 
 impl<G: Copy + Into<f64> + Sync> GradRows for DenseRows<'_, G> {
+    #[inline(always)]
     fn add_row(&self, i: usize, out: &mut [f64]) {
         let row = &self.g[i * self.d..(i + 1) * self.d];
         out.iter_mut().zip(row).for_each(|(o, &v)| *o += v.into());
@@ -262,13 +268,39 @@ struct SparseRows<'a, U> {
 }
 
 impl<U: Copy + Into<f64> + Sync> GradRows for SparseRows<'_, U> {
+    /// Row `i` of `(G + Gᵀ) Ê`: `rows[i]` and `columns[i]` are both sorted by `j`, so they are
+    /// merged on the fly and a `j` present in both (every pair of a symmetric loss such as the
+    /// contrastive one) costs one pass over `ê_j` with weight `G_ij + G_ji`, as in the dense
+    /// product's `G + Gᵀ`.
+    #[inline(always)]
     fn add_row(&self, i: usize, out: &mut [f64]) {
         let (row, column) = (&self.lists.rows[i], &self.lists.columns[i]);
-        for &(j, w) in row.iter().chain(column) {
+        let (mut a, mut c) = (0, 0);
+        loop {
+            let (j, w) = match (row.get(a), column.get(c)) {
+                (Some(&(ja, wa)), Some(&(jc, wc))) if ja == jc => {
+                    a += 1;
+                    c += 1;
+                    (ja, wa + wc)
+                }
+                (Some(&(ja, wa)), Some(&(jc, _))) if ja < jc => {
+                    a += 1;
+                    (ja, wa)
+                }
+                (Some(&(ja, wa)), None) => {
+                    a += 1;
+                    (ja, wa)
+                }
+                (_, Some(&(jc, wc))) => {
+                    c += 1;
+                    (jc, wc)
+                }
+                (None, None) => break,
+            };
             let ej = &self.unit[j * self.d..(j + 1) * self.d];
             out.iter_mut()
                 .zip(ej)
-                .for_each(|(a, &v)| *a += w * v.into());
+                .for_each(|(o, &v)| *o += w * v.into());
         }
     }
 }
@@ -307,20 +339,25 @@ fn input_gradient<S: GradRows, U: Copy + Into<f64> + Sync>(
         out.par_chunks_mut(d.max(1)).enumerate().for_each_init(
             || vec![0.0f64; d],
             |g, (i, o)| {
-                g.fill(0.0);
-                src.add_row(i, g);
-                let Some(norms) = norms else {
-                    o.iter_mut()
-                        .zip(g.iter())
-                        .for_each(|(o, &v)| *o = T::from_f64(v));
-                    return;
-                };
-                let e = &unit[i * d..(i + 1) * d];
-                let dot = dot(g, e);
-                let inv = 1.0 / norms[i];
-                for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
-                    *o = T::from_f64((g - e.into() * dot) * inv);
-                }
+                vectorised(
+                    #[inline(always)]
+                    || {
+                        g.fill(0.0);
+                        src.add_row(i, g);
+                        let Some(norms) = norms else {
+                            o.iter_mut()
+                                .zip(g.iter())
+                                .for_each(|(o, &v)| *o = T::from_f64(v));
+                            return;
+                        };
+                        let e = &unit[i * d..(i + 1) * d];
+                        let dot = dot(g, e);
+                        let inv = 1.0 / norms[i];
+                        for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
+                            *o = T::from_f64((g - e.into() * dot) * inv);
+                        }
+                    },
+                )
             },
         );
         out
@@ -508,20 +545,25 @@ struct SparseG {
     columns: Vec<Vec<(usize, f64)>>,
 }
 
+/// The non-zero entries `(j, row[j])` of `row` in column order, or `None` as soon as there are
+/// more than `cap` of them.
+fn nonzeros_up_to(row: &[f64], cap: usize) -> Option<Vec<(usize, f64)>> {
+    let mut list = Vec::new();
+    for (j, &w) in row.iter().enumerate() {
+        if w != 0.0 {
+            if list.len() == cap {
+                return None;
+            }
+            list.push((j, w));
+        }
+    }
+    Some(list)
+}
+
 impl SparseG {
-    /// The non-zeros of the row-major `b × b` matrix `g`: each row is scanned in parallel (the
-    /// scan is the dense part of the work); the column lists are gathered from those few entries.
-    fn new(g: &[f64], b: usize) -> Self {
-        let rows: Vec<Vec<(usize, f64)>> = g
-            .par_chunks(b.max(1))
-            .map(|row| {
-                row.iter()
-                    .enumerate()
-                    .filter(|(_, w)| **w != 0.0)
-                    .map(|(j, &w)| (j, w))
-                    .collect()
-            })
-            .collect();
+    /// From the non-zeros of each row of `G` (each list sorted by column): the column lists are
+    /// gathered from those few entries, in row order, so they come out sorted too.
+    fn from_rows(rows: Vec<Vec<(usize, f64)>>, b: usize) -> Self {
         let mut columns: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
         for (i, list) in rows.iter().enumerate() {
             for &(j, w) in list {
@@ -666,6 +708,34 @@ impl<R: RowLoss> RowLossOp<R> {
         grads
     }
 
+    /// The non-zeros of `G = upstream · ∂loss/∂S` (all `B` rows of `sims`), when `G + Gᵀ`
+    /// (at most twice the non-zeros of `G`) is sparse enough for the host's sparse sum
+    /// ([`SPARSE_BACKWARD_DENSITY`]); `None` otherwise. Each row is formed in a small per-thread
+    /// buffer and its non-zeros taken while it is in cache, so no dense `B × B` matrix is
+    /// written. A row with more than `B/4` non-zeros ends the attempt at once (a dense loss
+    /// such as FastAP wastes one row per thread and the lists never hold more than `B²/4`
+    /// entries).
+    fn sparse_grad(&self, b: usize, sims: &[f64], upstream: f64) -> Option<SparseG> {
+        let cap = b / 4;
+        let rows: Option<Vec<Vec<(usize, f64)>>> = sims
+            .par_chunks(b.max(1))
+            .enumerate()
+            .map_init(
+                || vec![0.0f64; b],
+                |scratch, (q, row)| {
+                    scratch.fill(0.0);
+                    self.loss
+                        .row_grad(q, row, &self.rows[q], &self.global, upstream, scratch);
+                    nonzeros_up_to(scratch, cap)
+                },
+            )
+            .collect();
+        let rows = rows?;
+        let nonzero: usize = rows.iter().map(Vec::len).sum();
+        ((2 * nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64)
+            .then(|| SparseG::from_rows(rows, b))
+    }
+
     /// `∂loss/∂Ê = G Ê + Gᵀ Ê` with `G = upstream · ∂loss/∂S`, since `S = Ê Êᵀ` makes row `q` of
     /// `S` depend on `ê_q` (through `G Ê`) and on every `ê_j` (through `Gᵀ Ê`).
     fn unit_gradient(&self, upstream: f64) -> Result<UnitGrad> {
@@ -675,15 +745,13 @@ impl<R: RowLoss> RowLossOp<R> {
             tensor_from_f64(rows, (len, b), e.dtype(), e.device())
         };
         if let Some(sims) = &self.cached {
-            // One chunk: a single product with G + Gᵀ, sparse when most pairs are inactive
-            // (G + Gᵀ has at most twice the non-zeros of G).
-            let g = self.grad_rows(b, sims, 0, b, upstream);
+            // One chunk: a single product with G + Gᵀ, sparse when most pairs are inactive.
             if self.unit.on_host {
-                let nonzero = g.par_iter().filter(|w| **w != 0.0).count();
-                if (2 * nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
-                    return Ok(UnitGrad::Sparse(SparseG::new(&g, b)));
+                if let Some(sparse) = self.sparse_grad(b, sims, upstream) {
+                    return Ok(UnitGrad::Sparse(sparse));
                 }
             }
+            let g = self.grad_rows(b, sims, 0, b, upstream);
             let sym = symmetrise(&g, b);
             drop(g); // at B = 4096 each of these is 128 MiB
             return Ok(UnitGrad::Tensor(to_tensor(sym, b)?.matmul(e)?));
@@ -1003,6 +1071,45 @@ mod tests {
         assert!((vh - vt).abs() < 1e-2 * (1.0 + vt.abs()), "{vh} vs {vt}");
         for (a, w) in gh.iter().zip(&gt) {
             assert!((a - w).abs() < 2e-2 * (1.0 + w.abs()), "{a} vs {w}");
+        }
+    }
+
+    #[test]
+    fn row_non_zeros_stop_at_the_cap() {
+        let row = [0.0, 1.5, 0.0, -0.0, -2.0, 0.25];
+        assert_eq!(
+            nonzeros_up_to(&row, 3),
+            Some(vec![(1, 1.5), (4, -2.0), (5, 0.25)])
+        );
+        assert_eq!(nonzeros_up_to(&row, 2), None);
+        assert_eq!(nonzeros_up_to(&[0.0; 4], 0), Some(vec![]));
+    }
+
+    #[test]
+    fn sparse_rows_merge_row_and_column_entries_of_the_same_item() {
+        // G = [[0, 2, 0], [0, 0, 3], [5, 7, 0]] on Ê = rows (1, 10), (100, 1000), (0.5, 0.25):
+        // row i of (G + Gᵀ) Ê sums (G_ij + G_ji) ê_j over j.
+        let rows = vec![vec![(1, 2.0)], vec![(2, 3.0)], vec![(0, 5.0), (1, 7.0)]];
+        let lists = SparseG::from_rows(rows, 3);
+        assert_eq!(lists.columns[1], vec![(0, 2.0), (2, 7.0)]);
+        let unit = [1.0f32, 10.0, 100.0, 1000.0, 0.5, 0.25];
+        let src = SparseRows {
+            lists: &lists,
+            unit: &unit[..],
+            d: 2,
+        };
+        let g = [[0.0, 2.0, 0.0], [0.0, 0.0, 3.0], [5.0, 7.0, 0.0]];
+        for (i, g_row) in g.iter().enumerate() {
+            let mut out = [0.0f64; 2];
+            src.add_row(i, &mut out);
+            let mut want = [0.0f64; 2];
+            for (j, g_col) in g.iter().enumerate() {
+                let w = g_row[j] + g_col[i];
+                for (k, o) in want.iter_mut().enumerate() {
+                    *o += w * f64::from(unit[j * 2 + k]);
+                }
+            }
+            assert_eq!(out, want, "row {i}");
         }
     }
 

@@ -228,11 +228,16 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     }
     // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
     // overflowing on large but finite values.
-    use crate::host_sums::{host_f64, sum_abs, with_host_values, HostValues};
+    use crate::host_sums::{host_f64, sum_abs, vectorised, with_host_values, HostValues};
     let d = dims[1].max(1);
-    let borrowed = with_host_values(x, |v| match v {
-        HostValues::F32(s) => s.chunks(d).map(sum_abs).collect(),
-        HostValues::F64(s) => s.chunks(d).map(sum_abs).collect(),
+    let borrowed = with_host_values(x, |v| {
+        vectorised(
+            #[inline(always)]
+            || match v {
+                HostValues::F32(s) => s.chunks(d).map(sum_abs).collect(),
+                HostValues::F64(s) => s.chunks(d).map(sum_abs).collect(),
+            },
+        )
     });
     let row_sums: Vec<f64> = if let Some(sums) = borrowed {
         // On the host, a loop over the values where they lie: candle's element-wise ops on
