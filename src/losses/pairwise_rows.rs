@@ -178,6 +178,9 @@ struct UnitRows {
     copy: Option<Vec<f64>>,
 }
 
+/// Below this many values a conversion runs on the calling thread.
+const PARALLEL_MIN_LEN: usize = 1 << 16;
+
 /// A tensor of `dtype` on `device` from row-major `f64` values. `f32` and `f64` are converted
 /// here on the host rather than by a candle cast: candle runs element-wise ops of 64 Ki elements
 /// or more on its own thread pool, whose workers then spin for a while and, on a 2-core
@@ -191,7 +194,13 @@ fn tensor_from_f64(
     let t = match dtype {
         DType::F64 => Tensor::from_vec(values, shape, &Device::Cpu)?,
         DType::F32 => {
-            let v: Vec<f32> = values.par_iter().map(|&x| x as f32).collect();
+            // Small vectors (the loss value itself) on the calling thread: a rayon call costs
+            // a round trip to the pool's threads, tens of µs when they have gone to sleep.
+            let v: Vec<f32> = if values.len() < PARALLEL_MIN_LEN {
+                values.iter().map(|&x| x as f32).collect()
+            } else {
+                values.par_iter().map(|&x| x as f32).collect()
+            };
             Tensor::from_vec(v, shape, &Device::Cpu)?
         }
         _ => Tensor::from_vec(values, shape, &Device::Cpu)?.to_dtype(dtype)?,
