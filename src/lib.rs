@@ -27,6 +27,7 @@ pub mod retrieval;
 pub mod samplers;
 pub mod synthetic_embeddings;
 pub mod train;
+pub(crate) mod work_phases;
 
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};

@@ -16,6 +16,9 @@
 //! precomputed value, so the op runs on every candle device: the similarity products use the
 //! device of the embeddings and only the `chunk × B` rows travel to the CPU for the per-row
 //! logic (in `f64`, in parallel over rows with rayon).
+//!
+//! On the CPU with the batch in one chunk (the default) both passes take the path of [`fused`]:
+//! the same arithmetic, each pass handed to the thread pool once instead of once per step.
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
@@ -27,6 +30,8 @@ use candle_core::{
 };
 use rayon::prelude::*;
 use std::sync::Arc;
+
+mod fused;
 
 /// How two L2-normalised embeddings are compared by the pair and triplet losses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,16 +241,45 @@ fn normalise_rows<T: WithDType + Into<f64>>(
         .for_each(|((u, row), n)| {
             vectorised(
                 #[inline(always)]
-                || {
-                    *n = sum_squares(row).sqrt();
-                    let inv = 1.0 / *n;
-                    for (u, &v) in u.iter_mut().zip(row) {
-                        *u = T::from_f64(v.into() * inv);
-                    }
-                },
+                || *n = normalise_row(row, u),
             )
         });
     Ok((Tensor::from_vec(unit, (b, d), &Device::Cpu)?, norms))
+}
+
+/// Writes `row/‖row‖` into `u` and returns `‖row‖` (in `f64`). Inlined so that it runs on the
+/// SIMD level of the caller's [`vectorised`] block.
+#[inline(always)]
+fn normalise_row<T: WithDType + Into<f64>>(row: &[T], u: &mut [T]) -> f64 {
+    let n = sum_squares(row).sqrt();
+    let inv = 1.0 / n;
+    for (u, &v) in u.iter_mut().zip(row) {
+        *u = T::from_f64(v.into() * inv);
+    }
+    n
+}
+
+/// Row `i` of `∂loss/∂x` from row `g` of `∂loss/∂Ê`: `(g − êᵢ(êᵢ·g))/‖xᵢ‖` when the engine
+/// normalised (`norm = Some(‖xᵢ‖)`, `e = êᵢ`), else `g`; computed in `f64` and rounded once into
+/// `o`. Inlined for the caller's [`vectorised`] block.
+#[inline(always)]
+fn finish_row<U: Copy + Into<f64>, T: WithDType>(
+    g: &[f64],
+    e: &[U],
+    norm: Option<f64>,
+    o: &mut [T],
+) {
+    let Some(norm) = norm else {
+        o.iter_mut()
+            .zip(g.iter())
+            .for_each(|(o, &v)| *o = T::from_f64(v));
+        return;
+    };
+    let dot = dot(g, e);
+    let inv = 1.0 / norm;
+    for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
+        *o = T::from_f64((g - e.into() * dot) * inv);
+    }
 }
 
 /// The rows of `∂loss/∂Ê` on the host, one at a time (so that the normalisation's backward
@@ -269,9 +303,12 @@ impl<G: Copy + Into<f64> + Sync> GradRows for DenseRows<'_, G> {
     }
 }
 
-/// `(G + Gᵀ) Ê` from the non-zero entries of `G` (exact: the same sums, in `f64`).
+/// `(G + Gᵀ) Ê` from the non-zero entries of `G = upstream · ∂loss/∂S` (exact: the same sums,
+/// in `f64`): by row (`rows[i]`: `(j, G_ij)`) and by column (`columns[i]`: `(j, G_ji)`, see
+/// [`columns_of`]), so that row `i` is `Σ_{(j, w) ∈ rows[i] ∪ columns[i]} w · ê_j`.
 struct SparseRows<'a, U> {
-    lists: &'a SparseG,
+    rows: &'a [Vec<(usize, f64)>],
+    columns: &'a [Vec<(usize, f64)>],
     unit: &'a [U],
     d: usize,
 }
@@ -283,7 +320,7 @@ impl<U: Copy + Into<f64> + Sync> GradRows for SparseRows<'_, U> {
     /// product's `G + Gᵀ`.
     #[inline(always)]
     fn add_row(&self, i: usize, out: &mut [f64]) {
-        let (row, column) = (&self.lists.rows[i], &self.lists.columns[i]);
+        let (row, column) = (&self.rows[i], &self.columns[i]);
         let (mut a, mut c) = (0, 0);
         loop {
             let (j, w) = match (row.get(a), column.get(c)) {
@@ -353,18 +390,8 @@ fn input_gradient<S: GradRows, U: Copy + Into<f64> + Sync>(
                     || {
                         g.fill(0.0);
                         src.add_row(i, g);
-                        let Some(norms) = norms else {
-                            o.iter_mut()
-                                .zip(g.iter())
-                                .for_each(|(o, &v)| *o = T::from_f64(v));
-                            return;
-                        };
                         let e = &unit[i * d..(i + 1) * d];
-                        let dot = dot(g, e);
-                        let inv = 1.0 / norms[i];
-                        for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
-                            *o = T::from_f64((g - e.into() * dot) * inv);
-                        }
+                        finish_row(g, e, norms.map(|n| n[i]), o);
                     },
                 )
             },
@@ -457,8 +484,8 @@ impl UnitRows {
     }
 
     /// `∂loss/∂x` from `∂loss/∂Ê` (the normalisation's backward pass; identity for
-    /// [`Input::AsGiven`]). `grad` is either a tensor or, on the host path, sparse.
-    fn backward(&self, grad: UnitGrad, dtype: DType, device: &Device) -> Result<Tensor> {
+    /// [`Input::AsGiven`]).
+    fn backward(&self, grad: Tensor, dtype: DType, device: &Device) -> Result<Tensor> {
         let (b, d) = self.tensor.dims2()?;
         let norms = self.norms.as_deref();
         let to = InputGrad {
@@ -468,35 +495,17 @@ impl UnitRows {
             device,
         };
         match grad {
-            UnitGrad::Tensor(t) if norms.is_none() => Ok(t),
-            UnitGrad::Tensor(g) if !self.on_host => {
+            t if norms.is_none() => Ok(t),
+            g if !self.on_host => {
                 let norms = norms.unwrap_or_default();
                 let e = &self.tensor;
                 let norms_t = Tensor::from_slice(norms, (b, 1), device)?.to_dtype(dtype)?;
                 let dot = (&g * e)?.sum_keepdim(1)?;
                 Ok((g - e.broadcast_mul(&dot)?)?.broadcast_div(&norms_t)?)
             }
-            UnitGrad::Tensor(t) => self.with_unit(|unit| match unit {
+            t => self.with_unit(|unit| match unit {
                 HostValues::F32(u) => dense_input_gradient(&t, u, to),
                 HostValues::F64(u) => dense_input_gradient(&t, u, to),
-            }),
-            UnitGrad::Sparse(lists) => self.with_unit(|unit| match unit {
-                HostValues::F32(u) => {
-                    let src = SparseRows {
-                        lists: &lists,
-                        unit: u,
-                        d,
-                    };
-                    input_gradient(&src, u, to)
-                }
-                HostValues::F64(u) => {
-                    let src = SparseRows {
-                        lists: &lists,
-                        unit: u,
-                        d,
-                    };
-                    input_gradient(&src, u, to)
-                }
             }),
         }
     }
@@ -540,20 +549,6 @@ fn dense_input_gradient<U: Copy + Into<f64> + Sync>(
     }
 }
 
-/// `∂loss/∂Ê` as a tensor (dense products) or, on the CPU, as the non-zeros of `G`.
-enum UnitGrad {
-    Tensor(Tensor),
-    Sparse(SparseG),
-}
-
-/// The non-zero entries of `G = upstream · ∂loss/∂S` by row (`rows[i]`: `(j, G_ij)`) and by
-/// column (`columns[i]`: `(j, G_ji)`), so that row `i` of `(G + Gᵀ) Ê` is
-/// `Σ_{(j, w) ∈ rows[i] ∪ columns[i]} w · ê_j`.
-struct SparseG {
-    rows: Vec<Vec<(usize, f64)>>,
-    columns: Vec<Vec<(usize, f64)>>,
-}
-
 /// The non-zero entries `(j, row[j])` of `row` in column order, or `None` as soon as there are
 /// more than `cap` of them.
 fn nonzeros_up_to(row: &[f64], cap: usize) -> Option<Vec<(usize, f64)>> {
@@ -569,18 +564,16 @@ fn nonzeros_up_to(row: &[f64], cap: usize) -> Option<Vec<(usize, f64)>> {
     Some(list)
 }
 
-impl SparseG {
-    /// From the non-zeros of each row of `G` (each list sorted by column): the column lists are
-    /// gathered from those few entries, in row order, so they come out sorted too.
-    fn from_rows(rows: Vec<Vec<(usize, f64)>>, b: usize) -> Self {
-        let mut columns: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
-        for (i, list) in rows.iter().enumerate() {
-            for &(j, w) in list {
-                columns[j].push((i, w));
-            }
+/// The column lists of a sparse `G` from its row lists (`rows[i]`: `(j, G_ij)`, sorted by
+/// `j`): `columns[j]` holds `(i, G_ij)`, gathered in row order, so sorted by `i` too.
+fn columns_of(rows: &[Vec<(usize, f64)>], b: usize) -> Vec<Vec<(usize, f64)>> {
+    let mut columns: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
+    for (i, list) in rows.iter().enumerate() {
+        for &(j, w) in list {
+            columns[j].push((i, w));
         }
-        SparseG { rows, columns }
     }
+    columns
 }
 
 /// Computes a [`RowLoss`] over the embeddings (`B × D`, part of the autograd graph; normalised
@@ -604,10 +597,23 @@ fn row_loss_on<R: RowLoss>(
     chunk: usize,
     on_host: bool,
 ) -> Result<(Tensor, Arc<Vec<R::Row>>)> {
-    let unit = UnitRows::new(&embeddings.detach(), input, on_host)?;
-    let e = &unit.tensor;
-    let (b, _) = e.dims2()?;
+    let x = embeddings.detach();
+    let (b, _) = x.dims2()?;
     let loss = Arc::new(loss);
+    if on_host && chunk >= b {
+        if let Some(f) = fused::forward(&x, input, loss.as_ref())? {
+            return attach(
+                embeddings,
+                loss,
+                f.unit,
+                f.rows,
+                chunk,
+                Some(Arc::new(f.sims)),
+            );
+        }
+    }
+    let unit = UnitRows::new(&x, input, on_host)?;
+    let e = &unit.tensor;
     let mut rows: Vec<R::Row> = Vec::with_capacity(b);
     let mut cached = None;
     for start in (0..b).step_by(chunk) {
@@ -625,6 +631,20 @@ fn row_loss_on<R: RowLoss>(
             cached = Some(Arc::new(sims));
         }
     }
+    attach(embeddings, loss, unit, rows, chunk, cached)
+}
+
+/// The loss value from the row summaries, attached to the autograd graph of `embeddings` by a
+/// [`RowLossOp`] that keeps what the backward pass needs.
+fn attach<R: RowLoss>(
+    embeddings: &Tensor,
+    loss: Arc<R>,
+    unit: UnitRows,
+    rows: Vec<R::Row>,
+    chunk: usize,
+    cached: Option<Arc<Vec<f64>>>,
+) -> Result<(Tensor, Arc<Vec<R::Row>>)> {
+    let e = &unit.tensor;
     let rows = Arc::new(rows);
     let global = Arc::new(loss.global(&rows)?);
     let value = loss.value(&global);
@@ -717,53 +737,20 @@ impl<R: RowLoss> RowLossOp<R> {
         grads
     }
 
-    /// The non-zeros of `G = upstream · ∂loss/∂S` (all `B` rows of `sims`), when `G + Gᵀ`
-    /// (at most twice the non-zeros of `G`) is sparse enough for the host's sparse sum
-    /// ([`SPARSE_BACKWARD_DENSITY`]); `None` otherwise. Each row is formed in a small per-thread
-    /// buffer and its non-zeros taken while it is in cache, so no dense `B × B` matrix is
-    /// written. A row with more than `B/4` non-zeros ends the attempt at once (a dense loss
-    /// such as FastAP wastes one row per thread and the lists never hold more than `B²/4`
-    /// entries).
-    fn sparse_grad(&self, b: usize, sims: &[f64], upstream: f64) -> Option<SparseG> {
-        let cap = b / 4;
-        let rows: Option<Vec<Vec<(usize, f64)>>> = sims
-            .par_chunks(b.max(1))
-            .enumerate()
-            .map_init(
-                || vec![0.0f64; b],
-                |scratch, (q, row)| {
-                    scratch.fill(0.0);
-                    self.loss
-                        .row_grad(q, row, &self.rows[q], &self.global, upstream, scratch);
-                    nonzeros_up_to(scratch, cap)
-                },
-            )
-            .collect();
-        let rows = rows?;
-        let nonzero: usize = rows.iter().map(Vec::len).sum();
-        ((2 * nonzero) as f64 <= SPARSE_BACKWARD_DENSITY * (b * b) as f64)
-            .then(|| SparseG::from_rows(rows, b))
-    }
-
     /// `∂loss/∂Ê = G Ê + Gᵀ Ê` with `G = upstream · ∂loss/∂S`, since `S = Ê Êᵀ` makes row `q` of
     /// `S` depend on `ê_q` (through `G Ê`) and on every `ê_j` (through `Gᵀ Ê`).
-    fn unit_gradient(&self, upstream: f64) -> Result<UnitGrad> {
+    fn unit_gradient(&self, upstream: f64) -> Result<Tensor> {
         let e = &self.unit.tensor;
         let (b, _) = e.dims2()?;
         let to_tensor = |rows: Vec<f64>, len: usize| -> Result<Tensor> {
             tensor_from_f64(rows, (len, b), e.dtype(), e.device())
         };
         if let Some(sims) = &self.cached {
-            // One chunk: a single product with G + Gᵀ, sparse when most pairs are inactive.
-            if self.unit.on_host {
-                if let Some(sparse) = self.sparse_grad(b, sims, upstream) {
-                    return Ok(UnitGrad::Sparse(sparse));
-                }
-            }
+            // One chunk: a single product with G + Gᵀ.
             let g = self.grad_rows(b, sims, 0, b, upstream);
             let sym = symmetrise(&g, b);
             drop(g); // at B = 4096 each of these is 128 MiB
-            return Ok(UnitGrad::Tensor(to_tensor(sym, b)?.matmul(e)?));
+            return Ok(to_tensor(sym, b)?.matmul(e)?);
         }
         let mut row_parts = Vec::new();
         let mut col_sum: Option<Tensor> = None;
@@ -780,14 +767,19 @@ impl<R: RowLoss> RowLossOp<R> {
             });
         }
         let rows = Tensor::cat(&row_parts, 0)?;
-        Ok(UnitGrad::Tensor(match col_sum {
+        Ok(match col_sum {
             Some(c) => (rows + c)?,
             None => rows,
-        }))
+        })
     }
 
     /// `∂loss/∂x` for the op's input.
     fn gradient(&self, input: &Tensor, upstream: f64) -> Result<Tensor> {
+        if let Some(sims) = &self.cached {
+            if let Some(g) = fused::backward(self, sims, upstream)? {
+                return Ok(g);
+            }
+        }
         let grad = self.unit_gradient(upstream)?;
         self.unit.backward(grad, input.dtype(), input.device())
     }
@@ -1099,11 +1091,12 @@ mod tests {
         // G = [[0, 2, 0], [0, 0, 3], [5, 7, 0]] on Ê = rows (1, 10), (100, 1000), (0.5, 0.25):
         // row i of (G + Gᵀ) Ê sums (G_ij + G_ji) ê_j over j.
         let rows = vec![vec![(1, 2.0)], vec![(2, 3.0)], vec![(0, 5.0), (1, 7.0)]];
-        let lists = SparseG::from_rows(rows, 3);
-        assert_eq!(lists.columns[1], vec![(0, 2.0), (2, 7.0)]);
+        let columns = columns_of(&rows, 3);
+        assert_eq!(columns[1], vec![(0, 2.0), (2, 7.0)]);
         let unit = [1.0f32, 10.0, 100.0, 1000.0, 0.5, 0.25];
         let src = SparseRows {
-            lists: &lists,
+            rows: &rows,
+            columns: &columns,
             unit: &unit[..],
             d: 2,
         };
@@ -1132,6 +1125,68 @@ mod tests {
                 assert_eq!(s[i * b + j], g[i * b + j] + g[j * b + i]);
             }
         }
+    }
+
+    #[test]
+    fn one_hand_off_path_agrees_with_the_tensor_path_on_any_thread_count() {
+        // B = 70 is not a multiple of the chunk height, so the last chunk is short; dense
+        // weights take the dense backward, two non-zero columns the sparse one.
+        let b = 70;
+        let data: Vec<f64> = (0..b * 5)
+            .map(|i| ((i * 11 % 23) as f64 - 11.0) * (1.0 + (i % 3) as f64))
+            .collect();
+        let dense: Vec<f64> = (0..b).map(|j| (j % 7) as f64 / 3.0 - 1.0).collect();
+        let mut sparse = vec![0.0; b];
+        sparse[5] = 2.0;
+        sparse[60] = -1.0;
+        for weights in [dense, sparse] {
+            for input in [Input::Normalise, Input::AsGiven] {
+                let (want_v, want_g) = engine(&data, &weights, b, (input, b, false), 1.0);
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let (v, g) = pool.install(|| engine(&data, &weights, b, (input, b, true), 1.0));
+                    assert!((v - want_v).abs() < 1e-12 * (1.0 + want_v.abs()));
+                    for (a, w) in g.iter().zip(&want_g) {
+                        assert!(
+                            (a - w).abs() < 1e-12 * (1.0 + w.abs()),
+                            "{input:?}, {threads} threads: {a} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+        // f32: both paths round the same products once; they agree to f32 precision.
+        let narrow: Vec<f32> = data.iter().map(|&x| x as f32).collect();
+        let grad = |host: bool| {
+            let v = Var::from_vec(narrow.clone(), (b, 5), &Device::Cpu).unwrap();
+            let loss = Quadratic {
+                weights: (0..b).map(|j| (j % 5) as f64 - 2.0).collect(),
+            };
+            let (out, _) = row_loss_on(v.as_tensor(), Input::Normalise, loss, b, host).unwrap();
+            let value = out.to_dtype(DType::F64).unwrap().to_scalar::<f64>();
+            (value.unwrap(), grad_of(&out, &v))
+        };
+        let ((vh, gh), (vt, gt)) = (grad(true), grad(false));
+        assert!((vh - vt).abs() < 1e-5 * (1.0 + vt.abs()), "{vh} vs {vt}");
+        for (a, w) in gh.iter().zip(&gt) {
+            assert!((a - w).abs() < 1e-5 * (1.0 + w.abs()), "f32: {a} vs {w}");
+        }
+    }
+
+    #[test]
+    fn one_hand_off_path_rejects_zero_rows() {
+        let x = Tensor::new(&[[3f32, 4.0], [1.0, 0.0], [0.0, 0.0]], &Device::Cpu).unwrap();
+        let loss = Quadratic {
+            weights: vec![1.0; 3],
+        };
+        let err = row_loss_on(&x, Input::Normalise, loss, 3, true)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("row 2") && err.contains("zero norm"), "{err}");
     }
 
     #[test]

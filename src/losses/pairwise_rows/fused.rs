@@ -1,0 +1,547 @@
+//! The engine's CPU path for a batch taken in one chunk (`query_chunk` unset, the default),
+//! with each pass run as one [`run_phases`] call instead of a rayon loop per step plus the
+//! product's own split.
+//!
+//! Why: a parallel loop started from outside the pool pays a hand-off to threads that may
+//! have gone to sleep (tens of µs on the 2-core VM, see [`crate::work_phases`]); the rayon
+//! path paid it in every step (normalisation, product, conversion, summaries, gradient rows,
+//! input gradient), which at B = 256 is a sizeable part of a 1–2 ms step. Here:
+//!
+//! - **forward**: normalise the rows; then, per chunk of query rows, its block of `S = Ê Êᵀ`
+//!   by gemm on the calling thread, widened to `f64`, and the rows' summaries while the block
+//!   is in cache;
+//! - **backward**: the rows of `G = upstream · ∂loss/∂S` reduced to their non-zeros, the column
+//!   lists (one chunk), the rows of `∂loss/∂x`; or, when `G` is dense, `G`'s rows, the rows of
+//!   `G + Gᵀ` rounded to the embeddings' type, and per chunk its rows of `(G + Gᵀ) Ê` by gemm
+//!   followed by the normalisation's backward pass.
+//!
+//! The arithmetic is that of the path it replaces: the same gemm kernels (one thread per block
+//! of rows instead of gemm's own split, which does not split the inner dimension), the same
+//! `f64` row logic, the same single rounding at the end.
+
+use super::{
+    check_norms, columns_of, finish_row, nonzeros_up_to, normalise_row, GradRows, Input, RowLoss,
+    RowLossOp, SparseRows, UnitRows, SPARSE_BACKWARD_DENSITY,
+};
+use crate::error::{Error, Result};
+use crate::host_sums::{vectorised, with_host_values, HostValues};
+use crate::work_phases::{
+    assume_written, filled, into_written, run_phases, unwritten, DisjointChunks, Phase,
+};
+use candle_core::{Device, Tensor, WithDType};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+/// Query rows per chunk: two chunks per thread, so that a thread that joins late still finds
+/// work, in multiples of 8 (the height of gemm's `f32` micro-kernel), and at most
+/// [`MAX_CHUNK_VALUES`]`/B`. Why not smaller: every gemm call packs its whole `B × D` operand
+/// again, so the product gets slower as the chunks shrink (measured at B = 256, D = 512, 2
+/// threads: packing was 15% of the contrastive step with 32-row chunks; the step took 0.84 /
+/// 0.75 / 1.07 ms with 32 / 64 / 256 rows, 64 being two chunks per thread).
+fn rows_per_chunk(b: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let most = (MAX_CHUNK_VALUES / b.max(1) / 8 * 8).max(8);
+    b.div_ceil(2 * threads).next_multiple_of(8).clamp(8, most)
+}
+
+/// Rows of `Êᵀ` per chunk of the transposition: each unit row contributes a 64-byte run of
+/// `f32`, and the chunk writes 16 rows of `Êᵀ` (64 KiB at B = 1024).
+const TRANSPOSE_ROWS: usize = 16;
+
+/// Writes rows `k0..k0 + part.len()/b` of `Eᵀ` (`e`: `b × d`, row-major) into `part`, in
+/// square tiles of [`TRANSPOSE_ROWS`]: reading a column of `e` directly strides by `d` values
+/// (2 KiB for `f32` at D = 512), and those reads all fall in the same few sets of the L1 cache
+/// and miss (measured: 12% of the contrastive step at B = 256 with a column-by-column copy).
+fn transpose_rows<T: Copy>(
+    e: &[T],
+    (b, d): (usize, usize),
+    k0: usize,
+    part: &mut [std::mem::MaybeUninit<T>],
+) {
+    const T_: usize = TRANSPOSE_ROWS;
+    let kn = part.len() / b;
+    let Some(&first) = e.first() else {
+        return;
+    };
+    let mut tile = [[first; T_]; T_];
+    for j0 in (0..b).step_by(T_) {
+        let jn = T_.min(b - j0);
+        for (jj, t) in tile.iter_mut().enumerate().take(jn) {
+            t[..kn].copy_from_slice(&e[(j0 + jj) * d + k0..][..kn]);
+        }
+        for k in 0..kn {
+            let out = &mut part[k * b + j0..][..jn];
+            for (o, t) in out.iter_mut().zip(&tile) {
+                o.write(t[k]);
+            }
+        }
+    }
+}
+
+/// The most values of a chunk's product block (16 MiB of `f32`): 1024 rows at B = 4096.
+const MAX_CHUNK_VALUES: usize = 1 << 22;
+
+/// `lhs · rhs` on the calling thread, row-major `m × n`: `lhs` is `m × k` row-major, `rhs` is
+/// `k × n` read with the strides `(row, column)`. `T` is `f32` or `f64`.
+fn product<T: WithDType>(
+    (m, n, k): (usize, usize, usize),
+    lhs: &[T],
+    rhs: &[T],
+    (rhs_rs, rhs_cs): (usize, usize),
+) -> Vec<T> {
+    // The bounds gemm relies on (it reads and writes through raw pointers).
+    assert!(lhs.len() >= m * k, "product: lhs size");
+    assert!(
+        k == 0 || n == 0 || (k - 1) * rhs_rs + (n - 1) * rhs_cs < rhs.len(),
+        "product: rhs strides"
+    );
+    if k == 0 {
+        return vec![T::from_f64(0.0); m * n];
+    }
+    let mut dst = unwritten::<T>(m * n);
+    // SAFETY: every element gemm touches lies inside the buffers (checked above): dst is
+    // m × n with row stride n, lhs m × k with row stride k, rhs through the checked strides;
+    // dst is a fresh allocation. With `read_dst = false` and k > 0, gemm writes every element
+    // of dst and reads none, so dst may start unwritten and is then fully written.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr() as *mut T,
+            1,
+            n as isize,
+            false,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::from_f64(0.0),
+            T::from_f64(1.0),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+        into_written(dst)
+    }
+}
+
+/// What the forward pass leaves: the unit rows, `S` (row-major `f64`) and the row summaries.
+pub(super) struct Forward<Row> {
+    pub unit: UnitRows,
+    pub sims: Vec<f64>,
+    pub rows: Vec<Row>,
+}
+
+/// The forward pass of the engine on contiguous `f32`/`f64` CPU embeddings `x` (detached);
+/// `None` for anything else (the caller takes the general path).
+pub(super) fn forward<R: RowLoss>(
+    x: &Tensor,
+    input: Input,
+    loss: &R,
+) -> Result<Option<Forward<R::Row>>> {
+    let (b, d) = x.dims2()?;
+    if b == 0 || d == 0 {
+        return Ok(None);
+    }
+    let run = with_host_values(x, |v| match v {
+        HostValues::F32(s) => forward_rows(s, (b, d), input, loss),
+        HostValues::F64(s) => forward_rows(s, (b, d), input, loss),
+    });
+    let Some(result) = run else {
+        return Ok(None);
+    };
+    let (unit, norms, sims, rows) = result?;
+    let tensor = match unit {
+        Some(t) => t,
+        None => x.clone(),
+    };
+    Ok(Some(Forward {
+        unit: UnitRows {
+            tensor,
+            norms,
+            on_host: true,
+            copy: None,
+        },
+        sims,
+        rows,
+    }))
+}
+
+/// The normalised rows (a tensor, `None` for [`Input::AsGiven`]), the norms, `S` and the row
+/// summaries, in one [`run_phases`] call.
+#[allow(clippy::type_complexity)]
+fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
+    x: &[T],
+    (b, d): (usize, usize),
+    input: Input,
+    loss: &R,
+) -> Result<(Option<Tensor>, Option<Vec<f64>>, Vec<f64>, Vec<R::Row>)> {
+    let normalise = input == Input::Normalise;
+    let rows = rows_per_chunk(b);
+    let chunks = b.div_ceil(rows);
+    let (mut unit, mut norms) = if normalise {
+        (unwritten::<T>(b * d), vec![0.0f64; b])
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    let mut sims = unwritten::<f64>(b * b);
+    // Êᵀ (D × B, row-major): the product's right operand. gemm computes a row-major result as
+    // its transpose and reads that operand as its left one, which it copies into a packed
+    // buffer on every call unless it is column-major; reading Êᵀ instead of Ê spares that copy
+    // (measured at B = 256: 10% of the contrastive step with one call per chunk).
+    let mut transposed = unwritten::<T>(d * b);
+    let mut summaries: Vec<Option<R::Row>> = (0..b).map(|_| None).collect();
+    let bad_norm = AtomicBool::new(false);
+    {
+        let unit_parts = DisjointChunks::new(&mut unit, rows * d);
+        let norm_parts = DisjointChunks::new(&mut norms, rows);
+        let sim_parts = DisjointChunks::new(&mut sims, rows * b);
+        let transposed_parts = DisjointChunks::new(&mut transposed, TRANSPOSE_ROWS * b);
+        let summary_parts = DisjointChunks::new(&mut summaries, rows);
+        let normalise_chunk = |c: usize| {
+            // SAFETY: chunk c is the only writer of part c of both buffers, and nothing reads
+            // them during this phase.
+            let (u, n) = unsafe { (unit_parts.part_mut(c), norm_parts.part_mut(c)) };
+            let u = filled(u, T::from_f64(0.0));
+            let xs = &x[c * rows * d..][..u.len()];
+            vectorised(
+                #[inline(always)]
+                || {
+                    for ((u, row), n) in u.chunks_mut(d).zip(xs.chunks(d)).zip(n.iter_mut()) {
+                        *n = normalise_row(row, u);
+                    }
+                },
+            );
+            if n.iter().any(|&n| n <= 0.0 || !n.is_finite()) {
+                bad_norm.store(true, Ordering::Relaxed);
+            }
+        };
+        // SAFETY (both closures): every unit row was written in the normalisation phase, which
+        // precedes them.
+        let rows_of_e = || -> &[T] {
+            if normalise {
+                unsafe { assume_written(unit_parts.whole()) }
+            } else {
+                x
+            }
+        };
+        let transpose_chunk = |c: usize| {
+            if bad_norm.load(Ordering::Relaxed) {
+                return;
+            }
+            let e = rows_of_e();
+            // SAFETY: part c (rows c·TRANSPOSE_ROWS.. of Êᵀ) is this chunk's alone.
+            let part = unsafe { transposed_parts.part_mut(c) };
+            transpose_rows(e, (b, d), c * TRANSPOSE_ROWS, part);
+        };
+        let similarity_chunk = |c: usize| {
+            if bad_norm.load(Ordering::Relaxed) {
+                return; // reported after the pass; S of a zero row is not finite
+            }
+            // SAFETY: Êᵀ was written in the previous phase; part c of the similarities and of
+            // the summaries is this chunk's alone.
+            let (e, et) = (rows_of_e(), unsafe {
+                assume_written(transposed_parts.whole())
+            });
+            let (s, out) = unsafe { (sim_parts.part_mut(c), summary_parts.part_mut(c)) };
+            let (q0, len) = (c * rows, out.len());
+            let block = product((len, b, d), &e[q0 * d..(q0 + len) * d], et, (b, 1));
+            vectorised(
+                #[inline(always)]
+                || {
+                    for (s, &v) in s.iter_mut().zip(&block) {
+                        s.write(v.into());
+                    }
+                },
+            );
+            // SAFETY: the loop above wrote every element of the part.
+            let s = unsafe { assume_written(s) };
+            for (k, (row, slot)) in s.chunks(b).zip(out.iter_mut()).enumerate() {
+                *slot = Some(loss.summarise(q0 + k, row));
+            }
+        };
+        let mut phases = Vec::with_capacity(3);
+        if normalise {
+            phases.push(Phase::new(chunks, &normalise_chunk));
+        }
+        phases.push(Phase::new(d.div_ceil(TRANSPOSE_ROWS), &transpose_chunk));
+        phases.push(Phase::new(chunks, &similarity_chunk));
+        run_phases(&phases);
+    }
+    if bad_norm.into_inner() {
+        check_norms(&norms)?;
+        return Err(Error::invalid(
+            "embeddings",
+            "internal: a norm check failed",
+        ));
+    }
+    // SAFETY: with every norm valid, each chunk of the similarity phase wrote its whole part
+    // of `sims`, and the normalisation phase every row of `unit`.
+    let (sims, unit) = unsafe { (into_written(sims), into_written(unit)) };
+    let rows: Vec<R::Row> = summaries
+        .into_iter()
+        .collect::<Option<_>>()
+        .ok_or_else(|| Error::invalid("embeddings", "internal: a row was not summarised"))?;
+    if !normalise {
+        return Ok((None, None, sims, rows));
+    }
+    let tensor = Tensor::from_vec(unit, (b, d), &Device::Cpu)?;
+    Ok((Some(tensor), Some(norms), sims, rows))
+}
+
+/// `∂loss/∂x` of the op on the host path without an `f64` copy of `Ê` (`f32`/`f64` CPU
+/// embeddings), from the kept `S`; `None` when the op is on another path.
+pub(super) fn backward<R: RowLoss>(
+    op: &RowLossOp<R>,
+    sims: &[f64],
+    upstream: f64,
+) -> Result<Option<Tensor>> {
+    let unit = &op.unit;
+    if !unit.on_host || unit.copy.is_some() {
+        return Ok(None);
+    }
+    let (b, d) = unit.tensor.dims2()?;
+    if b == 0 || d == 0 {
+        return Ok(None);
+    }
+    let norms = unit.norms.as_deref();
+    let run = with_host_values(&unit.tensor, |v| match v {
+        HostValues::F32(u) => {
+            let g = backward_rows(op, sims, u, norms, (b, d), upstream);
+            Tensor::from_vec(g, (b, d), &Device::Cpu)
+        }
+        HostValues::F64(u) => {
+            let g = backward_rows(op, sims, u, norms, (b, d), upstream);
+            Tensor::from_vec(g, (b, d), &Device::Cpu)
+        }
+    });
+    Ok(run.transpose()?)
+}
+
+/// `∂loss/∂x` (row-major, the embeddings' type): sparse when `G + Gᵀ` has few enough non-zeros
+/// ([`SPARSE_BACKWARD_DENSITY`]), else the dense product.
+fn backward_rows<T: WithDType + Into<f64>, R: RowLoss>(
+    op: &RowLossOp<R>,
+    sims: &[f64],
+    unit: &[T],
+    norms: Option<&[f64]>,
+    (b, d): (usize, usize),
+    upstream: f64,
+) -> Vec<T> {
+    let rows = rows_per_chunk(b);
+    let chunks = b.div_ceil(rows);
+    // A row with more than B/4 non-zeros ends the sparse attempt at once (a dense loss such as
+    // FastAP wastes one row per thread, and the lists never hold more than B²/4 entries).
+    let cap = b / 4;
+    let mut lists: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
+    let mut out = unwritten::<T>(b * d);
+    let dense = AtomicBool::new(false);
+    let columns: OnceLock<Vec<Vec<(usize, f64)>>> = OnceLock::new();
+    {
+        let list_parts = DisjointChunks::new(&mut lists, rows);
+        let out_parts = DisjointChunks::new(&mut out, rows * d);
+        let list_chunk = |c: usize| {
+            // SAFETY: part c is written by chunk c only; nothing reads the lists meanwhile.
+            let part = unsafe { list_parts.part_mut(c) };
+            let mut scratch = vec![0.0f64; b];
+            for (k, list) in part.iter_mut().enumerate() {
+                if dense.load(Ordering::Relaxed) {
+                    return;
+                }
+                let q = c * rows + k;
+                scratch.fill(0.0);
+                let row = &sims[q * b..(q + 1) * b];
+                op.loss
+                    .row_grad(q, row, &op.rows[q], &op.global, upstream, &mut scratch);
+                match nonzeros_up_to(&scratch, cap) {
+                    Some(l) => *list = l,
+                    None => {
+                        dense.store(true, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            }
+        };
+        let column_chunk = |_: usize| {
+            if dense.load(Ordering::Relaxed) {
+                return;
+            }
+            // SAFETY: the lists were written in the previous phase.
+            let lists = unsafe { list_parts.whole() };
+            let nonzero: usize = lists.iter().map(Vec::len).sum();
+            // G + Gᵀ has at most twice the non-zeros of G.
+            if (2 * nonzero) as f64 > SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
+                dense.store(true, Ordering::Relaxed);
+                return;
+            }
+            let _ = columns.set(columns_of(lists, b));
+        };
+        let gradient_chunk = |c: usize| {
+            let Some(columns) = columns.get() else {
+                return;
+            };
+            // SAFETY: the lists were written two phases ago; part c of `out` is ours.
+            let (lists, o) = unsafe { (list_parts.whole(), out_parts.part_mut(c)) };
+            let o = filled(o, T::from_f64(0.0));
+            let src = SparseRows {
+                rows: lists,
+                columns,
+                unit,
+                d,
+            };
+            let mut g = vec![0.0f64; d];
+            vectorised(
+                #[inline(always)]
+                || {
+                    for (k, o) in o.chunks_mut(d).enumerate() {
+                        let i = c * rows + k;
+                        g.fill(0.0);
+                        src.add_row(i, &mut g);
+                        finish_row(&g, &unit[i * d..(i + 1) * d], norms.map(|n| n[i]), o);
+                    }
+                },
+            );
+        };
+        run_phases(&[
+            Phase::new(chunks, &list_chunk),
+            Phase::new(1, &column_chunk),
+            Phase::new(chunks, &gradient_chunk),
+        ]);
+    }
+    if columns.get().is_some() {
+        // SAFETY: the gradient phase filled every part of `out`.
+        return unsafe { into_written(out) };
+    }
+    drop(lists);
+    dense_backward_rows(op, sims, unit, norms, (b, d), upstream, out)
+}
+
+/// The dense backward pass into `out`: rows of `G`, rows of `G + Gᵀ` in the embeddings' type
+/// (what the products of the general path see), then per chunk of rows `(G + Gᵀ) Ê` and the
+/// normalisation's backward pass.
+fn dense_backward_rows<T: WithDType + Into<f64>, R: RowLoss>(
+    op: &RowLossOp<R>,
+    sims: &[f64],
+    unit: &[T],
+    norms: Option<&[f64]>,
+    (b, d): (usize, usize),
+    upstream: f64,
+    mut out: Vec<std::mem::MaybeUninit<T>>,
+) -> Vec<T> {
+    let rows = rows_per_chunk(b);
+    let chunks = b.div_ceil(rows);
+    let mut g = unwritten::<f64>(b * b);
+    let mut sym = unwritten::<T>(b * b);
+    {
+        let g_parts = DisjointChunks::new(&mut g, rows * b);
+        let sym_parts = DisjointChunks::new(&mut sym, rows * b);
+        let out_parts = DisjointChunks::new(&mut out, rows * d);
+        let grad_chunk = |c: usize| {
+            // SAFETY: part c is written by chunk c only; nothing reads G meanwhile.
+            // `row_grad` adds to a zeroed row.
+            let part = filled(unsafe { g_parts.part_mut(c) }, 0.0);
+            for (k, row) in part.chunks_mut(b).enumerate() {
+                let q = c * rows + k;
+                let s = &sims[q * b..(q + 1) * b];
+                op.loss
+                    .row_grad(q, s, &op.rows[q], &op.global, upstream, row);
+            }
+        };
+        let symmetric_chunk = |c: usize| {
+            // SAFETY: G was written in the previous phase; part c of `sym` is ours.
+            let (g, part) = unsafe { (assume_written(g_parts.whole()), sym_parts.part_mut(c)) };
+            let (i0, len) = (c * rows, part.len() / b);
+            // Column-outer order: the transposed reads g[j, i0..i0+len] are contiguous.
+            for j in 0..b {
+                let column = &g[j * b + i0..j * b + i0 + len];
+                for (k, &gji) in column.iter().enumerate() {
+                    part[k * b + j].write(T::from_f64(g[(i0 + k) * b + j] + gji));
+                }
+            }
+        };
+        let product_chunk = |c: usize| {
+            // SAFETY: the rows of `sym` were written in the previous phase; part c of `out`
+            // is ours.
+            let (sym, o) = unsafe { (assume_written(sym_parts.whole()), out_parts.part_mut(c)) };
+            let o = filled(o, T::from_f64(0.0));
+            let (i0, len) = (c * rows, o.len() / d);
+            let block = product((len, d, b), &sym[i0 * b..(i0 + len) * b], unit, (d, 1));
+            let mut g = vec![0.0f64; d];
+            vectorised(
+                #[inline(always)]
+                || {
+                    for (k, (o, row)) in o.chunks_mut(d).zip(block.chunks(d)).enumerate() {
+                        let i = i0 + k;
+                        for (g, &v) in g.iter_mut().zip(row) {
+                            *g = v.into();
+                        }
+                        finish_row(&g, &unit[i * d..(i + 1) * d], norms.map(|n| n[i]), o);
+                    }
+                },
+            );
+        };
+        run_phases(&[
+            Phase::new(chunks, &grad_chunk),
+            Phase::new(chunks, &symmetric_chunk),
+            Phase::new(chunks, &product_chunk),
+        ]);
+    }
+    // SAFETY: the product phase filled every part of `out`.
+    unsafe { into_written(out) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiled_transpose_matches_the_definition() {
+        // Neither dimension a multiple of the tile: short tiles at both ends.
+        let (b, d) = (37, 21);
+        let e: Vec<f32> = (0..b * d).map(|i| i as f32).collect();
+        let mut t = unwritten::<f32>(d * b);
+        for (c, part) in t.chunks_mut(TRANSPOSE_ROWS * b).enumerate() {
+            transpose_rows(&e, (b, d), c * TRANSPOSE_ROWS, part);
+        }
+        // SAFETY: the chunks cover every row of Eᵀ.
+        let t = unsafe { into_written(t) };
+        for k in 0..d {
+            for j in 0..b {
+                assert_eq!(t[k * b + j], e[j * d + k], "({k}, {j})");
+            }
+        }
+    }
+
+    #[test]
+    fn product_matches_the_plain_sum() {
+        // Sizes off gemm's tile sizes, and both stride patterns the engine uses.
+        let (m, n, k) = (13, 29, 7);
+        let lhs: Vec<f64> = (0..m * k).map(|i| ((i * 7 % 11) as f64) - 5.0).collect();
+        let rows: Vec<f64> = (0..n * k).map(|i| ((i * 5 % 13) as f64) / 4.0).collect();
+        let cols: Vec<f64> = (0..k * n).map(|i| rows[(i % n) * k + i / n]).collect();
+        // rhs = rowsᵀ read from `rows` (n × k) with strides (1, k), or from `cols` (k × n,
+        // row-major) with strides (n, 1): the same matrix.
+        for (rhs, strides) in [(&rows, (1, k)), (&cols, (n, 1))] {
+            let got = product((m, n, k), &lhs, rhs, strides);
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k).map(|t| lhs[i * k + t] * rows[j * k + t]).sum();
+                    assert!((got[i * n + j] - want).abs() < 1e-12, "({i}, {j})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_are_multiples_of_eight_rows_and_bounded() {
+        for b in [1, 7, 64, 256, 1000, 4096, 100_000] {
+            let r = rows_per_chunk(b);
+            assert!(r % 8 == 0 && r >= 8, "B = {b}: {r}");
+            assert!(r * b <= MAX_CHUNK_VALUES.max(8 * b), "B = {b}: {r}");
+        }
+    }
+}

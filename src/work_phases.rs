@@ -1,0 +1,351 @@
+//! A sequence of parallel loops ("phases") run with a single hand-off to the thread pool.
+//!
+//! Why: every rayon parallel loop started from a thread outside the pool pays a round trip —
+//! the job is injected, a worker that went to sleep is woken, and the caller blocks until it is
+//! woken in turn. Measured on the 2-core VM (`benches/losses_vs_torch.md`, 2026-11-25): a
+//! parallel sum costs 37 µs back to back but 62–102 µs after a gap of 0.1–1 ms, against 51 µs
+//! serially; a loss step made of five such loops separated by serial work pays that cost five
+//! times, and in the VM's slow minutes runs no faster on two threads than on one.
+//!
+//! [`run_phases`] runs all the loops of a step in one go: the calling thread starts on the first
+//! phase at once, and the other `n − 1` threads of the pool join in when they wake. Chunks of
+//! work are *claimed* from an atomic counter rather than assigned, so a thread that wakes late
+//! (or never) only means the others claim more: no thread ever waits for work that nobody has
+//! started. Between two phases a thread waits (spinning) only for chunks another thread has
+//! claimed and is running, which is what makes the phases ordered: everything phase `p` wrote
+//! is visible to phase `p + 1`.
+//!
+//! [`DisjointChunks`] lets the chunks of a phase write their own parts of one buffer, and a
+//! later phase read the whole of it.
+
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// One parallel loop: `run(c)` for every chunk `c` in `0..chunks`, in any order, on any thread.
+pub(crate) struct Phase<'a> {
+    /// The number of chunks.
+    pub chunks: usize,
+    /// The work of one chunk.
+    pub run: &'a (dyn Fn(usize) + Sync),
+}
+
+impl<'a> Phase<'a> {
+    /// A phase of `chunks` chunks.
+    pub fn new(chunks: usize, run: &'a (dyn Fn(usize) + Sync)) -> Self {
+        Phase { chunks, run }
+    }
+}
+
+/// Claim counters of the phases, shared by the threads of one [`run_phases`] call.
+struct Progress {
+    /// Per phase: the next chunk to claim.
+    next: Vec<AtomicUsize>,
+    /// Per phase: the number of chunks finished (or abandoned by a panic).
+    done: Vec<AtomicUsize>,
+    /// A chunk panicked: the other threads stop claiming, and the panic is re-raised by
+    /// rayon's scope once every thread has returned.
+    poisoned: AtomicBool,
+}
+
+/// Counts a chunk as finished when dropped, also while unwinding from a panic: a thread
+/// waiting at the end of the phase must not wait forever for a chunk that will never end.
+struct Finished<'a> {
+    done: &'a AtomicUsize,
+    poisoned: &'a AtomicBool,
+}
+
+impl Drop for Finished<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.poisoned.store(true, Ordering::Relaxed);
+        }
+        // Release: what the chunk wrote is visible to whoever sees the count.
+        self.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+/// Spins before yielding the core while waiting at the end of a phase. The wait is for chunks
+/// that are running (a few µs to a few ms); yielding after a while lets a thread that the
+/// operating system has preempted get its core back on an oversubscribed machine.
+const SPINS_BEFORE_YIELD: u32 = 1 << 12;
+
+/// The loop of one thread: every phase in turn, claiming chunks until none is left, then
+/// waiting for the chunks other threads are still running.
+fn work(progress: &Progress, phases: &[Phase<'_>]) {
+    for (p, phase) in phases.iter().enumerate() {
+        loop {
+            if progress.poisoned.load(Ordering::Relaxed) {
+                return;
+            }
+            let c = progress.next[p].fetch_add(1, Ordering::Relaxed);
+            if c >= phase.chunks {
+                break;
+            }
+            let _finished = Finished {
+                done: &progress.done[p],
+                poisoned: &progress.poisoned,
+            };
+            (phase.run)(c);
+        }
+        let mut spins = 0u32;
+        // Acquire: pairs with the Release of `Finished`, so this thread sees every write of
+        // phase `p` before it starts phase `p + 1`.
+        while progress.done[p].load(Ordering::Acquire) < phase.chunks {
+            if progress.poisoned.load(Ordering::Relaxed) {
+                return;
+            }
+            spins += 1;
+            if spins < SPINS_BEFORE_YIELD {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+/// Runs the phases in order on the calling thread and up to `rayon::current_num_threads() − 1`
+/// threads of the current rayon pool, with one hand-off to the pool for the whole sequence.
+/// Phase `p + 1` starts on a thread only when every chunk of phase `p` has finished, so it may
+/// read everything phase `p` wrote. With one thread (or a single chunk in all) the phases run
+/// on the calling thread without touching the pool. A panic in a chunk is re-raised here.
+pub(crate) fn run_phases(phases: &[Phase<'_>]) {
+    let most_chunks = phases.iter().map(|p| p.chunks).max().unwrap_or(0);
+    let helpers = rayon::current_num_threads()
+        .min(most_chunks)
+        .saturating_sub(1);
+    let progress = Progress {
+        next: phases.iter().map(|_| AtomicUsize::new(0)).collect(),
+        done: phases.iter().map(|_| AtomicUsize::new(0)).collect(),
+        poisoned: AtomicBool::new(false),
+    };
+    if helpers == 0 {
+        work(&progress, phases);
+        return;
+    }
+    // `in_place_scope` keeps the calling thread working (a plain `scope` would move the body
+    // into the pool and block the caller), and waits for the helpers before returning, which
+    // is what lets the phases borrow the caller's data.
+    rayon::in_place_scope(|scope| {
+        for _ in 0..helpers {
+            scope.spawn(|_| work(&progress, phases));
+        }
+        work(&progress, phases);
+    });
+}
+
+/// A buffer cut into consecutive chunks of `chunk_len` elements (the last may be shorter) that
+/// the chunks of a [`run_phases`] phase write concurrently, chunk `c` to part `c` only.
+pub(crate) struct DisjointChunks<'a, T> {
+    cells: &'a [UnsafeCell<T>],
+    chunk_len: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: the buffer is only reached through `part_mut` and `whole`, whose contracts (one
+// writer per part, no reads of a part while it is written) rule out data races; sending `T`
+// between threads is what the writes do.
+unsafe impl<T: Send> Sync for DisjointChunks<'_, T> {}
+
+impl<'a, T> DisjointChunks<'a, T> {
+    /// Borrows `buffer` exclusively for the lifetime of the wrapper.
+    pub fn new(buffer: &'a mut [T], chunk_len: usize) -> Self {
+        let len = buffer.len();
+        let ptr = buffer.as_mut_ptr() as *const UnsafeCell<T>;
+        // SAFETY: `UnsafeCell<T>` has the layout of `T`, and the exclusive borrow of `buffer`
+        // is held by the wrapper, so nothing else reads or writes it meanwhile.
+        let cells = unsafe { std::slice::from_raw_parts(ptr, len) };
+        DisjointChunks {
+            cells,
+            chunk_len: chunk_len.max(1),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Part `c` (elements `c·chunk_len ..`), for writing.
+    ///
+    /// # Safety
+    /// No other reference to part `c` may be alive at the same time: call it from chunk `c` of
+    /// a phase only (each chunk index runs once per phase), and do not call [`Self::whole`] in
+    /// the same phase.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part_mut(&self, c: usize) -> &mut [T] {
+        let start = (c * self.chunk_len).min(self.cells.len());
+        let end = (start + self.chunk_len).min(self.cells.len());
+        let part = &self.cells[start..end];
+        // SAFETY: the caller guarantees exclusive access to this part; the cells allow
+        // mutation through a shared reference.
+        unsafe { std::slice::from_raw_parts_mut(UnsafeCell::raw_get(part.as_ptr()), part.len()) }
+    }
+
+    /// The whole buffer, for reading.
+    ///
+    /// # Safety
+    /// No part may be written while the returned slice is alive: call it in a phase after the
+    /// one that writes the buffer, never in the writing phase.
+    pub unsafe fn whole(&self) -> &[T] {
+        // SAFETY: no writer is alive (caller's guarantee); `UnsafeCell<T>` has `T`'s layout.
+        unsafe { std::slice::from_raw_parts(self.cells.as_ptr() as *const T, self.cells.len()) }
+    }
+}
+
+/// A buffer of `n` elements that nothing has written yet, for the chunks of a phase to fill:
+/// a serial `vec![0.0; n]` of a `B × B` buffer (a `memset` on the calling thread, since the
+/// tuned allocator recycles memory) was 6% of a loss step at B = 256.
+pub(crate) fn unwritten<T>(n: usize) -> Vec<MaybeUninit<T>> {
+    let mut v = Vec::with_capacity(n);
+    v.resize_with(n, MaybeUninit::uninit);
+    v
+}
+
+/// `part` with every element set to `value`, as initialised elements.
+pub(crate) fn filled<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
+    part.fill(MaybeUninit::new(value));
+    // SAFETY: every element was just written; `MaybeUninit<T>` has `T`'s layout.
+    unsafe { &mut *(part as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
+/// `part` as initialised elements.
+///
+/// # Safety
+/// Every element of `part` must have been written.
+pub(crate) unsafe fn assume_written<T>(part: &[MaybeUninit<T>]) -> &[T] {
+    // SAFETY: initialised (caller's guarantee); `MaybeUninit<T>` has `T`'s layout.
+    unsafe { &*(part as *const [MaybeUninit<T>] as *const [T]) }
+}
+
+/// `buffer` as initialised elements, without a copy.
+///
+/// # Safety
+/// Every element of `buffer` must have been written.
+pub(crate) unsafe fn into_written<T>(buffer: Vec<MaybeUninit<T>>) -> Vec<T> {
+    let mut buffer = std::mem::ManuallyDrop::new(buffer);
+    let (ptr, len, cap) = (buffer.as_mut_ptr(), buffer.len(), buffer.capacity());
+    // SAFETY: the allocation is `buffer`'s own (not freed: `ManuallyDrop`), with the same
+    // layout for `T`, and every element is initialised (caller's guarantee).
+    unsafe { Vec::from_raw_parts(ptr as *mut T, len, cap) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[test]
+    fn each_phase_sees_everything_the_previous_one_wrote() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap();
+        let n = 1000;
+        let mut squares = vec![0u64; n];
+        let mut sums = vec![0u64; n];
+        pool.install(|| {
+            let sq = DisjointChunks::new(&mut squares, 7);
+            let su = DisjointChunks::new(&mut sums, 13);
+            let first = |c: usize| {
+                // SAFETY: chunk c writes part c of `sq` only.
+                let part = unsafe { sq.part_mut(c) };
+                for (k, v) in part.iter_mut().enumerate() {
+                    let i = (c * 7 + k) as u64;
+                    *v = i * i;
+                }
+            };
+            let second = |c: usize| {
+                // SAFETY: `sq` was written in the previous phase; part c of `su` is ours.
+                let all = unsafe { sq.whole() };
+                let total: u64 = all.iter().sum();
+                let part = unsafe { su.part_mut(c) };
+                for (k, v) in part.iter_mut().enumerate() {
+                    *v = total + all[c * 13 + k];
+                }
+            };
+            run_phases(&[
+                Phase::new(n.div_ceil(7), &first),
+                Phase::new(n.div_ceil(13), &second),
+            ]);
+        });
+        let total: u64 = (0..n as u64).map(|i| i * i).sum();
+        for i in 0..n {
+            assert_eq!(squares[i], (i * i) as u64);
+            assert_eq!(sums[i], total + (i * i) as u64, "row {i}");
+        }
+    }
+
+    #[test]
+    fn every_chunk_runs_exactly_once_on_any_number_of_threads() {
+        for threads in [1, 2, 4] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let seen = Mutex::new(Vec::new());
+            let record = |c: usize| seen.lock().unwrap().push(c);
+            let single = |_: usize| seen.lock().unwrap().push(usize::MAX);
+            pool.install(|| {
+                run_phases(&[
+                    Phase::new(50, &record),
+                    Phase::new(0, &record),
+                    Phase::new(1, &single),
+                ])
+            });
+            let mut seen = seen.into_inner().unwrap();
+            assert_eq!(seen.pop(), Some(usize::MAX), "{threads} threads");
+            seen.sort_unstable();
+            assert_eq!(seen, (0..50).collect::<Vec<_>>(), "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn a_panicking_chunk_is_reraised_without_hanging() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let later = AtomicUsize::new(0);
+        let boom = |c: usize| {
+            if c == 3 {
+                panic!("chunk 3 fails");
+            }
+        };
+        let count = |_: usize| {
+            later.fetch_add(1, Ordering::Relaxed);
+        };
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.install(|| run_phases(&[Phase::new(8, &boom), Phase::new(8, &count)]))
+        }));
+        assert!(outcome.is_err());
+        assert_eq!(later.load(Ordering::Relaxed), 0, "no phase after the panic");
+    }
+
+    #[test]
+    fn unwritten_buffers_are_filled_part_by_part() {
+        let mut v = unwritten::<f32>(10);
+        {
+            let parts = DisjointChunks::new(&mut v, 4);
+            let fill = |c: usize| {
+                // SAFETY: chunk c writes part c only.
+                let part = filled(unsafe { parts.part_mut(c) }, 0.0);
+                part.iter_mut().for_each(|x| *x += c as f32);
+            };
+            run_phases(&[Phase::new(3, &fill)]);
+        }
+        // SAFETY: the three parts cover the ten elements.
+        let v = unsafe { into_written(v) };
+        assert_eq!(v, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0]);
+    }
+
+    #[test]
+    fn parts_cover_the_buffer_with_a_short_last_part() {
+        let mut v = vec![0u8; 10];
+        let d = DisjointChunks::new(&mut v, 4);
+        // SAFETY: single thread, one part at a time.
+        unsafe {
+            assert_eq!(d.part_mut(2).len(), 2);
+            d.part_mut(0).fill(1);
+            assert_eq!(d.whole()[..5], [1, 1, 1, 1, 0]);
+        }
+    }
+}
