@@ -24,6 +24,10 @@ use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// One parallel loop: `run(c)` for every chunk `c` in `0..chunks`, in any order, on any thread.
+///
+/// A chunk may use rayon itself (tested with `rayon::join` inside chunks); the engine's chunks
+/// do not, since a thread blocked in a chunk waiting for rayon work holds up every thread that
+/// reaches the end of the phase.
 pub(crate) struct Phase<'a> {
     /// The number of chunks.
     pub chunks: usize,
@@ -49,6 +53,17 @@ struct Progress {
     poisoned: AtomicBool,
 }
 
+impl Progress {
+    /// Nothing claimed or finished yet, for `phases` phases.
+    fn new(phases: usize) -> Self {
+        Progress {
+            next: (0..phases).map(|_| AtomicUsize::new(0)).collect(),
+            done: (0..phases).map(|_| AtomicUsize::new(0)).collect(),
+            poisoned: AtomicBool::new(false),
+        }
+    }
+}
+
 /// Counts a chunk as finished when dropped, also while unwinding from a panic: a thread
 /// waiting at the end of the phase must not wait forever for a chunk that will never end.
 struct Finished<'a> {
@@ -71,9 +86,47 @@ impl Drop for Finished<'_> {
 /// operating system has preempted get its core back on an oversubscribed machine.
 const SPINS_BEFORE_YIELD: u32 = 1 << 12;
 
+thread_local! {
+    /// The [`run_phases`] calls (their `Progress` addresses) whose [`work`] loop is on this
+    /// thread's stack.
+    static ACTIVE: std::cell::RefCell<Vec<usize>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Removes a call from [`ACTIVE`] when its loop returns (or unwinds).
+struct Active(usize);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        ACTIVE.with(|a| {
+            let mut a = a.borrow_mut();
+            if let Some(i) = a.iter().rposition(|&p| p == self.0) {
+                a.remove(i);
+            }
+        });
+    }
+}
+
 /// The loop of one thread: every phase in turn, claiming chunks until none is left, then
 /// waiting for the chunks other threads are still running.
+///
+/// A thread that waits for rayon work inside a chunk may pick up one of this call's own
+/// helper jobs; that helper would then wait at the phase boundary for the chunk beneath it on
+/// the same stack, forever. So a helper that finds its call already on its thread's stack
+/// returns at once (the threads already in the call finish the work).
 fn work(progress: &Progress, phases: &[Phase<'_>]) {
+    let id = progress as *const Progress as usize;
+    let nested = ACTIVE.with(|a| {
+        let mut a = a.borrow_mut();
+        let nested = a.contains(&id);
+        if !nested {
+            a.push(id);
+        }
+        nested
+    });
+    if nested {
+        return;
+    }
+    let _active = Active(id);
     for (p, phase) in phases.iter().enumerate() {
         loop {
             if progress.poisoned.load(Ordering::Relaxed) {
@@ -116,11 +169,7 @@ pub(crate) fn run_phases(phases: &[Phase<'_>]) {
     let helpers = rayon::current_num_threads()
         .min(most_chunks)
         .saturating_sub(1);
-    let progress = Progress {
-        next: phases.iter().map(|_| AtomicUsize::new(0)).collect(),
-        done: phases.iter().map(|_| AtomicUsize::new(0)).collect(),
-        poisoned: AtomicBool::new(false),
-    };
+    let progress = Progress::new(phases.len());
     if helpers == 0 {
         work(&progress, phases);
         return;
@@ -295,6 +344,63 @@ mod tests {
             assert_eq!(seen.pop(), Some(usize::MAX), "{threads} threads");
             seen.sort_unstable();
             assert_eq!(seen, (0..50).collect::<Vec<_>>(), "{threads} threads");
+        }
+    }
+
+    #[test]
+    fn a_helper_run_beneath_its_own_chunk_returns_at_once() {
+        // What a thread waiting for rayon work inside chunk 0 would do if it picked up this
+        // call's own helper job: run `work` on the same call. Without the guard the inner
+        // loop would claim chunks 1 and 2 and then wait for chunk 0, beneath it, forever.
+        let progress = Progress::new(1);
+        let phases_slot: std::sync::OnceLock<&[Phase<'_>]> = std::sync::OnceLock::new();
+        let ran = Mutex::new(Vec::new());
+        let chunk = |c: usize| {
+            if c == 0 {
+                work(&progress, phases_slot.get().unwrap());
+            }
+            ran.lock().unwrap().push(c);
+        };
+        let phases = [Phase::new(3, &chunk)];
+        phases_slot.set(&phases).ok();
+        work(&progress, &phases);
+        assert_eq!(ran.into_inner().unwrap(), vec![0, 1, 2]);
+        assert!(ACTIVE.with(|a| a.borrow().is_empty()));
+    }
+
+    #[test]
+    fn chunks_that_wait_on_rayon_work_do_not_deadlock() {
+        // Each chunk joins two rayon tasks; while it waits, its thread may run this call's
+        // helper job, which must not then wait for the chunk beneath it.
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let total = AtomicUsize::new(0);
+            let chunk = |c: usize| {
+                let (a, b) = rayon::join(|| c * 2, || (0..1000).map(|i| i % 7).sum::<usize>());
+                total.fetch_add(a + b, Ordering::Relaxed);
+            };
+            for _ in 0..20 {
+                pool.install(|| run_phases(&[Phase::new(16, &chunk), Phase::new(16, &chunk)]));
+            }
+            let per_call: usize = 2 * (0..16).map(|c| c * 2 + 2997).sum::<usize>();
+            assert_eq!(
+                total.load(Ordering::Relaxed),
+                20 * per_call,
+                "{threads} threads"
+            );
+            // The same from a thread outside the pool (the caller is not a worker).
+            total.store(0, Ordering::Relaxed);
+            for _ in 0..20 {
+                run_phases(&[Phase::new(16, &chunk), Phase::new(16, &chunk)]);
+            }
+            assert_eq!(
+                total.load(Ordering::Relaxed),
+                20 * per_call,
+                "outside the pool"
+            );
         }
     }
 
