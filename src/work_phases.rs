@@ -229,6 +229,29 @@ impl<'a, T> DisjointChunks<'a, T> {
         unsafe { std::slice::from_raw_parts_mut(UnsafeCell::raw_get(part.as_ptr()), part.len()) }
     }
 
+    /// Elements `start..start + len`, for writing: the finer-grained form of
+    /// [`Self::part_mut`], for a phase whose chunks write and read different elements of the
+    /// same parts.
+    ///
+    /// # Safety
+    /// No other reference to any of these elements may be alive at the same time.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn range_mut(&self, start: usize, len: usize) -> &mut [T] {
+        let cells = &self.cells[start..start + len];
+        // SAFETY: exclusive access to these elements (caller's guarantee).
+        unsafe { std::slice::from_raw_parts_mut(UnsafeCell::raw_get(cells.as_ptr()), len) }
+    }
+
+    /// Elements `start..start + len`, for reading.
+    ///
+    /// # Safety
+    /// None of these elements may be written while the slice is alive.
+    pub unsafe fn range(&self, start: usize, len: usize) -> &[T] {
+        let cells = &self.cells[start..start + len];
+        // SAFETY: no writer of these elements is alive (caller's guarantee).
+        unsafe { std::slice::from_raw_parts(cells.as_ptr() as *const T, len) }
+    }
+
     /// The whole buffer, for reading.
     ///
     /// # Safety

@@ -238,38 +238,84 @@ fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
             let part = unsafe { transposed_parts.part_mut(c) };
             transpose_rows(e, (b, d), c * TRANSPOSE_ROWS, part);
         };
-        let similarity_chunk = |c: usize| {
+        // S is symmetric, so each chunk of query rows computes only its columns from its first
+        // row on (the upper triangle and the diagonal block: 5/8 of the products at B = 256
+        // with four chunks), and the next phase copies the rest from the rows above. gemm
+        // accumulates every entry over the same sequence of `k`, so `S[i, j]` and `S[j, i]`
+        // are the same float (the loss values are bit-identical to the full product's).
+        let upper_chunk = |c: usize| {
             if bad_norm.load(Ordering::Relaxed) {
                 return; // reported after the pass; S of a zero row is not finite
             }
-            // SAFETY: Êᵀ was written in the previous phase; part c of the similarities and of
-            // the summaries is this chunk's alone.
+            // SAFETY: Êᵀ was written in the previous phase.
             let (e, et) = (rows_of_e(), unsafe {
                 assume_written(transposed_parts.whole())
             });
-            let (s, out) = unsafe { (sim_parts.part_mut(c), summary_parts.part_mut(c)) };
-            let (q0, len) = (c * rows, out.len());
-            let block = product((len, b, d), &e[q0 * d..(q0 + len) * d], et, (b, 1));
-            vectorised(
-                #[inline(always)]
-                || {
-                    for (s, &v) in s.iter_mut().zip(&block) {
-                        s.write(v.into());
-                    }
-                },
+            let (i0, len) = (c * rows, rows.min(b - c * rows));
+            let width = b - i0;
+            let block = product(
+                (len, width, d),
+                &e[i0 * d..(i0 + len) * d],
+                &et[i0..],
+                (b, 1),
             );
-            // SAFETY: the loop above wrote every element of the part.
-            let s = unsafe { assume_written(s) };
-            for (k, (row, slot)) in s.chunks(b).zip(out.iter_mut()).enumerate() {
-                *slot = Some(loss.summarise(q0 + k, row));
+            for (k, from) in block.chunks(width).enumerate() {
+                // SAFETY: row i0 + k, columns i0.., belongs to this chunk; nothing else
+                // touches it in this phase.
+                let to = unsafe { sim_parts.range_mut((i0 + k) * b + i0, width) };
+                vectorised(
+                    #[inline(always)]
+                    || {
+                        for (s, &v) in to.iter_mut().zip(from) {
+                            s.write(v.into());
+                        }
+                    },
+                );
             }
         };
-        let mut phases = Vec::with_capacity(3);
+        let lower_chunk = |c: usize| {
+            if bad_norm.load(Ordering::Relaxed) {
+                return;
+            }
+            let (i0, len) = (c * rows, rows.min(b - c * rows));
+            // S[i, j] = S[j, i] for j < i0, in square tiles (a column of S strides by B).
+            // SAFETY: this chunk writes columns ..i0 of its own rows and reads columns
+            // i0..i0 + len of the rows above, which the previous phase wrote and which no
+            // chunk writes in this phase (a chunk writes only columns left of its first row).
+            const T_: usize = TRANSPOSE_ROWS;
+            let mut tile = [[0.0f64; T_]; T_];
+            for j0 in (0..i0).step_by(T_) {
+                let jn = T_.min(i0 - j0);
+                for k0 in (0..len).step_by(T_) {
+                    let kn = T_.min(len - k0);
+                    for (jj, t) in tile.iter_mut().enumerate().take(jn) {
+                        let from = unsafe { sim_parts.range((j0 + jj) * b + i0 + k0, kn) };
+                        let from = unsafe { assume_written(from) };
+                        t[..kn].copy_from_slice(from);
+                    }
+                    for k in 0..kn {
+                        let to = unsafe { sim_parts.range_mut((i0 + k0 + k) * b + j0, jn) };
+                        for (s, t) in to.iter_mut().zip(&tile) {
+                            s.write(t[k]);
+                        }
+                    }
+                }
+            }
+            // SAFETY: every column of this chunk's rows is now written (columns ..i0 above,
+            // i0.. in the previous phase); part c of the summaries is this chunk's alone.
+            let out = unsafe { summary_parts.part_mut(c) };
+            for (k, slot) in out.iter_mut().enumerate() {
+                let row = unsafe { assume_written(sim_parts.range((i0 + k) * b, b)) };
+                *slot = Some(loss.summarise(i0 + k, row));
+            }
+        };
+        let mut phases = Vec::with_capacity(4);
         if normalise {
             phases.push(Phase::new(chunks, &normalise_chunk));
         }
         phases.push(Phase::new(d.div_ceil(TRANSPOSE_ROWS), &transpose_chunk));
-        phases.push(Phase::new(chunks, &similarity_chunk));
+        phases.push(Phase::new(chunks, &upper_chunk));
+        phases.push(Phase::new(chunks, &lower_chunk));
         run_phases(&phases);
     }
     if bad_norm.into_inner() {
@@ -279,8 +325,9 @@ fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
             "internal: a norm check failed",
         ));
     }
-    // SAFETY: with every norm valid, each chunk of the similarity phase wrote its whole part
-    // of `sims`, and the normalisation phase every row of `unit`.
+    // SAFETY: with every norm valid, the two similarity phases wrote every element of `sims`
+    // (columns from each chunk's first row on, then the rest), and the normalisation phase
+    // every row of `unit`.
     let (sims, unit) = unsafe { (into_written(sims), into_written(unit)) };
     let rows: Vec<R::Row> = summaries
         .into_iter()
@@ -531,6 +578,54 @@ mod tests {
                 for j in 0..n {
                     let want: f64 = (0..k).map(|t| lhs[i * k + t] * rows[j * k + t]).sum();
                     assert!((got[i * n + j] - want).abs() < 1e-12, "({i}, {j})");
+                }
+            }
+        }
+    }
+
+    /// Keeps the summaries' rows as they are, to look at `S`.
+    struct KeepRows;
+
+    impl RowLoss for KeepRows {
+        type Row = Vec<f64>;
+        type Global = ();
+        fn summarise(&self, _: usize, sims: &[f64]) -> Vec<f64> {
+            sims.to_vec()
+        }
+        fn global(&self, _: &[Vec<f64>]) -> Result<()> {
+            Ok(())
+        }
+        fn value(&self, _: &()) -> f64 {
+            0.0
+        }
+        fn row_grad(&self, _: usize, _: &[f64], _: &Vec<f64>, _: &(), _: f64, _: &mut [f64]) {}
+    }
+
+    #[test]
+    fn mirrored_similarities_equal_the_full_product_bit_for_bit() {
+        // f32 rows, B not a multiple of the chunk height: S from the upper blocks and their
+        // mirror image must be exactly the full product (widened), both triangles.
+        let (b, d) = (150, 37);
+        let data: Vec<f32> = (0..b * d)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
+            .collect();
+        let x = Tensor::from_vec(data, (b, d), &Device::Cpu).unwrap();
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let f = pool
+                .install(|| forward(&x, Input::Normalise, &KeepRows))
+                .unwrap()
+                .unwrap();
+            let e: Vec<f32> = f.unit.tensor.flatten_all().unwrap().to_vec1().unwrap();
+            let full = product((b, b, d), &e, &e, (1, d));
+            for i in 0..b {
+                for j in 0..b {
+                    let want = f64::from(full[i * b + j]);
+                    assert_eq!(f.sims[i * b + j].to_bits(), want.to_bits(), "({i}, {j})");
+                    assert_eq!(f.rows[i][j].to_bits(), want.to_bits(), "row ({i}, {j})");
                 }
             }
         }
