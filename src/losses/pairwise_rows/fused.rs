@@ -7,9 +7,10 @@
 //! path paid it in every step (normalisation, product, conversion, summaries, gradient rows,
 //! input gradient), which at B = 256 is a sizeable part of a 1–2 ms step. Here:
 //!
-//! - **forward**: normalise the rows; then, per chunk of query rows, its block of `S = Ê Êᵀ`
-//!   by gemm on the calling thread, widened to `f64`, and the rows' summaries while the block
-//!   is in cache;
+//! - **forward**: normalise the rows and write `Êᵀ`; then, per chunk of query rows, its
+//!   columns of `S = Ê Êᵀ` from its first row on (the upper triangle; `S` is symmetric) by gemm
+//!   on the calling thread, widened to `f64`; then the rest of its rows copied from the rows
+//!   above, and the rows' summaries;
 //! - **backward**: the rows of `G = upstream · ∂loss/∂S` reduced to their non-zeros, the column
 //!   lists (one chunk), the rows of `∂loss/∂x`; or, when `G` is dense, `G`'s rows, the rows of
 //!   `G + Gᵀ` rounded to the embeddings' type, and per chunk its rows of `(G + Gᵀ) Ê` by gemm
@@ -34,10 +35,11 @@ use std::sync::OnceLock;
 
 /// Query rows per chunk: two chunks per thread, so that a thread that joins late still finds
 /// work, in multiples of 8 (the height of gemm's `f32` micro-kernel), and at most
-/// [`MAX_CHUNK_VALUES`]`/B`. Why not smaller: every gemm call packs its whole `B × D` operand
-/// again, so the product gets slower as the chunks shrink (measured at B = 256, D = 512, 2
-/// threads: packing was 15% of the contrastive step with 32-row chunks; the step took 0.84 /
-/// 0.75 / 1.07 ms with 32 / 64 / 256 rows, 64 being two chunks per thread).
+/// [`MAX_CHUNK_VALUES`]`/B`. Chosen while each gemm call still repacked all of `Ê` (measured
+/// at B = 256, D = 512, 2 threads: packing was 15% of the contrastive step with 32-row chunks;
+/// the step took 0.84 / 0.75 / 1.07 ms with 32 / 64 / 256 rows). Reading `Êᵀ` has removed that
+/// cost since; the size was kept (not re-measured) because the upper-triangle product wants
+/// few chunks claimed in order, the costliest first.
 fn rows_per_chunk(b: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let most = (MAX_CHUNK_VALUES / b.max(1) / 8 * 8).max(8);
