@@ -729,12 +729,15 @@ impl<R: RowLoss> RowLossOp<R> {
             .par_chunks_mut(b)
             .zip(sims.par_chunks(b))
             .enumerate()
-            .for_each(|(i, (out, row))| {
-                let q = start + i;
-                self.loss
-                    .row_grad(q, row, &self.rows[q], &self.global, upstream, out);
-            });
+            .for_each(|(i, (out, row))| self.row_grad(start + i, row, upstream, out));
         grads
+    }
+
+    /// Writes `upstream · ∂loss/∂S[q, ·]` into `out` (zeroed) from the row `S[q, ·]`, with the
+    /// summaries kept by the forward pass.
+    fn row_grad(&self, q: usize, row: &[f64], upstream: f64, out: &mut [f64]) {
+        self.loss
+            .row_grad(q, row, &self.rows[q], &self.global, upstream, out);
     }
 
     /// `∂loss/∂Ê = G Ê + Gᵀ Ê` with `G = upstream · ∂loss/∂S`, since `S = Ê Êᵀ` makes row `q` of

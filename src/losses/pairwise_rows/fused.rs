@@ -360,187 +360,235 @@ pub(super) fn backward<R: RowLoss>(
     let norms = unit.norms.as_deref();
     let run = with_host_values(&unit.tensor, |v| match v {
         HostValues::F32(u) => {
-            let g = backward_rows(op, sims, u, norms, (b, d), upstream);
+            let g = BackwardRows::new(op, sims, u, norms, (b, d), upstream).run();
             Tensor::from_vec(g, (b, d), &Device::Cpu)
         }
         HostValues::F64(u) => {
-            let g = backward_rows(op, sims, u, norms, (b, d), upstream);
+            let g = BackwardRows::new(op, sims, u, norms, (b, d), upstream).run();
             Tensor::from_vec(g, (b, d), &Device::Cpu)
         }
     });
     Ok(run.transpose()?)
 }
 
-/// `∂loss/∂x` (row-major, the embeddings' type): sparse when `G + Gᵀ` has few enough non-zeros
-/// ([`SPARSE_BACKWARD_DENSITY`]), else the dense product.
-fn backward_rows<T: WithDType + Into<f64>, R: RowLoss>(
-    op: &RowLossOp<R>,
-    sims: &[f64],
-    unit: &[T],
-    norms: Option<&[f64]>,
-    (b, d): (usize, usize),
+/// What both forms of the backward pass read: the op (loss, summaries), `S`, `Ê` and the norms
+/// of the normalisation (`None`: [`Input::AsGiven`]), and the chunking of the rows.
+struct BackwardRows<'a, T, R: RowLoss> {
+    op: &'a RowLossOp<R>,
+    sims: &'a [f64],
+    unit: &'a [T],
+    norms: Option<&'a [f64]>,
+    b: usize,
+    d: usize,
     upstream: f64,
-) -> Vec<T> {
-    let rows = rows_per_chunk(b);
-    let chunks = b.div_ceil(rows);
-    // A row with more than B/4 non-zeros ends the sparse attempt at once (a dense loss such as
-    // FastAP wastes one row per thread, and the lists never hold more than B²/4 entries).
-    let cap = b / 4;
-    let mut lists: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
-    let mut out = unwritten::<T>(b * d);
-    let dense = AtomicBool::new(false);
-    let columns: OnceLock<Vec<Vec<(usize, f64)>>> = OnceLock::new();
-    {
-        let list_parts = DisjointChunks::new(&mut lists, rows);
-        let out_parts = DisjointChunks::new(&mut out, rows * d);
-        let list_chunk = |c: usize| {
-            // SAFETY: part c is written by chunk c only; nothing reads the lists meanwhile.
-            let part = unsafe { list_parts.part_mut(c) };
-            let mut scratch = vec![0.0f64; b];
-            for (k, list) in part.iter_mut().enumerate() {
+    /// Rows per chunk ([`rows_per_chunk`]) and the number of chunks.
+    rows: usize,
+    chunks: usize,
+}
+
+impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
+    fn new(
+        op: &'a RowLossOp<R>,
+        sims: &'a [f64],
+        unit: &'a [T],
+        norms: Option<&'a [f64]>,
+        (b, d): (usize, usize),
+        upstream: f64,
+    ) -> Self {
+        let rows = rows_per_chunk(b);
+        BackwardRows {
+            op,
+            sims,
+            unit,
+            norms,
+            b,
+            d,
+            upstream,
+            rows,
+            chunks: b.div_ceil(rows),
+        }
+    }
+
+    /// Writes `upstream · ∂loss/∂S[q, ·]` into `out` (zeroed).
+    fn row_grad(&self, q: usize, out: &mut [f64]) {
+        let row = &self.sims[q * self.b..(q + 1) * self.b];
+        self.op.row_grad(q, row, self.upstream, out);
+    }
+
+    /// Row `i` of `∂loss/∂x` into `o` from row `g` of `∂loss/∂Ê` ([`finish_row`]).
+    #[inline(always)]
+    fn finish(&self, i: usize, g: &[f64], o: &mut [T]) {
+        let d = self.d;
+        finish_row(
+            g,
+            &self.unit[i * d..(i + 1) * d],
+            self.norms.map(|n| n[i]),
+            o,
+        );
+    }
+
+    /// `∂loss/∂x` (row-major, the embeddings' type): sparse when `G + Gᵀ` has few enough
+    /// non-zeros ([`SPARSE_BACKWARD_DENSITY`]), else the dense product.
+    fn run(&self) -> Vec<T> {
+        let Self {
+            unit,
+            b,
+            d,
+            rows,
+            chunks,
+            ..
+        } = *self;
+        // A row with more than B/4 non-zeros ends the sparse attempt at once (a dense loss such
+        // as FastAP wastes one row per thread, and the lists never hold more than B²/4 entries).
+        let cap = b / 4;
+        let mut lists: Vec<Vec<(usize, f64)>> = vec![Vec::new(); b];
+        let mut out = unwritten::<T>(b * d);
+        let dense = AtomicBool::new(false);
+        let columns: OnceLock<Vec<Vec<(usize, f64)>>> = OnceLock::new();
+        {
+            let list_parts = DisjointChunks::new(&mut lists, rows);
+            let out_parts = DisjointChunks::new(&mut out, rows * d);
+            let list_chunk = |c: usize| {
+                // SAFETY: part c is written by chunk c only; nothing reads the lists meanwhile.
+                let part = unsafe { list_parts.part_mut(c) };
+                let mut scratch = vec![0.0f64; b];
+                for (k, list) in part.iter_mut().enumerate() {
+                    if dense.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    scratch.fill(0.0);
+                    self.row_grad(c * rows + k, &mut scratch);
+                    match nonzeros_up_to(&scratch, cap) {
+                        Some(l) => *list = l,
+                        None => {
+                            dense.store(true, Ordering::Relaxed);
+                            return;
+                        }
+                    }
+                }
+            };
+            let column_chunk = |_: usize| {
                 if dense.load(Ordering::Relaxed) {
                     return;
                 }
-                let q = c * rows + k;
-                scratch.fill(0.0);
-                let row = &sims[q * b..(q + 1) * b];
-                op.loss
-                    .row_grad(q, row, &op.rows[q], &op.global, upstream, &mut scratch);
-                match nonzeros_up_to(&scratch, cap) {
-                    Some(l) => *list = l,
-                    None => {
-                        dense.store(true, Ordering::Relaxed);
-                        return;
-                    }
+                // SAFETY: the lists were written in the previous phase.
+                let lists = unsafe { list_parts.whole() };
+                let nonzero: usize = lists.iter().map(Vec::len).sum();
+                // G + Gᵀ has at most twice the non-zeros of G.
+                if (2 * nonzero) as f64 > SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
+                    dense.store(true, Ordering::Relaxed);
+                    return;
                 }
-            }
-        };
-        let column_chunk = |_: usize| {
-            if dense.load(Ordering::Relaxed) {
-                return;
-            }
-            // SAFETY: the lists were written in the previous phase.
-            let lists = unsafe { list_parts.whole() };
-            let nonzero: usize = lists.iter().map(Vec::len).sum();
-            // G + Gᵀ has at most twice the non-zeros of G.
-            if (2 * nonzero) as f64 > SPARSE_BACKWARD_DENSITY * (b * b) as f64 {
-                dense.store(true, Ordering::Relaxed);
-                return;
-            }
-            let _ = columns.set(columns_of(lists, b));
-        };
-        let gradient_chunk = |c: usize| {
-            let Some(columns) = columns.get() else {
-                return;
+                let _ = columns.set(columns_of(lists, b));
             };
-            // SAFETY: the lists were written two phases ago; part c of `out` is ours.
-            let (lists, o) = unsafe { (list_parts.whole(), out_parts.part_mut(c)) };
-            let o = filled(o, T::from_f64(0.0));
-            let src = SparseRows {
-                rows: lists,
-                columns,
-                unit,
-                d,
-            };
-            let mut g = vec![0.0f64; d];
-            vectorised(
-                #[inline(always)]
-                || {
-                    for (k, o) in o.chunks_mut(d).enumerate() {
-                        let i = c * rows + k;
-                        g.fill(0.0);
-                        src.add_row(i, &mut g);
-                        finish_row(&g, &unit[i * d..(i + 1) * d], norms.map(|n| n[i]), o);
-                    }
-                },
-            );
-        };
-        run_phases(&[
-            Phase::new(chunks, &list_chunk),
-            Phase::new(1, &column_chunk),
-            Phase::new(chunks, &gradient_chunk),
-        ]);
-    }
-    if columns.get().is_some() {
-        // SAFETY: the gradient phase filled every part of `out`.
-        return unsafe { into_written(out) };
-    }
-    drop(lists);
-    dense_backward_rows(op, sims, unit, norms, (b, d), upstream, out)
-}
-
-/// The dense backward pass into `out`: rows of `G`, rows of `G + Gᵀ` in the embeddings' type
-/// (what the products of the general path see), then per chunk of rows `(G + Gᵀ) Ê` and the
-/// normalisation's backward pass.
-fn dense_backward_rows<T: WithDType + Into<f64>, R: RowLoss>(
-    op: &RowLossOp<R>,
-    sims: &[f64],
-    unit: &[T],
-    norms: Option<&[f64]>,
-    (b, d): (usize, usize),
-    upstream: f64,
-    mut out: Vec<std::mem::MaybeUninit<T>>,
-) -> Vec<T> {
-    let rows = rows_per_chunk(b);
-    let chunks = b.div_ceil(rows);
-    let mut g = unwritten::<f64>(b * b);
-    let mut sym = unwritten::<T>(b * b);
-    {
-        let g_parts = DisjointChunks::new(&mut g, rows * b);
-        let sym_parts = DisjointChunks::new(&mut sym, rows * b);
-        let out_parts = DisjointChunks::new(&mut out, rows * d);
-        let grad_chunk = |c: usize| {
-            // SAFETY: part c is written by chunk c only; nothing reads G meanwhile.
-            // `row_grad` adds to a zeroed row.
-            let part = filled(unsafe { g_parts.part_mut(c) }, 0.0);
-            for (k, row) in part.chunks_mut(b).enumerate() {
-                let q = c * rows + k;
-                let s = &sims[q * b..(q + 1) * b];
-                op.loss
-                    .row_grad(q, s, &op.rows[q], &op.global, upstream, row);
-            }
-        };
-        let symmetric_chunk = |c: usize| {
-            // SAFETY: G was written in the previous phase; part c of `sym` is ours.
-            let (g, part) = unsafe { (assume_written(g_parts.whole()), sym_parts.part_mut(c)) };
-            let (i0, len) = (c * rows, part.len() / b);
-            // Column-outer order: the transposed reads g[j, i0..i0+len] are contiguous.
-            for j in 0..b {
-                let column = &g[j * b + i0..j * b + i0 + len];
-                for (k, &gji) in column.iter().enumerate() {
-                    part[k * b + j].write(T::from_f64(g[(i0 + k) * b + j] + gji));
-                }
-            }
-        };
-        let product_chunk = |c: usize| {
-            // SAFETY: the rows of `sym` were written in the previous phase; part c of `out`
-            // is ours.
-            let (sym, o) = unsafe { (assume_written(sym_parts.whole()), out_parts.part_mut(c)) };
-            let o = filled(o, T::from_f64(0.0));
-            let (i0, len) = (c * rows, o.len() / d);
-            let block = product((len, d, b), &sym[i0 * b..(i0 + len) * b], unit, (d, 1));
-            let mut g = vec![0.0f64; d];
-            vectorised(
-                #[inline(always)]
-                || {
-                    for (k, (o, row)) in o.chunks_mut(d).zip(block.chunks(d)).enumerate() {
-                        let i = i0 + k;
-                        for (g, &v) in g.iter_mut().zip(row) {
-                            *g = v.into();
+            let gradient_chunk = |c: usize| {
+                let Some(columns) = columns.get() else {
+                    return;
+                };
+                // SAFETY: the lists were written two phases ago; part c of `out` is ours.
+                let (lists, o) = unsafe { (list_parts.whole(), out_parts.part_mut(c)) };
+                let o = filled(o, T::from_f64(0.0));
+                let src = SparseRows {
+                    rows: lists,
+                    columns,
+                    unit,
+                    d,
+                };
+                let mut g = vec![0.0f64; d];
+                vectorised(
+                    #[inline(always)]
+                    || {
+                        for (k, o) in o.chunks_mut(d).enumerate() {
+                            let i = c * rows + k;
+                            g.fill(0.0);
+                            src.add_row(i, &mut g);
+                            self.finish(i, &g, o);
                         }
-                        finish_row(&g, &unit[i * d..(i + 1) * d], norms.map(|n| n[i]), o);
-                    }
-                },
-            );
-        };
-        run_phases(&[
-            Phase::new(chunks, &grad_chunk),
-            Phase::new(chunks, &symmetric_chunk),
-            Phase::new(chunks, &product_chunk),
-        ]);
+                    },
+                );
+            };
+            run_phases(&[
+                Phase::new(chunks, &list_chunk),
+                Phase::new(1, &column_chunk),
+                Phase::new(chunks, &gradient_chunk),
+            ]);
+        }
+        if columns.get().is_some() {
+            // SAFETY: the gradient phase filled every part of `out`.
+            return unsafe { into_written(out) };
+        }
+        drop(lists);
+        self.dense(out)
     }
-    // SAFETY: the product phase filled every part of `out`.
-    unsafe { into_written(out) }
+
+    /// The dense backward pass into `out`: rows of `G`, rows of `G + Gᵀ` in the embeddings'
+    /// type (what the products of the general path see), then per chunk of rows `(G + Gᵀ) Ê`
+    /// and the normalisation's backward pass.
+    fn dense(&self, mut out: Vec<std::mem::MaybeUninit<T>>) -> Vec<T> {
+        let Self {
+            unit,
+            b,
+            d,
+            rows,
+            chunks,
+            ..
+        } = *self;
+        let mut g = unwritten::<f64>(b * b);
+        let mut sym = unwritten::<T>(b * b);
+        {
+            let g_parts = DisjointChunks::new(&mut g, rows * b);
+            let sym_parts = DisjointChunks::new(&mut sym, rows * b);
+            let out_parts = DisjointChunks::new(&mut out, rows * d);
+            let grad_chunk = |c: usize| {
+                // SAFETY: part c is written by chunk c only; nothing reads G meanwhile.
+                // `row_grad` adds to a zeroed row.
+                let part = filled(unsafe { g_parts.part_mut(c) }, 0.0);
+                for (k, row) in part.chunks_mut(b).enumerate() {
+                    self.row_grad(c * rows + k, row);
+                }
+            };
+            let symmetric_chunk = |c: usize| {
+                // SAFETY: G was written in the previous phase; part c of `sym` is ours.
+                let (g, part) = unsafe { (assume_written(g_parts.whole()), sym_parts.part_mut(c)) };
+                let (i0, len) = (c * rows, part.len() / b);
+                // Column-outer order: the transposed reads g[j, i0..i0+len] are contiguous.
+                for j in 0..b {
+                    let column = &g[j * b + i0..j * b + i0 + len];
+                    for (k, &gji) in column.iter().enumerate() {
+                        part[k * b + j].write(T::from_f64(g[(i0 + k) * b + j] + gji));
+                    }
+                }
+            };
+            let product_chunk = |c: usize| {
+                // SAFETY: the rows of `sym` were written in the previous phase; part c of
+                // `out` is ours.
+                let (sym, o) =
+                    unsafe { (assume_written(sym_parts.whole()), out_parts.part_mut(c)) };
+                let o = filled(o, T::from_f64(0.0));
+                let (i0, len) = (c * rows, o.len() / d);
+                let block = product((len, d, b), &sym[i0 * b..(i0 + len) * b], unit, (d, 1));
+                let mut g = vec![0.0f64; d];
+                vectorised(
+                    #[inline(always)]
+                    || {
+                        for (k, (o, row)) in o.chunks_mut(d).zip(block.chunks(d)).enumerate() {
+                            for (g, &v) in g.iter_mut().zip(row) {
+                                *g = v.into();
+                            }
+                            self.finish(i0 + k, &g, o);
+                        }
+                    },
+                );
+            };
+            run_phases(&[
+                Phase::new(chunks, &grad_chunk),
+                Phase::new(chunks, &symmetric_chunk),
+                Phase::new(chunks, &product_chunk),
+            ]);
+        }
+        // SAFETY: the product phase filled every part of `out`.
+        unsafe { into_written(out) }
+    }
 }
 
 #[cfg(test)]
