@@ -6,7 +6,7 @@
 //! ```text
 //! RAYON_NUM_THREADS=2 cargo bench --bench loss_bench                         # everything
 //! RAYON_NUM_THREADS=2 cargo bench --bench loss_bench -- --loss smooth-ap --batch 4096
-//! cargo bench --bench loss_bench -- --check-smooth-ap target/smooth_ap_check.json
+//! cargo bench --bench loss_bench -- --check target/losses_check.json
 //! ```
 //!
 //! Losses (`--loss`, repeatable; default all): `smooth-ap` (paper: query not in its own list),
@@ -33,8 +33,8 @@
 //! calling thread; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default); the JSON line says
 //! which (`candle_threads`).
 //!
-//! `--check-smooth-ap PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP
-//! value and gradient to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
+//! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP and RaMBO
+//! values and gradients to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -167,35 +167,51 @@ fn bench(
     Ok(())
 }
 
-/// Writes a B = 64 `f64` batch with our Smooth-AP value and gradient for the torch cross-check.
-fn check_smooth_ap(path: &str) -> Result<()> {
-    let b = 64;
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
-    let data: Vec<f64> = (0..b * DIM)
-        .map(|_| StandardNormal.sample(&mut rng))
-        .collect();
-    let y = labels(b)?;
-    let emb = Var::from_tensor(&Tensor::from_vec(data.clone(), (b, DIM), &Device::Cpu)?)?;
-    let l = SmoothAp::default().forward(emb.as_tensor(), &y)?;
+/// The value and the input gradient (row-major) of `loss` on `data` (`b × DIM`, `f64`).
+fn value_and_gradient(
+    loss: &dyn RankLoss,
+    data: &[f64],
+    y: &Labels,
+    b: usize,
+) -> Result<(f64, Vec<f64>)> {
+    let emb = Var::from_tensor(&Tensor::from_vec(data.to_vec(), (b, DIM), &Device::Cpu)?)?;
+    let l = loss.forward(emb.as_tensor(), y)?;
     let grads = l.backward()?;
     let g = grads
         .get(&emb)
         .context("no gradient")?
         .flatten_all()?
         .to_vec1::<f64>()?;
-    let value = l.to_scalar::<f64>()?;
+    Ok((l.to_scalar::<f64>()?, g))
+}
+
+/// Writes a B = 64 `f64` batch with our Smooth-AP and RaMBO (recall, log log: the benchmark's
+/// configuration) values and gradients, for the cross-check in `losses_vs_torch.py`.
+fn write_check(path: &str) -> Result<()> {
+    let b = 64;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
+    let data: Vec<f64> = (0..b * DIM)
+        .map(|_| StandardNormal.sample(&mut rng))
+        .collect();
+    let y = labels(b)?;
+    let (smooth_ap, smooth_ap_grad) = value_and_gradient(&SmoothAp::default(), &data, &y, b)?;
+    let rambo_loss = make_loss("rambo", &y)?;
+    let (rambo, rambo_grad) = value_and_gradient(rambo_loss.as_ref(), &data, &y, b)?;
     let out = serde_json::json!({
         "B": b,
         "D": DIM,
         "fine": y.column(0),
         "embeddings": data,
-        "smooth_ap_loss": value,
-        "smooth_ap_grad": g,
+        "smooth_ap_loss": smooth_ap,
+        "smooth_ap_grad": smooth_ap_grad,
+        "rambo_loss": rambo,
+        "rambo_grad": rambo_grad,
     });
     std::fs::write(path, out.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"check": "smooth-ap", "B": b, "dtype": "f64", "rankwise_loss": value, "written": path})
+        serde_json::json!({"check": ["smooth-ap", "rambo"], "B": b, "dtype": "f64",
+            "smooth_ap_loss": smooth_ap, "rambo_loss": rambo, "written": path})
     );
     Ok(())
 }
@@ -212,8 +228,9 @@ fn main() -> Result<()> {
             "--batch" => batches.push(args.next().context("--batch B")?.parse()?),
             "--reps" => reps = Some(args.next().context("--reps N")?.parse()?),
             "--no-malloc-tuning" => tune_malloc = false,
-            "--check-smooth-ap" => {
-                return check_smooth_ap(&args.next().context("--check-smooth-ap PATH")?)
+            // `--check-smooth-ap`: the name from before RaMBO joined the check.
+            "--check" | "--check-smooth-ap" => {
+                return write_check(&args.next().context("--check PATH")?)
             }
             // `cargo bench` passes `--bench` to harness-less targets.
             "--bench" => {}

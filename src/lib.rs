@@ -15,6 +15,7 @@ pub mod data;
 pub mod error;
 pub mod experiments;
 pub mod fewshot;
+pub(crate) mod helper_threads;
 pub mod hierarchy;
 pub(crate) mod host_sums;
 pub mod io;

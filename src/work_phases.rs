@@ -18,6 +18,7 @@
 //! [`DisjointChunks`] lets the chunks of a phase write their own parts of one buffer, and a
 //! later phase read the whole of it.
 
+use crate::helper_threads;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
@@ -174,14 +175,25 @@ pub(crate) fn run_phases(phases: &[Phase<'_>]) {
         work(&progress, phases);
         return;
     }
+    let job = || work(&progress, phases);
+    // From outside the rayon pool (the usual caller: a training loop or a notebook), the
+    // dedicated helpers, which stay awake between the passes of a step; from a rayon worker, or
+    // while the helpers run another call, the pool itself.
+    if rayon::current_thread_index().is_none() {
+        if let Some(pool) = helper_threads::helpers() {
+            if pool.try_run(helpers, &job) {
+                return;
+            }
+        }
+    }
     // `in_place_scope` keeps the calling thread working (a plain `scope` would move the body
     // into the pool and block the caller), and waits for the helpers before returning, which
     // is what lets the phases borrow the caller's data.
     rayon::in_place_scope(|scope| {
         for _ in 0..helpers {
-            scope.spawn(|_| work(&progress, phases));
+            scope.spawn(|_| job());
         }
-        work(&progress, phases);
+        job();
     });
 }
 

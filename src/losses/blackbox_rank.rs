@@ -45,23 +45,160 @@ impl RankUnits {
     }
 }
 
+/// An integer with the order of `x` (not NaN): `order_key(a) < order_key(b)` exactly when
+/// `a < b`, and −0.0 and +0.0 get the same key (they compare equal).
+#[inline]
+fn order_key(x: f64) -> u64 {
+    // −0.0 + 0.0 = +0.0; every other value is unchanged.
+    let bits = (x + 0.0).to_bits();
+    if bits >> 63 == 1 {
+        !bits // negative: a larger magnitude is smaller
+    } else {
+        bits | (1 << 63)
+    }
+}
+
 /// 1-based descending ranks of `scores` (RaMBO Eq. 2) with the tie rule of the module
 /// documentation (equal scores: the earlier index ranks first). `scores` must not contain NaN.
 pub fn descending_ranks(scores: &[f64]) -> Vec<usize> {
-    // Sorting (score, index) pairs by descending score, then ascending index, is the stable
-    // order, and faster than an indirect sort of indices. `partial_cmp` (not `total_cmp`) so
-    // that −0.0 and +0.0 tie, as they compare equal.
-    let mut order: Vec<(f64, usize)> = scores.iter().copied().zip(0..).collect();
-    order.sort_unstable_by(|a, b| {
-        b.0.partial_cmp(&a.0)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.1.cmp(&b.1))
-    });
+    // Sorting (key, index) pairs of integers gives the order (descending score, then ascending
+    // index) with the tuples' own comparison instead of a `partial_cmp` closure with its NaN
+    // branch. The key is inverted for the descending order.
+    let mut order: Vec<(u64, usize)> = scores.iter().map(|&s| !order_key(s)).zip(0..).collect();
+    order.sort_unstable();
     let mut ranks = vec![0usize; scores.len()];
     for (position, &(_, i)) in order.iter().enumerate() {
         ranks[i] = position + 1;
     }
     ranks
+}
+
+/// Whether entry `a` (score `ya`) ranks ahead of entry `b` (score `yb`) under the tie rule.
+#[inline(always)]
+fn ahead(ya: f64, a: usize, yb: f64, b: usize) -> bool {
+    ya > yb || (ya == yb && a < b)
+}
+
+/// The ranks [`descending_ranks`] gives the entries `which` of `scores` (in the order of
+/// `which`), found by counting the entries ahead of each: `O(n · which.len())` without sorting,
+/// for losses that read only a few ranks (RaMBO's read the relevant items' ranks only).
+pub fn ranks_of(scores: &[f64], which: &[usize]) -> Vec<usize> {
+    which
+        .iter()
+        .map(|&i| {
+            let y = scores[i];
+            // Earlier entries rank ahead when ≥ (ties go to the earlier index), later ones
+            // when >. Counted branch-free so that the loops vectorise.
+            let before: usize = scores[..i].iter().map(|&s| (s >= y) as usize).sum();
+            let after: usize = scores[i + 1..].iter().map(|&s| (s > y) as usize).sum();
+            1 + before + after
+        })
+        .collect()
+}
+
+/// The most perturbed entries for which [`sparse_blackbox_gradient`] updates ranks instead of
+/// sorting: the update costs `O(n · k)` for `k` perturbed entries against the sort's
+/// `O(n log n)`.
+const MOST_MOVES: usize = 32;
+
+/// The rank changes `rk(y + λ·g) − rk(y)` of the entries that do not move (`moved`: the
+/// entries with `g ≠ 0` and their new scores); the moved entries' own slots are left at 0.
+///
+/// An unmoved entry keeps its order with every other unmoved entry, so its rank changes by the
+/// moved entries that are ahead of it now minus those that were ahead before. A moved entry
+/// `i` is ahead of an entry `j < i` only on a strictly larger score, of one after it on a
+/// larger or equal one (the tie rule); the two sides are separate loops so that they compile
+/// to branch-free vector code.
+fn unmoved_rank_changes(scores: &[f64], moved: &[(usize, f64)]) -> Vec<isize> {
+    let mut change = vec![0isize; scores.len()];
+    for &(i, yi) in moved {
+        let y0 = scores[i];
+        let (change_before, rest) = change.split_at_mut(i);
+        for (c, &y) in change_before.iter_mut().zip(&scores[..i]) {
+            *c += isize::from(yi > y) - isize::from(y0 > y);
+        }
+        for (c, &y) in rest[1..].iter_mut().zip(&scores[i + 1..]) {
+            *c += isize::from(yi >= y) - isize::from(y0 >= y);
+        }
+    }
+    for &(i, _) in moved {
+        change[i] = 0;
+    }
+    change
+}
+
+/// The rank of moved entry `i` at its new score `yi`: counted over the old scores, then
+/// corrected for the other moved entries' new scores.
+fn moved_rank(scores: &[f64], moved: &[(usize, f64)], i: usize, yi: f64) -> usize {
+    let before: usize = scores[..i].iter().map(|&y| usize::from(y >= yi)).sum();
+    let after: usize = scores[i + 1..].iter().map(|&y| usize::from(y > yi)).sum();
+    let mut rank = 1 + before + after;
+    for &(k, yk) in moved {
+        if k != i {
+            rank =
+                rank + usize::from(ahead(yk, k, yi, i)) - usize::from(ahead(scores[k], k, yi, i));
+        }
+    }
+    rank
+}
+
+/// [`blackbox_gradient`] of the ranks of `scores` (`−(rk(y) − rk(y + λ·g))/λ`, RaMBO
+/// Algorithm 1) without sorting, when few entries of `grad` are non-zero — RaMBO's losses read
+/// only the relevant items' ranks, so only those entries move. The same values bit for bit.
+///
+/// Only the moved entries and the entries they pass change rank; every other entry's gradient
+/// is `−(r − r)/λ = −0` whatever its rank `r`. So the ranks needed are those of the moved and
+/// the passed entries, counted one by one (`O(n)` each) unless so many are passed that one sort
+/// costs less. Falls back to [`blackbox_gradient`] when more than [`MOST_MOVES`] entries move.
+pub fn sparse_blackbox_gradient(
+    scores: &[f64],
+    grad: &[f64],
+    lambda: f64,
+    units: RankUnits,
+) -> Vec<f64> {
+    let n = scores.len();
+    // The same arithmetic as the dense path: y + λ·g (y itself where g = 0).
+    let moved: Vec<(usize, f64)> = grad
+        .iter()
+        .enumerate()
+        .filter(|&(_, &g)| g != 0.0)
+        .map(|(i, &g)| (i, scores[i] + lambda * g))
+        .collect();
+    if moved.len() > MOST_MOVES {
+        return blackbox_gradient(scores, &rank_values(scores, units), grad, lambda, units);
+    }
+    let gradient = |r: usize, rl: usize| -(units.value(r, n) - units.value(rl, n)) / lambda;
+    // The dense path's value for an entry whose rank does not change: −(r − r)/λ = −0/λ.
+    let unchanged = -0.0f64 / lambda;
+    let change = unmoved_rank_changes(scores, &moved);
+    let passed: Vec<usize> = (0..n).filter(|&j| change[j] != 0).collect();
+    let mut out = vec![unchanged; n];
+    // A sort costs about n·log₂(n) comparisons and a count about n: count while the passed
+    // entries number at most 2·log₂(n) (an estimate of the break-even, erring on the sort).
+    let most_counted = 2 * (usize::BITS - n.leading_zeros()) as usize;
+    if passed.len() + moved.len() <= most_counted {
+        let which: Vec<usize> = passed
+            .iter()
+            .chain(moved.iter().map(|m| &m.0))
+            .copied()
+            .collect();
+        let ranks = ranks_of(scores, &which);
+        for (&j, &r) in passed.iter().zip(&ranks) {
+            out[j] = gradient(r, r.wrapping_add_signed(change[j]));
+        }
+        for (&(i, yi), &r) in moved.iter().zip(&ranks[passed.len()..]) {
+            out[i] = gradient(r, moved_rank(scores, &moved, i, yi));
+        }
+    } else {
+        let ranks = descending_ranks(scores);
+        for &j in &passed {
+            out[j] = gradient(ranks[j], ranks[j].wrapping_add_signed(change[j]));
+        }
+        for &(i, yi) in &moved {
+            out[i] = gradient(ranks[i], moved_rank(scores, &moved, i, yi));
+        }
+    }
+    out
 }
 
 /// Ranks of `scores` as values in `units`.
@@ -251,6 +388,80 @@ mod tests {
             blackbox_gradient(&y, &rk, &g, 2.0, RankUnits::Integer),
             vec![0.5, 0.5, -1.0]
         );
+    }
+
+    /// Scores on a coarse grid (many ties, ±0) and a gradient with `k` non-zero entries.
+    fn tied_case(n: usize, k: usize, seed: u64) -> (Vec<f64>, Vec<f64>) {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let scores: Vec<f64> = (0..n)
+            .map(|_| {
+                let v = f64::from(rng.random_range(-4i32..=4)) / 4.0;
+                if v == 0.0 && rng.random_bool(0.5) {
+                    -0.0
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let mut grad = vec![0.0; n];
+        for _ in 0..k {
+            let i = rng.random_range(0..n);
+            grad[i] = f64::from(rng.random_range(-8i32..=8)) / 8.0;
+        }
+        (scores, grad)
+    }
+
+    #[test]
+    fn the_key_sort_gives_the_comparison_sort_ranks() {
+        for seed in 0..50 {
+            let (scores, _) = tied_case(40, 0, seed);
+            let mut order: Vec<(f64, usize)> = scores.iter().copied().zip(0..).collect();
+            order.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap().then(a.1.cmp(&b.1)));
+            let mut expected = vec![0; scores.len()];
+            for (p, &(_, i)) in order.iter().enumerate() {
+                expected[i] = p + 1;
+            }
+            assert_eq!(descending_ranks(&scores), expected, "seed {seed}");
+        }
+        let extremes = [
+            f64::INFINITY,
+            -f64::MAX,
+            f64::MIN_POSITIVE,
+            -0.0,
+            f64::NEG_INFINITY,
+        ];
+        assert_eq!(descending_ranks(&extremes), vec![1, 4, 2, 3, 5]);
+    }
+
+    #[test]
+    fn counted_ranks_and_the_sparse_gradient_equal_the_sorting_path() {
+        for seed in 0..200 {
+            let n = 1 + (seed as usize * 7919 % 300);
+            let k = seed as usize % (MOST_MOVES + 8); // above MOST_MOVES: the sorting path
+            let (scores, grad) = tied_case(n, k, seed);
+            let ranks = descending_ranks(&scores);
+            let which: Vec<usize> = (0..n).rev().step_by(2).collect();
+            let counted = ranks_of(&scores, &which);
+            assert!(
+                which.iter().zip(&counted).all(|(&i, &r)| ranks[i] == r),
+                "seed {seed}"
+            );
+            for lambda in [0.5, 4.0, 1e-3] {
+                for units in [RankUnits::Integer, RankUnits::Normalised] {
+                    let dense = blackbox_gradient(
+                        &scores,
+                        &rank_values(&scores, units),
+                        &grad,
+                        lambda,
+                        units,
+                    );
+                    let fast = sparse_blackbox_gradient(&scores, &grad, lambda, units);
+                    let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&fast), bits(&dense), "seed {seed}, λ {lambda}");
+                }
+            }
+        }
     }
 
     #[test]

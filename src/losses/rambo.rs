@@ -42,7 +42,9 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::losses::blackbox_rank::{blackbox_gradient, check_lambda, descending_ranks, RankUnits};
+use crate::losses::blackbox_rank::{
+    check_lambda, descending_ranks, ranks_of, sparse_blackbox_gradient, RankUnits,
+};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
@@ -424,8 +426,16 @@ pub fn ranks_among_relevant(ranks: &[usize], relevant: &[bool]) -> Vec<usize> {
     out
 }
 
+/// The most relevant items of a sequence whose ranks are counted ([`ranks_of`], `O(n · P)`)
+/// rather than read off a sort of the whole sequence (`O(n log n)`). The value pass reads the
+/// relevant items' ranks only; at B = 256 with 4 images per class (P = 3) sorting every
+/// sequence was most of the step.
+const MOST_COUNTED: usize = 64;
+
 /// A sequence's integer ranks (after the margin shift) and ranks among the relevant items.
 struct RankedSequence {
+    /// The rank of every entry, or of the relevant entries only (0 for the others) when they
+    /// were counted.
     ranks: Vec<usize>,
     ranks_pos: Vec<usize>,
     relevant: Vec<bool>,
@@ -434,10 +444,19 @@ struct RankedSequence {
 
 impl RankedSequence {
     fn new(shifted: &[f64], relevant: &[bool]) -> Self {
-        let ranks = descending_ranks(shifted);
+        let positives: Vec<usize> = (0..relevant.len()).filter(|&i| relevant[i]).collect();
+        let ranks = if positives.len() <= MOST_COUNTED {
+            let mut ranks = vec![0; shifted.len()];
+            for (&i, r) in positives.iter().zip(ranks_of(shifted, &positives)) {
+                ranks[i] = r;
+            }
+            ranks
+        } else {
+            descending_ranks(shifted)
+        };
         let ranks_pos = ranks_among_relevant(&ranks, relevant);
         RankedSequence {
-            num_pos: relevant.iter().filter(|&&r| r).count(),
+            num_pos: positives.len(),
             ranks,
             ranks_pos,
             relevant: relevant.to_vec(),
@@ -635,8 +654,7 @@ impl RowLoss for RamboRows {
                 }
             })
             .collect();
-        let ranks: Vec<f64> = ranked.ranks.iter().map(|&r| units.value(r, n)).collect();
-        let grad = blackbox_gradient(&eval.shifted, &ranks, &grad_rank, self.cfg.lambda, units);
+        let grad = sparse_blackbox_gradient(&eval.shifted, &grad_rank, self.cfg.lambda, units);
         for (g, &j) in grad.iter().zip(&cols) {
             out[j] += g;
         }
