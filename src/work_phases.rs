@@ -284,6 +284,28 @@ pub(crate) fn unwritten<T>(n: usize) -> Vec<MaybeUninit<T>> {
     v
 }
 
+/// A place a row writer stores a value into: an initialised element, or an element of an
+/// [`unwritten`] buffer (so that a buffer whose every element a pass writes need not be filled
+/// with zeros first).
+pub(crate) trait Slot<T> {
+    /// Stores `value`.
+    fn set(&mut self, value: T);
+}
+
+impl<T> Slot<T> for T {
+    #[inline(always)]
+    fn set(&mut self, value: T) {
+        *self = value;
+    }
+}
+
+impl<T> Slot<T> for MaybeUninit<T> {
+    #[inline(always)]
+    fn set(&mut self, value: T) {
+        self.write(value);
+    }
+}
+
 /// `part` with every element set to `value`, as initialised elements.
 pub(crate) fn filled<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
     part.fill(MaybeUninit::new(value));

@@ -23,6 +23,7 @@
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};
+use crate::work_phases::Slot;
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
@@ -250,11 +251,11 @@ fn normalise_rows<T: WithDType + Into<f64>>(
 /// Writes `row/‖row‖` into `u` and returns `‖row‖` (in `f64`). Inlined so that it runs on the
 /// SIMD level of the caller's [`vectorised`] block.
 #[inline(always)]
-fn normalise_row<T: WithDType + Into<f64>>(row: &[T], u: &mut [T]) -> f64 {
+fn normalise_row<T: WithDType + Into<f64>, O: Slot<T>>(row: &[T], u: &mut [O]) -> f64 {
     let n = sum_squares(row).sqrt();
     let inv = 1.0 / n;
     for (u, &v) in u.iter_mut().zip(row) {
-        *u = T::from_f64(v.into() * inv);
+        u.set(T::from_f64(v.into() * inv));
     }
     n
 }
@@ -263,22 +264,22 @@ fn normalise_row<T: WithDType + Into<f64>>(row: &[T], u: &mut [T]) -> f64 {
 /// normalised (`norm = Some(‖xᵢ‖)`, `e = êᵢ`), else `g`; computed in `f64` and rounded once into
 /// `o`. Inlined for the caller's [`vectorised`] block.
 #[inline(always)]
-fn finish_row<U: Copy + Into<f64>, T: WithDType>(
+fn finish_row<U: Copy + Into<f64>, T: WithDType, O: Slot<T>>(
     g: &[f64],
     e: &[U],
     norm: Option<f64>,
-    o: &mut [T],
+    o: &mut [O],
 ) {
     let Some(norm) = norm else {
         o.iter_mut()
             .zip(g.iter())
-            .for_each(|(o, &v)| *o = T::from_f64(v));
+            .for_each(|(o, &v)| o.set(T::from_f64(v)));
         return;
     };
     let dot = dot(g, e);
     let inv = 1.0 / norm;
     for ((o, &g), &e) in o.iter_mut().zip(g.iter()).zip(e) {
-        *o = T::from_f64((g - e.into() * dot) * inv);
+        o.set(T::from_f64((g - e.into() * dot) * inv));
     }
 }
 
@@ -552,13 +553,21 @@ fn dense_input_gradient<U: Copy + Into<f64> + Sync>(
 /// The non-zero entries `(j, row[j])` of `row` in column order, or `None` as soon as there are
 /// more than `cap` of them.
 fn nonzeros_up_to(row: &[f64], cap: usize) -> Option<Vec<(usize, f64)>> {
+    // Blocks of 8 are tested at once (a branch-free test that vectorises) and only blocks with
+    // a non-zero are walked: the rows of a sparse G are nearly all zeros.
+    const BLOCK: usize = 8;
     let mut list = Vec::new();
-    for (j, &w) in row.iter().enumerate() {
-        if w != 0.0 {
-            if list.len() == cap {
-                return None;
+    for (b, block) in row.chunks(BLOCK).enumerate() {
+        if block.iter().fold(true, |zero, &w| zero & (w == 0.0)) {
+            continue;
+        }
+        for (k, &w) in block.iter().enumerate() {
+            if w != 0.0 {
+                if list.len() == cap {
+                    return None;
+                }
+                list.push((b * BLOCK + k, w));
             }
-            list.push((j, w));
         }
     }
     Some(list)

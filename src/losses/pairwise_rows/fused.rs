@@ -207,8 +207,8 @@ fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
         let normalise_chunk = |c: usize| {
             // SAFETY: chunk c is the only writer of part c of both buffers, and nothing reads
             // them during this phase.
+            // Every element of the part is written below (a row of `u` per row of `xs`).
             let (u, n) = unsafe { (unit_parts.part_mut(c), norm_parts.part_mut(c)) };
-            let u = filled(u, T::from_f64(0.0));
             let xs = &x[c * rows * d..][..u.len()];
             vectorised(
                 #[inline(always)]
@@ -417,9 +417,9 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
 
     /// Row `i` of `∂loss/∂x` into `o` from row `g` of `∂loss/∂Ê` ([`finish_row`]).
     #[inline(always)]
-    fn finish(&self, i: usize, g: &[f64], o: &mut [T]) {
+    fn finish(&self, i: usize, g: &[f64], o: &mut [std::mem::MaybeUninit<T>]) {
         let d = self.d;
-        finish_row(
+        finish_row::<T, T, _>(
             g,
             &self.unit[i * d..(i + 1) * d],
             self.norms.map(|n| n[i]),
@@ -456,10 +456,17 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
                     if dense.load(Ordering::Relaxed) {
                         return;
                     }
-                    scratch.fill(0.0);
                     self.row_grad(c * rows + k, &mut scratch);
                     match nonzeros_up_to(&scratch, cap) {
-                        Some(l) => *list = l,
+                        Some(l) => {
+                            // Zero again only the entries the list holds (instead of the
+                            // whole row): every other entry is a zero already (possibly −0,
+                            // which a row gradient adds to like +0).
+                            for &(j, _) in &l {
+                                scratch[j] = 0.0;
+                            }
+                            *list = l;
+                        }
                         None => {
                             dense.store(true, Ordering::Relaxed);
                             return;
@@ -486,8 +493,8 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
                     return;
                 };
                 // SAFETY: the lists were written two phases ago; part c of `out` is ours.
+                // `finish` writes every element of each row of the part.
                 let (lists, o) = unsafe { (list_parts.whole(), out_parts.part_mut(c)) };
-                let o = filled(o, T::from_f64(0.0));
                 let src = SparseRows {
                     rows: lists,
                     columns,
@@ -514,7 +521,7 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
             ]);
         }
         if columns.get().is_some() {
-            // SAFETY: the gradient phase filled every part of `out`.
+            // SAFETY: the gradient phase wrote every row of `out`.
             return unsafe { into_written(out) };
         }
         drop(lists);
@@ -562,9 +569,9 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
             let product_chunk = |c: usize| {
                 // SAFETY: the rows of `sym` were written in the previous phase; part c of
                 // `out` is ours.
+                // `finish` writes every element of each row of the part.
                 let (sym, o) =
                     unsafe { (assume_written(sym_parts.whole()), out_parts.part_mut(c)) };
-                let o = filled(o, T::from_f64(0.0));
                 let (i0, len) = (c * rows, o.len() / d);
                 let block = product((len, d, b), &sym[i0 * b..(i0 + len) * b], unit, (d, 1));
                 let mut g = vec![0.0f64; d];
@@ -586,7 +593,7 @@ impl<'a, T: WithDType + Into<f64>, R: RowLoss> BackwardRows<'a, T, R> {
                 Phase::new(chunks, &product_chunk),
             ]);
         }
-        // SAFETY: the product phase filled every part of `out`.
+        // SAFETY: the product phase wrote every row of `out`.
         unsafe { into_written(out) }
     }
 }
