@@ -11,7 +11,7 @@
 //!
 //! Losses (`--loss`, repeatable; default all): `smooth-ap` (paper: query not in its own list),
 //! `happier` (`HapLoss::default()` — paper mode, `H-rank^>` optimised — plus the 0.1-weighted
-//! clustering loss), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
+//! clustering loss), `roadmap` (`Roadmap::default()`: SupAP + the 0.9/0.6 calibration, weights 1/1), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
 //! `triplet-semihard` (FaceNet semi-hard, margin 0.05). `--batch` is repeatable too.
 //!
 //! Labels: 4 images per fine class (`fine = i / 4`), and 2 coarse classes per batch
@@ -33,8 +33,8 @@
 //! calling thread; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default); the JSON line says
 //! which (`candle_threads`).
 //!
-//! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP and RaMBO
-//! values and gradients to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
+//! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP, RaMBO and
+//! ROADMAP values and gradients to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -45,6 +45,7 @@ use rankwise::losses::contrastive::Contrastive;
 use rankwise::losses::fastap::FastAp;
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::rambo::{Rambo, RecallWeight};
+use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
 use rankwise::losses::triplet::{Triplet, TripletMining};
 use rankwise::losses::RankLoss;
@@ -52,9 +53,10 @@ use rankwise::Labels;
 use std::time::Instant;
 
 const DIM: usize = 512;
-const LOSSES: [&str; 6] = [
+const LOSSES: [&str; 7] = [
     "smooth-ap",
     "happier",
+    "roadmap",
     "fastap",
     "rambo",
     "contrastive",
@@ -99,6 +101,7 @@ fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
             let cluster = ClusterLoss::new(&classes, DIM, 0, DType::F32, &Device::Cpu)?;
             Box::new(Happier::new(HapLoss::default(), cluster))
         }
+        "roadmap" => Box::new(Roadmap::default()),
         "fastap" => Box::new(FastAp::default()),
         "rambo" => Box::new(Rambo::recall(RecallWeight::LogLog)),
         "contrastive" => Box::new(Contrastive::default()),
@@ -185,8 +188,9 @@ fn value_and_gradient(
     Ok((l.to_scalar::<f64>()?, g))
 }
 
-/// Writes a B = 64 `f64` batch with our Smooth-AP and RaMBO (recall, log log: the benchmark's
-/// configuration) values and gradients, for the cross-check in `losses_vs_torch.py`.
+/// Writes a B = 64 `f64` batch with our Smooth-AP, RaMBO (recall, log log: the benchmark's
+/// configuration) and ROADMAP values and gradients, for the cross-check in
+/// `losses_vs_torch.py`.
 fn write_check(path: &str) -> Result<()> {
     let b = 64;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
@@ -197,6 +201,7 @@ fn write_check(path: &str) -> Result<()> {
     let (smooth_ap, smooth_ap_grad) = value_and_gradient(&SmoothAp::default(), &data, &y, b)?;
     let rambo_loss = make_loss("rambo", &y)?;
     let (rambo, rambo_grad) = value_and_gradient(rambo_loss.as_ref(), &data, &y, b)?;
+    let (roadmap, roadmap_grad) = value_and_gradient(&Roadmap::default(), &data, &y, b)?;
     let out = serde_json::json!({
         "B": b,
         "D": DIM,
@@ -206,12 +211,15 @@ fn write_check(path: &str) -> Result<()> {
         "smooth_ap_grad": smooth_ap_grad,
         "rambo_loss": rambo,
         "rambo_grad": rambo_grad,
+        "roadmap_loss": roadmap,
+        "roadmap_grad": roadmap_grad,
     });
     std::fs::write(path, out.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"check": ["smooth-ap", "rambo"], "B": b, "dtype": "f64",
-            "smooth_ap_loss": smooth_ap, "rambo_loss": rambo, "written": path})
+        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap"], "B": b, "dtype": "f64",
+            "smooth_ap_loss": smooth_ap, "rambo_loss": rambo, "roadmap_loss": roadmap,
+            "written": path})
     );
     Ok(())
 }

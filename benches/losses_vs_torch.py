@@ -27,6 +27,10 @@ Implementations (all take raw embeddings and L2-normalise them first, as rankwis
   continuous H_s^< (tau 0.01, rho 100, delta 0.05, start 0.5), `with_hrank` = True with H_s^>
   (gamma 10, nu 25, mu 0.5), exact Heaviside with H(0) = 1 elsewhere), plus
   0.1 * the normalised-softmax cluster loss (temperature 0.05), total 0.9 * H-AP loss + 0.1 * CE.
+* roadmap: ROADMAP's loss as its repository weighs it (`roadmap.yaml`: 1 * SupAP + 1 *
+  calibration): SupAP written as the HAPPIER code above with binary relevance (query excluded,
+  rank over the negatives through H_s^< with tau 0.01, rho 100, delta 0.05, start 0.5, exact
+  Heaviside elsewhere, B x B x B), plus the contrastive calibration loss below (0.9 / 0.6).
 * fastap: pytorch-metric-learning's `FastAPLoss` (10 bins, squared L2 distance, L x B x B
   pulse tensor).
 * contrastive: pml `ContrastiveLoss` semantics (cosine, pos margin 0.9, neg margin 0.6, each
@@ -52,12 +56,12 @@ import time
 import torch
 
 DIM = 512
-LOSSES = ["smooth-ap", "happier", "fastap", "rambo", "contrastive", "triplet-semihard"]
+LOSSES = ["smooth-ap", "happier", "roadmap", "fastap", "rambo", "contrastive", "triplet-semihard"]
 BATCHES = [128, 256, 384, 1024, 4096]
 # B^3-sized f32 tensors' worth of memory at the peak of forward + backward, from the peak RSS
 # measured at B = 384 minus the ~516 MiB of `import torch` (9.1, 9.7 and 4.6), rounded up; a
 # configuration is skipped when count * B^3 * 4 bytes exceeds the limit.
-CUBE_TENSORS = {"smooth-ap": 10, "happier": 10, "triplet-semihard": 5}
+CUBE_TENSORS = {"smooth-ap": 10, "happier": 10, "roadmap": 10, "triplet-semihard": 5}
 LIMIT_GB = 12.0
 
 
@@ -227,6 +231,29 @@ def triplet_semihard(emb, fine, margin=0.05):
     return avg_nonzero(cost, semihard)
 
 
+# ---------------------------------------------------------------- ROADMAP (SupAP + calibration)
+def sup_ap(emb, fine):
+    v = torch.nn.functional.normalize(emb, dim=1)
+    b = v.shape[0]
+    scores = v @ v.t()
+    eye = torch.eye(b, dtype=torch.bool)
+    pos = (fine[:, None] == fine[None, :]) & ~eye
+    # t[q, k, j] = s[q, j] - s[q, k]; j != k and j != q
+    t = scores.unsqueeze(1) - scores.unsqueeze(2)
+    valid = (~eye).unsqueeze(0) & (~eye).unsqueeze(1)
+    pos_k, pos_j = pos.unsqueeze(2), pos.unsqueeze(1)
+    h = heaviside(t)
+    rank = 1.0 + (torch.where(pos_k & ~pos_j, step_rank(t), h) * valid).sum(-1)
+    rank_pos = 1.0 + (h * (pos_j & valid)).sum(-1)
+    ap = torch.where(pos, rank_pos / rank, torch.zeros_like(rank)).sum(1) / pos.sum(1).clamp(min=1)
+    has_pos = pos.any(1)
+    return (1.0 - ap[has_pos]).mean()
+
+
+def roadmap(emb, fine):
+    return sup_ap(emb, fine) + contrastive(emb, fine)
+
+
 # ---------------------------------------------------------------- RaMBO (blackbox-backprop)
 def rank_normalised(seq):
     """1-based descending ranks along dim 1, divided by the sequence length."""
@@ -279,6 +306,7 @@ def run_one(name, b, reps):
     fns = {
         "smooth-ap": lambda e: smooth_ap(e, fine),
         "happier": lambda e: happier(e, fine, coarse, proxies),
+        "roadmap": lambda e: roadmap(e, fine),
         "fastap": lambda e: fastap(e, fine),
         "rambo": lambda e: rambo(e, fine),
         "contrastive": lambda e: contrastive(e, fine),
@@ -329,7 +357,8 @@ def check(path):
     b, d = ref["B"], ref["D"]
     fine = torch.tensor(ref["fine"])
     failed = 0
-    for name, key, fn in [("smooth-ap", "smooth_ap", smooth_ap), ("rambo", "rambo", rambo)]:
+    checks = [("smooth-ap", "smooth_ap", smooth_ap), ("roadmap", "roadmap", roadmap), ("rambo", "rambo", rambo)]
+    for name, key, fn in checks:
         if key + "_loss" not in ref:
             continue
         emb = torch.tensor(ref["embeddings"], dtype=torch.float64).view(b, d).requires_grad_()
@@ -364,7 +393,7 @@ def table(rust_path, torch_path):
     rust, tch = load(rust_path), load(torch_path)
     print("| loss | B | rankwise s | torch s | torch / rankwise | rankwise peak RSS (MiB) | torch peak RSS (MiB) |")
     print("|---|---|---|---|---|---|---|")
-    order = ["smooth-ap", "happier", "fastap", "rambo", "contrastive", "triplet-semihard"]
+    order = LOSSES
     for name in order:
         for b in BATCHES:
             r, t = rust.get((name, b)), tch.get((name, b))
