@@ -18,9 +18,10 @@
 //! (`coarse = fine mod 2`, SOP's hierarchical sampler), used by HAPPIER only. Embeddings:
 //! standard normal (ChaCha8, seed 0), L2-normalised inside each loss.
 //!
-//! Each configuration: one warm-up run, then `--reps` timed runs (default 5 up to B = 384, 3 at
-//! 1024, 2 at 4096) of forward + backward (the gradient is read back to force it); the median
-//! is reported. The peak RSS (`VmHWM`) is reset through `/proc/self/clear_refs` before each
+//! Each configuration: one warm-up run, then timed runs of forward + backward (the gradient is
+//! read back to force it) — `--reps N` of them, or by default at least 5 up to B = 384, 3 at
+//! 1024, 2 at 4096, and more until the timed runs add up to 1 s (at most 200), so that fast
+//! configurations are timed in their steady state — and the median is reported. The peak RSS (`VmHWM`) is reset through `/proc/self/clear_refs` before each
 //! configuration (after the embeddings are made), so it is the peak of that configuration plus
 //! the process's baseline; for a clean number run one configuration per process. One JSON line
 //! per configuration on stdout.
@@ -63,6 +64,10 @@ const LOSSES: [&str; 7] = [
     "triplet-semihard",
 ];
 const BATCHES: [usize; 5] = [128, 256, 384, 1024, 4096];
+/// Timed steps are added until they sum to this many seconds (see [`bench`]).
+const TIME_BUDGET_S: f64 = 1.0;
+/// The most timed steps of a configuration without `--reps`.
+const MAX_REPS: usize = 200;
 
 fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -125,11 +130,21 @@ fn bench(
     malloc_tuned: bool,
     threads: rankwise::cpu_threads::ThreadTuning,
 ) -> Result<()> {
-    let reps = reps.unwrap_or(match b {
-        0..=384 => 5,
-        385..=1024 => 3,
-        _ => 2,
-    });
+    // `--reps N`: exactly N timed steps. Default: at least MIN_REPS(B), then more until the
+    // timed steps add up to TIME_BUDGET (at most MAX_REPS), so that a fast configuration is
+    // measured in its steady state rather than over its first few steps (page faults of fresh
+    // buffers, threads starting), as a training loop sees it.
+    let (min_reps, max_reps) = match reps {
+        Some(n) => (n, n),
+        None => (
+            match b {
+                0..=384 => 5,
+                385..=1024 => 3,
+                _ => 2,
+            },
+            MAX_REPS,
+        ),
+    };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let data: Vec<f32> = (0..b * DIM)
         .map(|_| StandardNormal.sample(&mut rng))
@@ -139,7 +154,10 @@ fn bench(
     reset_peak_rss();
     let mut times = Vec::new();
     let mut value = f32::NAN;
-    for rep in 0..=reps {
+    let mut rep = 0;
+    while times.len() < min_reps
+        || (times.len() < max_reps && times.iter().sum::<f64>() < TIME_BUDGET_S)
+    {
         let emb = Var::from_vec(data.clone(), (b, DIM), &Device::Cpu)?;
         let t0 = Instant::now();
         let l = loss.forward(emb.as_tensor(), &y)?;
@@ -151,7 +169,9 @@ fn bench(
         if rep > 0 {
             times.push(dt);
         }
+        rep += 1;
     }
+    let reps = times.len();
     let line = serde_json::json!({
         "impl": "rankwise",
         "loss": name,

@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -63,6 +62,8 @@ BATCHES = [128, 256, 384, 1024, 4096]
 # configuration is skipped when count * B^3 * 4 bytes exceeds the limit.
 CUBE_TENSORS = {"smooth-ap": 10, "happier": 10, "roadmap": 10, "triplet-semihard": 5}
 LIMIT_GB = 12.0
+TIME_BUDGET_S = 1.0
+MAX_REPS = 200
 
 
 def peak_rss_mib():
@@ -316,7 +317,11 @@ def run_one(name, b, reps):
     reset_peak_rss()
     times = []
     value = float("nan")
-    for rep in range(reps + 1):
+    # As the Rust side: `reps` timed steps when given, else at least default_reps(b) and more
+    # until they add up to TIME_BUDGET_S (at most MAX_REPS), for the steady state.
+    min_reps, max_reps = (reps, reps) if reps else (default_reps(b), MAX_REPS)
+    rep = 0
+    while len(times) < min_reps or (len(times) < max_reps and sum(times) < TIME_BUDGET_S):
         emb = data.clone().requires_grad_()
         t0 = time.perf_counter()
         loss = fn(emb)
@@ -326,6 +331,7 @@ def run_one(name, b, reps):
         value = float(loss.detach())
         if rep > 0:
             times.append(dt)
+        rep += 1
     return {
         "impl": "torch",
         "torch": torch.__version__,
@@ -333,8 +339,9 @@ def run_one(name, b, reps):
         "B": b,
         "D": DIM,
         "threads": torch.get_num_threads(),
-        "reps": reps,
-        "seconds": statistics.median(times),
+        "reps": len(times),
+        # the upper median, as the Rust side (with 2 steps, the slower one)
+        "seconds": sorted(times)[len(times) // 2],
         "seconds_all": times,
         "loss_value": value,
         "peak_rss_mib": peak_rss_mib(),
@@ -429,7 +436,7 @@ def main():
         return table(*args.table)
     if args.one:
         name, b = args.one[0], int(args.one[1])
-        print(json.dumps(run_one(name, b, args.reps or default_reps(b))), flush=True)
+        print(json.dumps(run_one(name, b, args.reps)), flush=True)
         return 0
     out = open(args.out, "a") if args.out else None
     for b in args.batch or BATCHES:

@@ -1,14 +1,15 @@
 //! A fixed set of helper threads that wait for work by spinning for a short while before they
 //! sleep, for [`crate::work_phases::run_phases`] called from outside the rayon pool.
 //!
-//! Why not rayon's own workers: a job injected from outside the pool wakes a sleeping worker,
-//! and rayon then wakes and idles *both* of a 2-core machine's workers, so the caller and two
-//! workers share two cores. Measured at B = 256 on the 2-core VM (contrastive step, 2 threads):
-//! the caller ran 100% of the time and the two workers 55% and 35%; the step took 0.6 ms in
-//! some stretches and 0.73–1.21 ms in others, stretches of a second or more. Here exactly
-//! `threads − 1` helpers take part, and a helper that finished a job keeps looking for the next
-//! one for [`SPIN_WINDOW`] before it parks, so the backward pass that follows a forward pass
-//! (tens to hundreds of µs later) finds it awake, as an OpenMP runtime's threads would be.
+//! Why not rayon's own workers: with them as the helpers of a call made from outside the pool,
+//! *both* workers of a 2-thread pool took CPU time (sampled over a second of the contrastive
+//! step at B = 256: the caller 100%, the workers 55–61% and 32–35%), so three threads shared the
+//! two cores. With one dedicated helper: the caller 100%, the helper 100%, rayon's workers 0%,
+//! and the step took 0.55–0.69 ms against 0.78–0.96 ms in interleaved rounds (2-core VM,
+//! `benches/losses_vs_torch.md`). Exactly `threads − 1` helpers take part, and a helper that
+//! finished a job keeps looking for the next one for [`SPIN_WINDOW`] before it parks, so the
+//! backward pass that follows a forward pass (tens to hundreds of µs later) finds it awake, as
+//! an OpenMP runtime's threads would be.
 //!
 //! One job runs at a time: a call made while the helpers are busy (another thread's loss, or a
 //! call from inside a job) is refused, and the caller takes the rayon path instead.
@@ -22,7 +23,8 @@ use std::time::{Duration, Instant};
 /// How long a helper keeps spinning for the next job after it finished one (or woke up)
 /// before it parks. Long enough to span the gap between the forward and the backward pass of a
 /// loss step at B = 256 (the candle ops between them), short enough that an idle helper gives
-/// its core back within a fraction of a millisecond.
+/// its core back within a fraction of a millisecond. (Parking at once instead: contrastive
+/// B = 256 0.59 against 0.55 ms per step, 2 × 2000 steps each, alternating.)
 const SPIN_WINDOW: Duration = Duration::from_micros(300);
 
 /// Set in [`Shared::state`] while no job is open: a helper that arrives then must not start.

@@ -8,7 +8,9 @@
 //! times, and in the VM's slow minutes runs no faster on two threads than on one.
 //!
 //! [`run_phases`] runs all the loops of a step in one go: the calling thread starts on the first
-//! phase at once, and the other `n − 1` threads of the pool join in when they wake. Chunks of
+//! phase at once, and `n − 1` other threads join in when they wake: the process's dedicated
+//! helpers ([`crate::helper_threads`]) for a caller outside the rayon pool, else workers of the
+//! current pool. Chunks of
 //! work are *claimed* from an atomic counter rather than assigned, so a thread that wakes late
 //! (or never) only means the others claim more: no thread ever waits for work that nobody has
 //! started. Between two phases a thread waits (spinning) only for chunks another thread has
@@ -161,7 +163,8 @@ fn work(progress: &Progress, phases: &[Phase<'_>]) {
 }
 
 /// Runs the phases in order on the calling thread and up to `rayon::current_num_threads() − 1`
-/// threads of the current rayon pool, with one hand-off to the pool for the whole sequence.
+/// other threads — the dedicated helpers when the caller is outside the rayon pool and they are
+/// free, else threads of the current pool — with one hand-off for the whole sequence.
 /// Phase `p + 1` starts on a thread only when every chunk of phase `p` has finished, so it may
 /// read everything phase `p` wrote. With one thread (or a single chunk in all) the phases run
 /// on the calling thread without touching the pool. A panic in a chunk is re-raised here.
