@@ -14,6 +14,7 @@
 //! One job runs at a time: a call made while the helpers are busy (another thread's loss, or a
 //! call from inside a job) is refused, and the caller takes the rayon path instead.
 
+use crossbeam_utils::CachePadded;
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,16 +34,17 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 /// A job: the work every participating thread runs (it claims its share itself).
 type Job<'a> = &'a (dyn Fn() + Sync);
 
-/// What the caller and the helpers share.
+/// What the caller and the helpers share. The counters that threads spin on or update while
+/// others spin each have a cache line of their own.
 struct Shared {
     /// Bumped when a job is posted; a helper waits for it to change.
-    generation: AtomicU64,
+    generation: CachePadded<AtomicU64>,
     /// Points at the caller's [`Job`] while a job is open.
     job: AtomicPtr<Job<'static>>,
     /// The helpers that entered the open job, or [`CLOSED`] (plus stray counts) between jobs.
-    state: AtomicUsize,
+    state: CachePadded<AtomicUsize>,
     /// The helpers that entered the job and have finished it.
-    exited: AtomicUsize,
+    exited: CachePadded<AtomicUsize>,
     /// How many helpers (the first ones by index) the open job asks for.
     wanted: AtomicUsize,
     /// The first panic of a helper in the open job, re-raised by the caller.
@@ -73,10 +75,10 @@ impl HelperThreads {
             return None;
         }
         let shared = Arc::new(Shared {
-            generation: AtomicU64::new(0),
+            generation: CachePadded::new(AtomicU64::new(0)),
             job: AtomicPtr::new(std::ptr::null_mut()),
-            state: AtomicUsize::new(CLOSED),
-            exited: AtomicUsize::new(0),
+            state: CachePadded::new(AtomicUsize::new(CLOSED)),
+            exited: CachePadded::new(AtomicUsize::new(0)),
             wanted: AtomicUsize::new(0),
             panic: Mutex::new(None),
         });

@@ -21,6 +21,7 @@
 //! later phase read the whole of it.
 
 use crate::helper_threads;
+use crossbeam_utils::CachePadded;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
 use std::mem::MaybeUninit;
@@ -45,24 +46,31 @@ impl<'a> Phase<'a> {
     }
 }
 
-/// Claim counters of the phases, shared by the threads of one [`run_phases`] call.
+/// Claim counters of the phases, shared by the threads of one [`run_phases`] call. Each counter
+/// has a cache line of its own: a thread spins on `done[p]` at a phase boundary, and any write
+/// to a line it spins on (another counter, or a small allocation malloc put next to it) costs
+/// the writer a transfer of the line.
 struct Progress {
     /// Per phase: the next chunk to claim.
-    next: Vec<AtomicUsize>,
+    next: Vec<CachePadded<AtomicUsize>>,
     /// Per phase: the number of chunks finished (or abandoned by a panic).
-    done: Vec<AtomicUsize>,
+    done: Vec<CachePadded<AtomicUsize>>,
     /// A chunk panicked: the other threads stop claiming, and the panic is re-raised by
     /// rayon's scope once every thread has returned.
-    poisoned: AtomicBool,
+    poisoned: CachePadded<AtomicBool>,
 }
 
 impl Progress {
     /// Nothing claimed or finished yet, for `phases` phases.
     fn new(phases: usize) -> Self {
         Progress {
-            next: (0..phases).map(|_| AtomicUsize::new(0)).collect(),
-            done: (0..phases).map(|_| AtomicUsize::new(0)).collect(),
-            poisoned: AtomicBool::new(false),
+            next: (0..phases)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            done: (0..phases)
+                .map(|_| CachePadded::new(AtomicUsize::new(0)))
+                .collect(),
+            poisoned: CachePadded::new(AtomicBool::new(false)),
         }
     }
 }
@@ -484,6 +492,38 @@ mod tests {
         }));
         assert!(outcome.is_err());
         assert_eq!(later.load(Ordering::Relaxed), 0, "no phase after the panic");
+    }
+
+    #[test]
+    fn a_panicking_chunk_outside_the_pool_is_reraised_and_the_helpers_recover() {
+        // A plain thread is outside every rayon pool: the dedicated helpers take part (unless
+        // another test holds them, and then the rayon path does).
+        let outcome = std::thread::spawn(|| {
+            let boom = |c: usize| {
+                if c == 5 {
+                    panic!("chunk 5 fails");
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            };
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run_phases(&[Phase::new(16, &boom)])
+            }))
+            .is_err()
+        })
+        .join()
+        .unwrap();
+        assert!(outcome, "the chunk's panic was not re-raised");
+        // Later calls still run every chunk exactly once.
+        for _ in 0..20 {
+            let seen = Mutex::new(Vec::new());
+            let record = |c: usize| seen.lock().unwrap().push(c);
+            run_phases(&[Phase::new(9, &record), Phase::new(3, &record)]);
+            let mut seen = seen.into_inner().unwrap();
+            seen.sort_unstable();
+            let mut want: Vec<usize> = (0..9).chain(0..3).collect();
+            want.sort_unstable();
+            assert_eq!(seen, want);
+        }
     }
 
     #[test]
