@@ -85,15 +85,17 @@ fn ahead(ya: f64, a: usize, yb: f64, b: usize) -> bool {
 pub fn ranks_of(scores: &[f64], which: &[usize]) -> Vec<usize> {
     which
         .iter()
-        .map(|&i| {
-            let y = scores[i];
-            // Earlier entries rank ahead when ≥ (ties go to the earlier index), later ones
-            // when >. Counted branch-free so that the loops vectorise.
-            let before: usize = scores[..i].iter().map(|&s| (s >= y) as usize).sum();
-            let after: usize = scores[i + 1..].iter().map(|&s| (s > y) as usize).sum();
-            1 + before + after
-        })
+        .map(|&i| 1 + ahead_of(scores, i, scores[i]))
         .collect()
+}
+
+/// The entries of `scores` other than `i` that rank ahead of entry `i` if its score were `y`:
+/// earlier entries when ≥ `y` (ties go to the earlier index), later ones when > `y`. Counted
+/// branch-free so that the loops can vectorise.
+fn ahead_of(scores: &[f64], i: usize, y: f64) -> usize {
+    let before: usize = scores[..i].iter().map(|&s| usize::from(s >= y)).sum();
+    let after: usize = scores[i + 1..].iter().map(|&s| usize::from(s > y)).sum();
+    before + after
 }
 
 /// The most perturbed entries for which [`sparse_blackbox_gradient`] updates ranks instead of
@@ -130,9 +132,7 @@ fn unmoved_rank_changes(scores: &[f64], moved: &[(usize, f64)]) -> Vec<isize> {
 /// The rank of moved entry `i` at its new score `yi`: counted over the old scores, then
 /// corrected for the other moved entries' new scores.
 fn moved_rank(scores: &[f64], moved: &[(usize, f64)], i: usize, yi: f64) -> usize {
-    let before: usize = scores[..i].iter().map(|&y| usize::from(y >= yi)).sum();
-    let after: usize = scores[i + 1..].iter().map(|&y| usize::from(y > yi)).sum();
-    let mut rank = 1 + before + after;
+    let mut rank = 1 + ahead_of(scores, i, yi);
     for &(k, yk) in moved {
         if k != i {
             rank =

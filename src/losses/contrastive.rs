@@ -197,21 +197,20 @@ impl RowLoss for ContrastiveRows {
             }
             let positive = f == fq;
             let (v, _) = self.pair(s, positive);
-            let active = (v > 0.0) as usize;
             // Only active costs are added: adding the inactive ones' +0 changes no sum (the
             // sums start at +0 and stay ≥ 0) but made every pair wait for the previous
             // addition, a chain of B additions per row.
             if positive {
                 if v > 0.0 {
                     pos_sum += v;
+                    pos_active += 1;
                 }
-                pos_active += active;
                 pos_pairs += 1;
             } else {
                 if v > 0.0 {
                     neg_sum += v;
+                    neg_active += 1;
                 }
-                neg_active += active;
                 neg_pairs += 1;
             }
         }
