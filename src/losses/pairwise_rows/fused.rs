@@ -46,6 +46,26 @@ fn rows_per_chunk(b: usize) -> usize {
     b.div_ceil(2 * threads).next_multiple_of(8).clamp(8, most)
 }
 
+/// Query rows per chunk of the forward pass: `B/16` rounded up to a multiple of 16 (the height
+/// of gemm's `f32` micro-kernel), at least 16 and at most [`rows_per_chunk`], so there are about
+/// 16 chunks whatever the number of threads.
+///
+/// Why finer than the backward pass: each chunk computes the columns of `S` from its own first
+/// row on, so the products computed beyond the upper triangle shrink with the chunk height (at
+/// B = 256: 40 960 row × column products with 64-row chunks, 34 816 with 16-row ones, against
+/// 32 896 for the triangle itself), and a thread that runs slower than the other (the 2-core
+/// VM's vCPUs take turns at running 40% slower) holds up the end of a phase by one small chunk
+/// only. Not finer still: the product reads all of `Êᵀ` once per chunk. Measured (contrastive,
+/// D = 512, interleaved runs): B = 256 on 1 thread 0.92–0.93 → 0.79–0.80 ms, on 2 threads
+/// 0.55–0.58 → 0.505–0.513 ms; B = 1024 (64 rows) 6.2–8.7 → 5.9–6.1 ms; B = 4096 (256 rows)
+/// 123–135 → 108–114 ms. The backward pass keeps [`rows_per_chunk`]: its dense product
+/// re-reads `Ê` in every chunk (FastAP B = 1024: 24.4 → 27.0 ms with 16-row chunks there).
+fn forward_rows_per_chunk(b: usize) -> usize {
+    const HEIGHT: usize = 16;
+    let most = (rows_per_chunk(b) / HEIGHT * HEIGHT).max(HEIGHT);
+    b.div_ceil(16).next_multiple_of(HEIGHT).clamp(HEIGHT, most)
+}
+
 /// Rows of `Êᵀ` per chunk of the transposition: each unit row contributes a 64-byte run of
 /// `f32`, and the chunk writes 16 rows of `Êᵀ` (64 KiB at B = 1024).
 const TRANSPOSE_ROWS: usize = 16;
@@ -183,7 +203,7 @@ fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
     loss: &R,
 ) -> Result<(Option<Tensor>, Option<Vec<f64>>, Vec<f64>, Vec<R::Row>)> {
     let normalise = input == Input::Normalise;
-    let rows = rows_per_chunk(b);
+    let rows = forward_rows_per_chunk(b);
     let chunks = b.div_ceil(rows);
     let (mut unit, mut norms) = if normalise {
         (unwritten::<T>(b * d), vec![0.0f64; b])
@@ -241,10 +261,12 @@ fn forward_rows<T: WithDType + Into<f64>, R: RowLoss>(
             transpose_rows(e, (b, d), c * TRANSPOSE_ROWS, part);
         };
         // S is symmetric, so each chunk of query rows computes only its columns from its first
-        // row on (the upper triangle and the diagonal block: 5/8 of the products at B = 256
-        // with four chunks), and the next phase copies the rest from the rows above. gemm
-        // accumulates every entry over the same sequence of `k`, so `S[i, j]` and `S[j, i]`
-        // are the same float (the loss values are bit-identical to the full product's).
+        // row on (the upper triangle and the diagonal blocks: 17/32 of the products at B = 256
+        // with sixteen chunks), and the next phase copies the rest from the rows above, so
+        // `S[i, j]` and `S[j, i]` are the same float. Up to D = 512 at least (tested), gemm
+        // accumulates every entry over the same sequence of `k` whatever the block's shape, and
+        // S is bit for bit the full product; wider rows may be split differently (tested:
+        // equal up to rounding).
         let upper_chunk = |c: usize| {
             if bad_norm.load(Ordering::Relaxed) {
                 return; // reported after the pass; S of a zero row is not finite
@@ -661,8 +683,18 @@ mod tests {
     #[test]
     fn mirrored_similarities_equal_the_full_product_bit_for_bit() {
         // f32 rows, B not a multiple of the chunk height: S from the upper blocks and their
-        // mirror image must be exactly the full product (widened), both triangles.
-        let (b, d) = (150, 37);
+        // mirror image must be exactly the full product (widened), both triangles, at D = 512
+        // (the benchmarks' width) as well as a small one.
+        for (b, d) in [(150, 37), (300, 512)] {
+            mirrored_against_full(b, d, true);
+        }
+        // Wider rows take gemm through more than one block of the inner dimension, whose
+        // split may depend on the block's shape: S is then the product up to rounding, and
+        // still exactly symmetric.
+        mirrored_against_full(300, 700, false);
+    }
+
+    fn mirrored_against_full(b: usize, d: usize, bit_for_bit: bool) {
         let data: Vec<f32> = (0..b * d)
             .map(|i| ((i * 7919 % 1009) as f32 - 504.0) / 97.0)
             .collect();
@@ -680,9 +712,14 @@ mod tests {
             let full = product((b, b, d), &e, &e, (1, d));
             for i in 0..b {
                 for j in 0..b {
-                    let want = f64::from(full[i * b + j]);
-                    assert_eq!(f.sims[i * b + j].to_bits(), want.to_bits(), "({i}, {j})");
-                    assert_eq!(f.rows[i][j].to_bits(), want.to_bits(), "row ({i}, {j})");
+                    let (got, want) = (f.sims[i * b + j], f64::from(full[i * b + j]));
+                    assert_eq!(got.to_bits(), f.sims[j * b + i].to_bits(), "({i}, {j})");
+                    assert_eq!(f.rows[i][j].to_bits(), got.to_bits(), "row ({i}, {j})");
+                    if bit_for_bit {
+                        assert_eq!(got.to_bits(), want.to_bits(), "({i}, {j})");
+                    } else {
+                        assert!((got - want).abs() <= 1e-5, "({i}, {j}): {got} {want}");
+                    }
                 }
             }
         }
@@ -694,6 +731,12 @@ mod tests {
             let r = rows_per_chunk(b);
             assert!(r % 8 == 0 && r >= 8, "B = {b}: {r}");
             assert!(r * b <= MAX_CHUNK_VALUES.max(8 * b), "B = {b}: {r}");
+            let f = forward_rows_per_chunk(b);
+            assert!(f % 16 == 0 && f >= 16 && f <= r.max(16), "B = {b}: {f}");
         }
+        assert_eq!(
+            [256, 384, 1024, 4096].map(forward_rows_per_chunk),
+            [16, 32, 64, 256]
+        );
     }
 }
