@@ -16,6 +16,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::host_sums::vectorised;
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
@@ -180,6 +181,71 @@ impl ContrastiveRows {
     }
 }
 
+impl ContrastiveRows {
+    /// A similarity at or below which a negative pair's cost is surely 0 (so its slope too):
+    /// `m⁻` for [`PairMetric::Cosine`] (`s ≤ m⁻` ⇒ `s − m⁻ ≤ 0` in floating point as well);
+    /// for [`PairMetric::Euclidean`] the cost `m⁻ − √(2 − 2s)` is positive only above
+    /// `s = 1 − m⁻²/2`, lowered by 1e-9, far more than the rounding of `2 − 2s` and of the
+    /// root near it, and `+∞` (never active) when `m⁻ ≤ 0`.
+    fn negative_floor(&self) -> f64 {
+        let m = self.loss.neg_margin;
+        match self.loss.metric {
+            PairMetric::Cosine => m,
+            PairMetric::Euclidean if m <= 0.0 => f64::INFINITY,
+            PairMetric::Euclidean => 1.0 - 0.5 * m * m - 1e-9,
+        }
+    }
+}
+
+/// `s` is above `floor` or NaN: a single negated comparison, which stays one vector compare.
+#[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must count as above
+fn above(s: f64, floor: f64) -> bool {
+    !(s <= floor)
+}
+
+/// Calls `visit(j, S[q, j], positive)`, in order of `j`, for the pairs of a row that may have a
+/// cost: every positive (same class as the query, the query itself included) and every
+/// negative whose similarity is not at or below `floor` (NaN included).
+///
+/// Why: on a typical batch nearly every pair is an inactive negative; testing blocks of 8 at
+/// once (branch-free, so it vectorises) and walking only blocks that hold a candidate took the
+/// summaries and gradient rows from 17% to 8% of the 1-thread contrastive step (B = 256,
+/// D = 512, sampled with perf; step 0.87 → 0.77 ms in interleaved runs). The visited pairs and
+/// their order are those of the plain loop, so the sums are unchanged bit for bit.
+#[inline(always)]
+fn for_candidates(
+    sims: &[f64],
+    fine: &[ClassId],
+    fq: ClassId,
+    floor: f64,
+    mut visit: impl FnMut(usize, f64, bool),
+) {
+    const BLOCK: usize = 8;
+    // The block tests need AVX2's 64-bit compares to be cheap (the baseline build emulates
+    // them with 32-bit ones), hence the whole walk in `vectorised`.
+    vectorised(
+        #[inline(always)]
+        move || {
+            for (b, (ss, ff)) in sims.chunks(BLOCK).zip(fine.chunks(BLOCK)).enumerate() {
+                let any = ss
+                    .iter()
+                    .zip(ff)
+                    .fold(false, |a, (&s, &f)| a | above(s, floor) | (f == fq));
+                if !any {
+                    continue;
+                }
+                for (k, (&s, &f)) in ss.iter().zip(ff).enumerate() {
+                    let positive = f == fq;
+                    if positive || above(s, floor) {
+                        visit(b * BLOCK + k, s, positive);
+                    }
+                }
+            }
+        },
+    )
+}
+
 impl RowLoss for ContrastiveRows {
     /// (positive pairs, negative pairs) of the row.
     type Row = (Term, Term);
@@ -190,30 +256,34 @@ impl RowLoss for ContrastiveRows {
         // {&mut neg}` reference kept every sum in memory, a store-to-load chain per pair.
         let fq = self.fine[q];
         let (mut pos_sum, mut pos_active, mut pos_pairs) = (0.0, 0, 0);
-        let (mut neg_sum, mut neg_active, mut neg_pairs) = (0.0, 0, 0);
-        for (j, (&s, &f)) in sims.iter().zip(self.fine.iter()).enumerate() {
-            if j == q {
-                continue;
-            }
-            let positive = f == fq;
-            let (v, _) = self.pair(s, positive);
-            // Only active costs are added: adding the inactive ones' +0 changes no sum (the
-            // sums start at +0 and stay ≥ 0) but made every pair wait for the previous
-            // addition, a chain of B additions per row.
-            if positive {
-                if v > 0.0 {
-                    pos_sum += v;
-                    pos_active += 1;
+        let (mut neg_sum, mut neg_active) = (0.0, 0);
+        for_candidates(
+            sims,
+            &self.fine,
+            fq,
+            self.negative_floor(),
+            |j, s, positive| {
+                if j == q {
+                    return;
                 }
-                pos_pairs += 1;
-            } else {
-                if v > 0.0 {
+                let (v, _) = self.pair(s, positive);
+                // Only active costs are added: adding the inactive ones' +0 changes no sum (the
+                // sums start at +0 and stay ≥ 0) but made every pair wait for the previous
+                // addition, a chain of B additions per row.
+                if positive {
+                    if v > 0.0 {
+                        pos_sum += v;
+                        pos_active += 1;
+                    }
+                    pos_pairs += 1;
+                } else if v > 0.0 {
                     neg_sum += v;
                     neg_active += 1;
                 }
-                neg_pairs += 1;
-            }
-        }
+            },
+        );
+        // Every positive is a candidate, so the negatives are the other items.
+        let others = sims.len() - usize::from(q < sims.len());
         (
             Term {
                 sum: pos_sum,
@@ -223,7 +293,7 @@ impl RowLoss for ContrastiveRows {
             Term {
                 sum: neg_sum,
                 active: neg_active,
-                pairs: neg_pairs,
+                pairs: others - pos_pairs,
             },
         )
     }
@@ -260,17 +330,22 @@ impl RowLoss for ContrastiveRows {
         let r = self.loss.reduction;
         let (pos_div, neg_div) = (global.0.divisor(r), global.1.divisor(r));
         let fq = self.fine[q];
-        for (j, (&s, &f)) in sims.iter().zip(self.fine.iter()).enumerate() {
-            if j == q {
-                continue;
-            }
-            let positive = f == fq;
-            let (_, slope) = self.pair(s, positive);
-            let div = if positive { pos_div } else { neg_div };
-            if slope != 0.0 && div > 0 {
-                out[j] = upstream * slope / div as f64;
-            }
-        }
+        for_candidates(
+            sims,
+            &self.fine,
+            fq,
+            self.negative_floor(),
+            |j, s, positive| {
+                if j == q {
+                    return;
+                }
+                let (_, slope) = self.pair(s, positive);
+                let div = if positive { pos_div } else { neg_div };
+                if slope != 0.0 && div > 0 {
+                    out[j] = upstream * slope / div as f64;
+                }
+            },
+        );
     }
 }
 
@@ -313,5 +388,94 @@ mod tests {
         assert_eq!(t.mean(PairReduction::AvgNonZero), 0.5);
         assert_eq!(t.mean(PairReduction::Mean), 0.25);
         assert_eq!(Term::default().mean(PairReduction::AvgNonZero), 0.0);
+    }
+
+    /// The row logic as a plain loop over every pair (what [`for_candidates`] must reproduce).
+    fn plain_row(rows: &ContrastiveRows, q: usize, sims: &[f64]) -> ((Term, Term), Vec<f64>) {
+        let fq = rows.fine[q];
+        let (mut pos, mut neg) = (Term::default(), Term::default());
+        for (j, (&s, &f)) in sims.iter().zip(rows.fine.iter()).enumerate() {
+            if j == q {
+                continue;
+            }
+            let (v, _) = rows.pair(s, f == fq);
+            let t = if f == fq { &mut pos } else { &mut neg };
+            t.pairs += 1;
+            if v > 0.0 {
+                t.sum += v;
+                t.active += 1;
+            }
+        }
+        let r = rows.loss.reduction;
+        let (pd, nd) = (pos.divisor(r), neg.divisor(r));
+        let mut grad = vec![0.0; sims.len()];
+        for (j, (&s, &f)) in sims.iter().zip(rows.fine.iter()).enumerate() {
+            let (_, slope) = rows.pair(s, f == fq);
+            let div = if f == fq { pd } else { nd };
+            if j != q && slope != 0.0 && div > 0 {
+                grad[j] = 0.7 * slope / div as f64;
+            }
+        }
+        ((pos, neg), grad)
+    }
+
+    #[test]
+    fn candidate_pairs_give_the_plain_loop_bit_for_bit() {
+        // Rows of 37 (a short last block) with similarities spread over [−1, 1], values placed
+        // exactly at and next to each floor, and both metrics over margins from inactive to
+        // all-active; the summaries and gradient rows must be those of the plain loop.
+        let b = 37;
+        let fine: Vec<ClassId> = (0..b).map(|i| (i % 5) as ClassId).collect();
+        for (metric, margins) in [
+            (
+                PairMetric::Cosine,
+                vec![(0.9, 0.6), (0.5, -0.2), (1.0, 0.99), (0.0, 1.5)],
+            ),
+            (
+                PairMetric::Euclidean,
+                vec![
+                    (0.0, 1.0),
+                    (0.3, 0.5),
+                    (0.1, 0.0),
+                    (0.0, 1.9),
+                    (0.0, 3.0),
+                    (0.2, 1e-4),
+                ],
+            ),
+        ] {
+            for (pm, nm) in margins {
+                for reduction in [PairReduction::AvgNonZero, PairReduction::Mean] {
+                    let rows = ContrastiveRows {
+                        loss: Contrastive {
+                            pos_margin: pm,
+                            neg_margin: nm,
+                            metric,
+                            reduction,
+                            query_chunk: None,
+                        },
+                        fine: Arc::new(fine.clone()),
+                    };
+                    let floor = rows.negative_floor();
+                    for q in [0, 3, 36] {
+                        let sims: Vec<f64> = (0..b)
+                            .map(|j| match (j * 7 + q) % 9 {
+                                0 if floor.is_finite() => floor,
+                                1 if floor.is_finite() => floor.next_up(),
+                                2 if floor.is_finite() => floor.next_down(),
+                                _ => ((j * 31 + q * 17) % 41) as f64 / 20.0 - 1.0,
+                            })
+                            .collect();
+                        let (want, want_grad) = plain_row(&rows, q, &sims);
+                        let got = rows.summarise(q, &sims);
+                        assert_eq!(got, want, "{metric:?} {pm} {nm} q = {q}");
+                        let global = rows.global(std::slice::from_ref(&got)).unwrap();
+                        let mut out = vec![0.0; b];
+                        rows.row_grad(q, &sims, &got, &global, 0.7, &mut out);
+                        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(&out), bits(&want_grad), "{metric:?} {pm} {nm} q = {q}");
+                    }
+                }
+            }
+        }
     }
 }
