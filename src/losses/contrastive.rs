@@ -179,9 +179,7 @@ impl ContrastiveRows {
             self.loss.neg_margin,
         )
     }
-}
 
-impl ContrastiveRows {
     /// A similarity at or below which a negative pair's cost is surely 0 (so its slope too):
     /// `m⁻` for [`PairMetric::Cosine`] (`s ≤ m⁻` ⇒ `s − m⁻ ≤ 0` in floating point as well);
     /// for [`PairMetric::Euclidean`] the cost `m⁻ − √(2 − 2s)` is positive only above

@@ -46,9 +46,10 @@ fn rows_per_chunk(b: usize) -> usize {
     b.div_ceil(2 * threads).next_multiple_of(8).clamp(8, most)
 }
 
-/// Query rows per chunk of the forward pass: `B/16` rounded up to a multiple of 16 (the height
-/// of gemm's `f32` micro-kernel), at least 16 and at most [`rows_per_chunk`], so there are about
-/// 16 chunks whatever the number of threads.
+/// Query rows per chunk of the forward pass: `B/16` rounded up to a multiple of 16, at least 16
+/// and at most [`rows_per_chunk`], so there are about 16 chunks whatever the number of threads.
+/// A multiple of 16 keeps each chunk's block of columns (from its first row on) as aligned to
+/// gemm's 16-value `f32` micro-kernel as `B` itself is.
 ///
 /// Why finer than the backward pass: each chunk computes the columns of `S` from its own first
 /// row on, so the products computed beyond the upper triangle shrink with the chunk height (at
