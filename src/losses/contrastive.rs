@@ -180,6 +180,18 @@ impl ContrastiveRows {
         )
     }
 
+    /// [`for_candidates`] over row `q` of `S` without the query's pair with itself: the pairs
+    /// of the row that may cost, as `visit(j, S[q, j], positive)` in order of `j`.
+    #[inline(always)]
+    fn for_costly_pairs(&self, q: usize, sims: &[f64], mut visit: impl FnMut(usize, f64, bool)) {
+        let floor = self.negative_floor();
+        for_candidates(sims, &self.fine, self.fine[q], floor, |j, s, positive| {
+            if j != q {
+                visit(j, s, positive);
+            }
+        });
+    }
+
     /// A similarity at or below which a negative pair's cost is surely 0 (so its slope too):
     /// `m⁻` for [`PairMetric::Cosine`] (`s ≤ m⁻` ⇒ `s − m⁻ ≤ 0` in floating point as well);
     /// for [`PairMetric::Euclidean`] the cost `m⁻ − √(2 − 2s)` is positive only above
@@ -252,34 +264,24 @@ impl RowLoss for ContrastiveRows {
     fn summarise(&self, q: usize, sims: &[f64]) -> (Term, Term) {
         // Plain local accumulators: updating the Term behind an `if positive {&mut pos} else
         // {&mut neg}` reference kept every sum in memory, a store-to-load chain per pair.
-        let fq = self.fine[q];
         let (mut pos_sum, mut pos_active, mut pos_pairs) = (0.0, 0, 0);
         let (mut neg_sum, mut neg_active) = (0.0, 0);
-        for_candidates(
-            sims,
-            &self.fine,
-            fq,
-            self.negative_floor(),
-            |j, s, positive| {
-                if j == q {
-                    return;
+        self.for_costly_pairs(q, sims, |_, s, positive| {
+            let (v, _) = self.pair(s, positive);
+            // Only active costs are added: adding the inactive ones' +0 changes no sum (the
+            // sums start at +0 and stay ≥ 0) but made every pair wait for the previous
+            // addition, a chain of B additions per row.
+            if positive {
+                if v > 0.0 {
+                    pos_sum += v;
+                    pos_active += 1;
                 }
-                let (v, _) = self.pair(s, positive);
-                // Only active costs are added: adding the inactive ones' +0 changes no sum (the
-                // sums start at +0 and stay ≥ 0) but made every pair wait for the previous
-                // addition, a chain of B additions per row.
-                if positive {
-                    if v > 0.0 {
-                        pos_sum += v;
-                        pos_active += 1;
-                    }
-                    pos_pairs += 1;
-                } else if v > 0.0 {
-                    neg_sum += v;
-                    neg_active += 1;
-                }
-            },
-        );
+                pos_pairs += 1;
+            } else if v > 0.0 {
+                neg_sum += v;
+                neg_active += 1;
+            }
+        });
         // Every positive is a candidate, so the negatives are the other items.
         let others = sims.len() - usize::from(q < sims.len());
         (
@@ -327,23 +329,13 @@ impl RowLoss for ContrastiveRows {
     ) {
         let r = self.loss.reduction;
         let (pos_div, neg_div) = (global.0.divisor(r), global.1.divisor(r));
-        let fq = self.fine[q];
-        for_candidates(
-            sims,
-            &self.fine,
-            fq,
-            self.negative_floor(),
-            |j, s, positive| {
-                if j == q {
-                    return;
-                }
-                let (_, slope) = self.pair(s, positive);
-                let div = if positive { pos_div } else { neg_div };
-                if slope != 0.0 && div > 0 {
-                    out[j] = upstream * slope / div as f64;
-                }
-            },
-        );
+        self.for_costly_pairs(q, sims, |j, s, positive| {
+            let (_, slope) = self.pair(s, positive);
+            let div = if positive { pos_div } else { neg_div };
+            if slope != 0.0 && div > 0 {
+                out[j] = upstream * slope / div as f64;
+            }
+        });
     }
 }
 

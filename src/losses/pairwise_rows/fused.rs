@@ -63,8 +63,11 @@ fn rows_per_chunk(b: usize) -> usize {
 /// re-reads `Ê` in every chunk (FastAP B = 1024: 24.4 → 27.0 ms with 16-row chunks there).
 fn forward_rows_per_chunk(b: usize) -> usize {
     const HEIGHT: usize = 16;
+    const CHUNKS: usize = 16;
     let most = (rows_per_chunk(b) / HEIGHT * HEIGHT).max(HEIGHT);
-    b.div_ceil(16).next_multiple_of(HEIGHT).clamp(HEIGHT, most)
+    b.div_ceil(CHUNKS)
+        .next_multiple_of(HEIGHT)
+        .clamp(HEIGHT, most)
 }
 
 /// Rows of `Êᵀ` per chunk of the transposition: each unit row contributes a 64-byte run of
@@ -106,8 +109,8 @@ fn transpose_rows<T: Copy>(
 /// 5% of the 1-thread contrastive step at B = 256 went to those calls for 64–128-byte runs).
 #[inline(always)]
 fn copy_run<T: Copy>(tile: &mut [T; TRANSPOSE_ROWS], from: &[T], n: usize) {
-    match <&[T; TRANSPOSE_ROWS]>::try_from(from.get(..TRANSPOSE_ROWS).unwrap_or(&[])) {
-        Ok(full) if n == TRANSPOSE_ROWS => *tile = *full,
+    match from.first_chunk::<TRANSPOSE_ROWS>() {
+        Some(full) if n == TRANSPOSE_ROWS => *tile = *full,
         _ => tile[..n].copy_from_slice(&from[..n]),
     }
 }
