@@ -159,6 +159,7 @@ impl Drop for Close<'_> {
 /// A helper: wait for a new generation (spinning for [`SPIN_WINDOW`], then parked), enter the
 /// job if it is still open and asks for this helper, run it, count itself out.
 fn helper_loop(shared: &Shared, index: usize) {
+    SLOT.with(|s| s.set(index + 1));
     let mut seen = shared.generation.load(Ordering::Acquire);
     loop {
         seen = wait_for_next(shared, seen);
@@ -181,6 +182,17 @@ fn helper_loop(shared: &Shared, index: usize) {
         }
         shared.exited.fetch_add(1, Ordering::Release);
     }
+}
+
+thread_local! {
+    /// This thread's slot in a job: helper `i` is `i + 1`, any other thread 0.
+    static SLOT: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The calling thread's slot in a job: `i + 1` on helper `i`, 0 on any other thread (the
+/// caller), so that [`crate::work_phases`] gives each thread the same share of every call.
+pub(crate) fn current_slot() -> usize {
+    SLOT.with(|s| s.get())
 }
 
 /// Returns the generation once it differs from `seen`: spins for [`SPIN_WINDOW`], then parks
