@@ -92,6 +92,11 @@ impl Progress {
     /// `slots` slots.
     fn new(chunks: &[usize], slots: usize) -> Self {
         let slots = slots.max(1);
+        // A run's bounds are packed into 32 bits each.
+        assert!(
+            chunks.iter().all(|&c| c <= u32::MAX as usize),
+            "run_phases: too many chunks"
+        );
         Progress {
             slots,
             runs: chunks
@@ -124,9 +129,9 @@ impl Progress {
     }
 }
 
-/// Takes the first (`front`) or the last chunk of a share, `None` when it is empty.
-fn take(share: &AtomicU64, front: bool) -> Option<usize> {
-    let mut cur = share.load(Ordering::Relaxed);
+/// Takes the first (`front`) or the last unclaimed chunk of a run, `None` when none is left.
+fn take(run: &AtomicU64, front: bool) -> Option<usize> {
+    let mut cur = run.load(Ordering::Relaxed);
     loop {
         let (first, end) = (cur & 0xffff_ffff, cur >> 32);
         if first >= end {
@@ -137,7 +142,7 @@ fn take(share: &AtomicU64, front: bool) -> Option<usize> {
         } else {
             (first | (end - 1) << 32, end - 1)
         };
-        match share.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+        match run.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
             Ok(_) => return Some(chunk as usize),
             Err(now) => cur = now,
         }
@@ -258,7 +263,7 @@ pub(crate) fn run_phases(phases: &[Phase<'_>]) {
     }
     // The caller is slot 0 and helper `i` slot `i + 1`, in every call: the rows a thread
     // wrote in one phase (or pass) are mostly the ones it reads in the next, from its own
-    // cache. Threads of the rayon pool all start at slot 0's share.
+    // cache. Threads of the rayon pool all start at slot 0's runs.
     let job = || work(&progress, phases, helper_threads::current_slot());
     // From outside the rayon pool (the usual caller: a training loop or a notebook), the
     // dedicated helpers, which stay awake between the passes of a step; from a rayon worker, or

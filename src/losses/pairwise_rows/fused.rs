@@ -102,7 +102,7 @@ unsafe fn transpose_into<T: Copy>(
                 copy_run(t, &rows[(j0 + jj) * d + k0..], kn);
             }
             for k in 0..kn {
-                // SAFETY: columns i0.. i0 + len of row k0 + k are the caller's (contract).
+                // SAFETY: columns i0..i0 + len of row k0 + k are the caller's (contract).
                 let out = unsafe { et.range_mut((k0 + k) * b + i0 + j0, jn) };
                 for (o, t) in out.iter_mut().zip(&tile) {
                     o.write(t[k]);
