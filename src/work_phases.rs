@@ -65,11 +65,19 @@ struct Progress {
     poisoned: CachePadded<AtomicBool>,
 }
 
-/// Run `r` of `chunks` chunks cut into `runs` consecutive runs, as `first | end << 32`.
+/// The unclaimed chunks `first..end` of a run as one word: `first | end << 32`.
+fn pack(first: usize, end: usize) -> u64 {
+    first as u64 | (end as u64) << 32
+}
+
+/// `(first, end)` of a word made by [`pack`].
+fn unpack(v: u64) -> (usize, usize) {
+    ((v & 0xffff_ffff) as usize, (v >> 32) as usize)
+}
+
+/// Run `r` of `chunks` chunks cut into `runs` consecutive runs, [`pack`]ed.
 fn run_of(chunks: usize, runs: usize, r: usize) -> u64 {
-    let first = (chunks * r / runs) as u64;
-    let end = (chunks * (r + 1) / runs) as u64;
-    first | end << 32
+    pack(chunks * r / runs, chunks * (r + 1) / runs)
 }
 
 /// The two runs (of `2·slots`) that slot `t` owns: the `t`-th from the start and the `t`-th
@@ -90,22 +98,21 @@ fn owned_runs(slots: usize, t: usize) -> [usize; 2] {
 impl Progress {
     /// Nothing claimed or finished yet, for phases of `chunks` chunks each shared out to
     /// `slots` slots.
-    fn new(chunks: &[usize], slots: usize) -> Self {
+    fn new(chunks: impl Iterator<Item = usize> + Clone, slots: usize) -> Self {
         let slots = slots.max(1);
         // A run's bounds are packed into 32 bits each.
         assert!(
-            chunks.iter().all(|&c| c <= u32::MAX as usize),
+            chunks.clone().all(|c| c <= u32::MAX as usize),
             "run_phases: too many chunks"
         );
         Progress {
             slots,
             runs: chunks
-                .iter()
-                .flat_map(|&c| (0..2 * slots).map(move |r| run_of(c, 2 * slots, r)))
+                .clone()
+                .flat_map(|c| (0..2 * slots).map(move |r| run_of(c, 2 * slots, r)))
                 .map(|s| CachePadded::new(AtomicU64::new(s)))
                 .collect(),
             done: chunks
-                .iter()
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
             poisoned: CachePadded::new(AtomicBool::new(false)),
@@ -133,17 +140,17 @@ impl Progress {
 fn take(run: &AtomicU64, front: bool) -> Option<usize> {
     let mut cur = run.load(Ordering::Relaxed);
     loop {
-        let (first, end) = (cur & 0xffff_ffff, cur >> 32);
+        let (first, end) = unpack(cur);
         if first >= end {
             return None;
         }
         let (next, chunk) = if front {
-            ((first + 1) | end << 32, first)
+            (pack(first + 1, end), first)
         } else {
-            (first | (end - 1) << 32, end - 1)
+            (pack(first, end - 1), end - 1)
         };
         match run.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => return Some(chunk as usize),
+            Ok(_) => return Some(chunk),
             Err(now) => cur = now,
         }
     }
@@ -255,8 +262,7 @@ pub(crate) fn run_phases(phases: &[Phase<'_>]) {
     let helpers = rayon::current_num_threads()
         .min(most_chunks)
         .saturating_sub(1);
-    let chunks: Vec<usize> = phases.iter().map(|p| p.chunks).collect();
-    let progress = Progress::new(&chunks, helpers + 1);
+    let progress = Progress::new(phases.iter().map(|p| p.chunks), helpers + 1);
     if helpers == 0 {
         work(&progress, phases, 0);
         return;
@@ -496,7 +502,7 @@ mod tests {
     #[test]
     fn slots_claim_their_own_runs_first_then_the_ends_of_others() {
         // Two slots, 16 chunks: runs of 4; slot 0 owns runs 0 and 3, slot 1 runs 1 and 2.
-        let p = Progress::new(&[16], 2);
+        let p = Progress::new([16].into_iter(), 2);
         let slot0: Vec<usize> = std::iter::from_fn(|| p.claim(0, 0)).take(9).collect();
         // All of its own runs in order, then the last chunk of slot 1's second run.
         assert_eq!(slot0, [0, 1, 2, 3, 12, 13, 14, 15, 11]);
@@ -507,15 +513,15 @@ mod tests {
         // exactly once, and a slot's own chunks before any other's.
         for slots in 1..=5 {
             for chunks in 0..=37 {
-                let p = Progress::new(&[chunks], slots);
+                let p = Progress::new([chunks].into_iter(), slots);
                 let mut got = vec![0u32; chunks];
                 let mut stole = vec![false; slots];
                 let mut k = 0usize;
                 while let Some(c) = p.claim(0, k % slots) {
                     let t = k % slots;
                     let own = owned_runs(slots, t).iter().any(|&r| {
-                        let v = run_of(chunks, 2 * slots, r);
-                        (v & 0xffff_ffff) as usize <= c && c < (v >> 32) as usize
+                        let (first, end) = unpack(run_of(chunks, 2 * slots, r));
+                        (first..end).contains(&c)
                     });
                     if !own {
                         stole[t] = true;
@@ -538,7 +544,7 @@ mod tests {
         // What a thread waiting for rayon work inside chunk 0 would do if it picked up this
         // call's own helper job: run `work` on the same call. Without the guard the inner
         // loop would claim chunks 1 and 2 and then wait for chunk 0, beneath it, forever.
-        let progress = Progress::new(&[3], 1);
+        let progress = Progress::new([3].into_iter(), 1);
         let phases_slot: std::sync::OnceLock<&[Phase<'_>]> = std::sync::OnceLock::new();
         let ran = Mutex::new(Vec::new());
         let chunk = |c: usize| {

@@ -162,9 +162,10 @@ impl Bins {
     fn window(&self, d: f64) -> std::ops::Range<usize> {
         // ⌊d/Δ⌋ without `f64::floor`, which is a libm call on the baseline x86-64 target and
         // showed in the loss's profile; identical for every finite d (distances of unit vectors
-        // lie in [−ε, 4 + ε]). `d · (1/Δ)` instead of `d/Δ` (one of the three divisions per pair in
-        // the summaries, the only one in the gradient rows): it differs by at most an ulp, which moves ⌊·⌋ only next to a centre,
-        // where the two bins that matter still lie inside the window of four.
+        // lie in [−ε, 4 + ε]). `d · (1/Δ)` instead of `d/Δ` (one of the three divisions per
+        // pair in the summaries, the only one in the gradient rows): it differs by at most an
+        // ulp, which moves ⌊·⌋ only next to a centre, where the two bins that matter still lie
+        // inside the window of four.
         let t = d * self.inv_delta;
         let trunc = t as i64;
         let idx = if (trunc as f64) > t { trunc - 1 } else { trunc };
