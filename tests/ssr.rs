@@ -309,3 +309,181 @@ fn bad_input_is_a_clear_error() {
     };
     assert!(c.predict(&ep).is_err());
 }
+
+/// The PyTorch reference of the authors' update (`tests/fixtures/ssr/make_authors_update.py`):
+/// raw features of norms 3–6, random MLPs, T = 3, λ = 0.05, float64.
+fn authors_fixture() -> serde_json::Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/ssr/authors_update.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn numbers(v: &serde_json::Value) -> Vec<f64> {
+    match v {
+        serde_json::Value::Array(a) => a.iter().flat_map(numbers).collect(),
+        x => vec![x.as_f64().expect("a number")],
+    }
+}
+
+fn rows(v: &serde_json::Value) -> Tensor {
+    let r = v.as_array().unwrap().len();
+    let flat = numbers(v);
+    Tensor::from_vec(flat.clone(), (r, flat.len() / r), &Device::Cpu).unwrap()
+}
+
+/// The fixture's model under `rule` (the authors' layout and alternating schedule).
+fn authors_model(case: &serde_json::Value, rule: UpdateRule) -> SsrModel {
+    let t = &case["task"];
+    let task = match t["kind"].as_str().unwrap() {
+        "retrieval" => Task::Retrieval {
+            k: t["k"].as_u64().unwrap() as usize,
+        },
+        _ => Task::FewShot {
+            supports: t["supports"].as_u64().unwrap() as usize,
+            queries: t["queries"].as_u64().unwrap() as usize,
+        },
+    };
+    let config = SsrConfig {
+        hidden: case["hidden"].as_u64().unwrap() as usize,
+        steps: case["steps"].as_u64().unwrap() as usize,
+        lambda: case["lambda"].as_f64().unwrap(),
+        layout: Layout::AuthorsCode,
+        rule,
+        schedule: GroupSchedule::Alternating,
+        ..SsrConfig::default()
+    };
+    let model = SsrModel::new(config, task, DType::F64, 0).unwrap();
+    let params = case["params"].as_object().unwrap();
+    let mut set = 0;
+    for (name, var) in model.vars() {
+        let Some(p) = params.get(&name) else {
+            assert_eq!(name, "tau", "the fixture has no `{name}`");
+            continue;
+        };
+        var.set(&Tensor::from_vec(numbers(p), var.dims(), &Device::Cpu).unwrap())
+            .unwrap();
+        set += 1;
+    }
+    assert_eq!(
+        set,
+        params.len(),
+        "every fixture parameter is a model parameter"
+    );
+    model
+}
+
+fn assert_rows_close(got: &Tensor, expect: &Tensor, tol: f64, what: &str) {
+    let (g, e) = (
+        got.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+        expect.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+    );
+    assert_eq!(g.len(), e.len(), "{what}");
+    for (i, (a, b)) in g.iter().zip(&e).enumerate() {
+        assert!(
+            (a - b).abs() <= tol * (1.0 + b.abs()),
+            "{what}[{i}]: {a} vs PyTorch {b}"
+        );
+    }
+}
+
+fn max_gap(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_vec0::<f64>()
+        .unwrap()
+}
+
+#[test]
+fn authors_update_on_raw_features_matches_pytorch() {
+    let fx = authors_fixture();
+    // Retrieval: the query then the database, three steps.
+    let case = &fx["retrieval"];
+    let feats = rows(&case["features"]);
+    for (rule, key) in [
+        (UpdateRule::AuthorsCode, "exact"),
+        (UpdateRule::AuthorsCodeFirstOrder, "first_order"),
+    ] {
+        let model = authors_model(case, rule);
+        let refined = model.refine(&feats).unwrap();
+        assert_rows_close(&refined, &rows(&case[key]), 1e-12, key);
+    }
+    // The path through the other group's update moves the features here by ~7e-4.
+    let gap = max_gap(&rows(&case["exact"]), &rows(&case["first_order"]));
+    assert!(gap > 1e-4, "{gap}");
+
+    // Few-shot: class prototypes (means of the raw shots) then the queries.
+    let case = &fx["few_shot"];
+    let ways = case["ways"].as_u64().unwrap() as usize;
+    let labels =
+        |k: &str| -> Vec<usize> { numbers(&case[k]).iter().map(|&v| v as usize).collect() };
+    let ep = EpisodeFeatures::new(
+        rows(&case["support"]),
+        labels("support_labels"),
+        rows(&case["query"]),
+        labels("query_labels"),
+        ways,
+    )
+    .unwrap();
+    let (nodes, node_labels) =
+        rankwise::rerank::ssr::episode_nodes(&ep, SupportNodes::Prototypes, DType::F64).unwrap();
+    for (rule, key) in [
+        (UpdateRule::AuthorsCode, "exact"),
+        (UpdateRule::AuthorsCodeFirstOrder, "first_order"),
+    ] {
+        let model = authors_model(case, rule);
+        assert_rows_close(
+            &model.refine(&nodes).unwrap(),
+            &rows(&case[key]),
+            1e-12,
+            key,
+        );
+        let scores = model.few_shot_scores(&nodes, &node_labels, ways).unwrap();
+        let flat: Vec<f64> = scores.iter().flatten().copied().collect();
+        let expect = rows(&case[format!("{key}_scores")]);
+        let got = Tensor::from_vec(flat, expect.dims(), &Device::Cpu).unwrap();
+        assert_rows_close(&got, &expect, 1e-12, "scores");
+        let predicted = SsrClassifier {
+            model: &model,
+            support_nodes: SupportNodes::Prototypes,
+        }
+        .predict(&ep)
+        .unwrap();
+        let argmax: Vec<usize> = expect
+            .to_vec2::<f64>()
+            .unwrap()
+            .iter()
+            .map(|r| (0..r.len()).fold(0, |b, j| if r[j] > r[b] { j } else { b }))
+            .collect();
+        assert_eq!(predicted, argmax, "{key}");
+    }
+    let gap = max_gap(&rows(&case["exact"]), &rows(&case["first_order"]));
+    assert!(gap > 1e-3, "{gap}");
+
+    // Meta-training: the cross-entropy of τ·cos after the exact refinement and its gradient
+    // w.r.t. every parameter (through the second-order path: third derivatives of the map).
+    let model = authors_model(case, UpdateRule::AuthorsCode);
+    let loss = model
+        .few_shot_loss(&nodes, &node_labels, &ep.query_labels)
+        .unwrap();
+    let v = loss.to_vec0::<f64>().unwrap();
+    let expect = case["exact_loss"].as_f64().unwrap();
+    assert!(
+        (v - expect).abs() < 1e-12 * expect,
+        "{v} vs PyTorch {expect}"
+    );
+    let grads = loss.backward().unwrap();
+    let expected = case["exact_loss_grads"].as_object().unwrap();
+    for (name, var) in model.vars() {
+        let g = grads.get(var.as_tensor()).expect("a gradient");
+        let e = Tensor::from_vec(numbers(&expected[&name]), var.dims(), &Device::Cpu).unwrap();
+        assert_rows_close(g, &e, 1e-10, &name);
+    }
+}

@@ -24,6 +24,7 @@
 //! ([`Decomposition`]) and the feature update ([`UpdateSpace`]); Sec. 2.3's k-reciprocal input
 //! `D^t = 2α(1 − S^t) + (1 − α)J` (Eq. 9) is [`SsrInput::KReciprocal`].
 
+pub mod alternating;
 pub mod graph;
 pub mod model;
 pub mod train;

@@ -16,10 +16,22 @@ pub enum UpdateRule {
     /// SSR Eq. 4: `f_i ← f_i + λ Σ_j G_ij ∂s_ij/∂f_i`, only the row-`i` term of each edge.
     #[default]
     Paper,
-    /// The authors' code: `f ← f − λ · ∂(Σ_ij G_ij s_ij)/∂f` (the VJP of the subgraph inputs
-    /// with the MLP's output), i.e. `G_ij + G_ji` for each edge and the sign flipped (the MLP
-    /// learns the sign).
+    /// The authors' code (`refine_feat`), exactly: `f_X ← f_X − λ ∇_{f_X} ⟨inputs, g⟩`, the
+    /// gradient of the subgraph inputs against the MLP's output `g` taken by autograd with
+    /// `create_graph=True`. Each edge counts `G_ij + G_ji` and the sign is flipped (the MLP
+    /// learns the sign). With the alternating schedule the gradient is the *total*
+    /// derivative: the other group's latest update is itself a function of `f_X` (the
+    /// database update of a step through that step's query update, each later query update
+    /// through the previous database update), a term of order `λ` that
+    /// [`super::alternating`] computes in closed form. With the joint schedule there is no
+    /// such path and this equals [`UpdateRule::AuthorsCodeFirstOrder`].
     AuthorsCode,
+    /// The authors' update without the path through the other group's update: the plain
+    /// first-order VJP `f_X ← f_X − λ [∂⟨inputs, g⟩/∂f]_X` with the other group's features
+    /// held fixed (what autograd would give if each group's update were detached). It differs
+    /// from [`UpdateRule::AuthorsCode`] only under the alternating schedule, from the second
+    /// update on.
+    AuthorsCodeFirstOrder,
 }
 
 /// Which nodes an update step moves, with which MLP.
@@ -129,6 +141,13 @@ pub struct SsrConfig {
     /// PyTorch's default initialisation); useful when meta-training for only a few hundred
     /// iterations, as at our CPU scales.
     pub zero_init_output: bool,
+    /// L2-normalise the node features before the updates. Off (the authors' code): SSR moves
+    /// the features it is given and normalises only to form the similarities, so a node's
+    /// step `∂s_ij/∂f_i = (f̂_j − s_ij f̂_i)/‖f_i‖` shrinks as its norm grows. On: every node
+    /// starts on the unit sphere, which makes the step independent of the backbone's feature
+    /// scale (each node's step is `‖f_i‖²` times the raw one in the similarities it moves),
+    /// and the refined features are returned in that normalised space.
+    pub normalize_input: bool,
 }
 
 impl Default for SsrConfig {
@@ -152,6 +171,7 @@ impl Default for SsrConfig {
             retrieval_loss: RetrievalLoss::AllPositivePairs,
             tau_init: 10.0,
             zero_init_output: false,
+            normalize_input: false,
         }
     }
 }
@@ -184,7 +204,7 @@ impl SsrConfig {
                      update_space = \"similarity\" there are no features to update: use \"joint\"",
                 ));
             }
-            if self.rule == UpdateRule::AuthorsCode {
+            if self.rule != UpdateRule::Paper {
                 return Err(Error::invalid(
                     "rule",
                     "the rule shapes the feature step; with update_space = \"similarity\" \
@@ -246,12 +266,39 @@ impl InstanceNorm {
     }
 }
 
-impl Module for InstanceNorm {
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+impl InstanceNorm {
+    /// The normalised rows `x̂ = (x − mean) / σ` and `σ = √(var + 1e-5)` (`m × 1`).
+    fn standardise(x: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
         let mean = x.mean_keepdim(1)?;
         let xc = x.broadcast_sub(&mean)?;
-        let var = xc.sqr()?.mean_keepdim(1)?;
-        let y = xc.broadcast_div(&(var + 1e-5)?.sqrt()?)?;
+        let sigma = (xc.sqr()?.mean_keepdim(1)? + 1e-5)?.sqrt()?;
+        Ok((xc.broadcast_div(&sigma)?, sigma))
+    }
+
+    /// Forward derivative at a point standardised as `(x̂, σ)`:
+    /// `dy = γ (dxc − x̂ mean(x̂ ⊙ dxc)) / σ` with `dxc = dx − mean(dx)`; the second term is
+    /// the change of `σ` (`dσ = mean(x̂ ⊙ dxc)`, from the biased variance as PyTorch).
+    fn jvp(&self, xhat: &Tensor, sigma: &Tensor, dx: &Tensor) -> candle_core::Result<Tensor> {
+        let dxc = dx.broadcast_sub(&dx.mean_keepdim(1)?)?;
+        let proj = (xhat * &dxc)?.mean_keepdim(1)?;
+        (dxc - xhat.broadcast_mul(&proj)?)?
+            .broadcast_div(sigma)?
+            .broadcast_mul(&self.gamma)
+    }
+
+    /// Transposed derivative: `x̄ = (ḡ − mean(ḡ) − x̂ mean(ḡ ⊙ x̂)) / σ` with `ḡ = γ ȳ` (the
+    /// Jacobian of a standardisation is symmetric).
+    fn vjp(&self, xhat: &Tensor, sigma: &Tensor, gy: &Tensor) -> candle_core::Result<Tensor> {
+        let g = gy.broadcast_mul(&self.gamma)?;
+        let gc = g.broadcast_sub(&g.mean_keepdim(1)?)?;
+        let proj = (&g * xhat)?.mean_keepdim(1)?;
+        (gc - xhat.broadcast_mul(&proj)?)?.broadcast_div(sigma)
+    }
+}
+
+impl Module for InstanceNorm {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let (y, _) = Self::standardise(x)?;
         y.broadcast_mul(&self.gamma)?.broadcast_add(&self.beta)
     }
 }
@@ -288,6 +335,69 @@ impl Module for SubgraphMlp {
         let h = self.l1.forward(&self.norm0.forward(x)?)?.relu()?;
         let h = self.l2.forward(&self.norm1.forward(&h)?)?.relu()?;
         self.l3.forward(&self.norm2.forward(&h)?)
+    }
+}
+
+impl SubgraphMlp {
+    /// The MLP's output at `x` with what its Jacobian there needs (the standardised rows of
+    /// each InstanceNorm and the ReLU masks), for [`MlpAt::jvp`] and [`MlpAt::vjp`].
+    pub(crate) fn at(&self, x: &Tensor) -> Result<MlpAt<'_>> {
+        let affine = |n: &InstanceNorm, xhat: &Tensor| -> candle_core::Result<Tensor> {
+            xhat.broadcast_mul(&n.gamma)?.broadcast_add(&n.beta)
+        };
+        let (xhat0, sigma0) = InstanceNorm::standardise(x)?;
+        let z1 = self.l1.forward(&affine(&self.norm0, &xhat0)?)?;
+        let h1 = z1.relu()?;
+        let (xhat1, sigma1) = InstanceNorm::standardise(&h1)?;
+        let z2 = self.l2.forward(&affine(&self.norm1, &xhat1)?)?;
+        let h2 = z2.relu()?;
+        let (xhat2, sigma2) = InstanceNorm::standardise(&h2)?;
+        let y = self.l3.forward(&affine(&self.norm2, &xhat2)?)?;
+        // PyTorch's ReLU passes the gradient where its output is > 0 (a constant mask: the
+        // derivative of a derivative through ReLU is 0 almost everywhere).
+        let mask = |z: &Tensor| -> candle_core::Result<Tensor> { z.gt(0.0)?.to_dtype(z.dtype()) };
+        Ok(MlpAt {
+            mlp: self,
+            norms: [(xhat0, sigma0), (xhat1, sigma1), (xhat2, sigma2)],
+            masks: [mask(&z1)?, mask(&z2)?],
+            y,
+        })
+    }
+}
+
+/// [`SubgraphMlp`] linearised at an input: its output `y` and its Jacobian there, applied
+/// forward ([`MlpAt::jvp`]) or transposed ([`MlpAt::vjp`]) with candle ops, so that the
+/// result stays differentiable w.r.t. the MLP's parameters (what the authors' alternating
+/// update needs, [`super::alternating`]).
+pub(crate) struct MlpAt<'a> {
+    mlp: &'a SubgraphMlp,
+    norms: [(Tensor, Tensor); 3],
+    masks: [Tensor; 2],
+    /// The MLP's output.
+    pub(crate) y: Tensor,
+}
+
+impl MlpAt<'_> {
+    /// `J dx`: the change of the output for an input change `dx` (`m × D`).
+    pub(crate) fn jvp(&self, dx: &Tensor) -> Result<Tensor> {
+        let m = self.mlp;
+        let [(x0, s0), (x1, s1), (x2, s2)] = &self.norms;
+        let d = m.norm0.jvp(x0, s0, dx)?.matmul(&m.l1.weight().t()?)?;
+        let d = (d * &self.masks[0])?;
+        let d = m.norm1.jvp(x1, s1, &d)?.matmul(&m.l2.weight().t()?)?;
+        let d = (d * &self.masks[1])?;
+        Ok(m.norm2.jvp(x2, s2, &d)?.matmul(&m.l3.weight().t()?)?)
+    }
+
+    /// `Jᵀ gy`: the input cotangent of an output cotangent `gy` (`m × D`).
+    pub(crate) fn vjp(&self, gy: &Tensor) -> Result<Tensor> {
+        let m = self.mlp;
+        let [(x0, s0), (x1, s1), (x2, s2)] = &self.norms;
+        let g = m.norm2.vjp(x2, s2, &gy.matmul(m.l3.weight())?)?;
+        let g = (g * &self.masks[1])?.matmul(m.l2.weight())?;
+        let g = m.norm1.vjp(x1, s1, &g)?;
+        let g = (g * &self.masks[0])?.matmul(m.l1.weight())?;
+        Ok(m.norm0.vjp(x0, s0, &g)?)
     }
 }
 

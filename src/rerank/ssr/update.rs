@@ -8,6 +8,7 @@
 //! update) has a first-order backward in candle, so the meta-loss after `T` updates is
 //! differentiable w.r.t. the MLP's parameters and `τ`.
 
+use super::alternating::{pull_back, HalfStep, Linearization};
 use super::graph::{subgraphs, SubgraphIndex};
 use super::model::{
     GroupSchedule, RetrievalLoss, SsrInput, SsrModel, Task, UpdateRule, UpdateSpace,
@@ -36,8 +37,8 @@ pub fn feature_direction(a: &Tensor, norms: &Tensor, fhat: &Tensor, s: &Tensor) 
 }
 
 /// SSR Eq. 4 with a given GraphSum matrix `G` (`n × n`): `f_i ← f_i + λ Σ_j G_ij ∂s_ij/∂f_i`
-/// ([`UpdateRule::Paper`]) or `f ← f − λ ∂(Σ G ⊙ S)/∂f` ([`UpdateRule::AuthorsCode`]), for
-/// the rows where `mask` (`n × 1`, 0/1) is 1.
+/// ([`UpdateRule::Paper`]) or `f ← f − λ ∂(Σ G ⊙ S)/∂f` (the authors' code, first order:
+/// the other rows held fixed), for the rows where `mask` (`n × 1`, 0/1) is 1.
 pub fn feature_step(
     f: &Tensor,
     g: &Tensor,
@@ -48,7 +49,7 @@ pub fn feature_step(
     let (norms, fhat, s) = cosine_graph(f)?;
     let (a, sign) = match rule {
         UpdateRule::Paper => (g.clone(), 1.0),
-        UpdateRule::AuthorsCode => ((g + g.t()?)?, -1.0),
+        UpdateRule::AuthorsCode | UpdateRule::AuthorsCodeFirstOrder => ((g + g.t()?)?, -1.0),
     };
     let dir = feature_direction(&a, &norms, &fhat, &s)?;
     Ok((f + (dir.broadcast_mul(mask)? * (sign * lambda))?)?)
@@ -137,8 +138,19 @@ impl SsrModel {
         graph_sum(&g, &index, &idx)
     }
 
+    /// `∂(MLP input)/∂S`: 1, or `−2α` when the MLP reads Eq. 9's `D = 2α(1 − S) + (1 − α)J`.
+    pub(crate) fn input_scale(&self) -> f64 {
+        match self.config.input {
+            SsrInput::Similarity => 1.0,
+            SsrInput::KReciprocal { alpha, .. } => -2.0 * alpha,
+        }
+    }
+
     /// One SSR update (Eq. 4 with the learned `G`) of the rows selected by `mask`, with MLP
-    /// `which` (and the fixed `jaccard` of the k-reciprocal input).
+    /// `which` (and the fixed `jaccard` of the k-reciprocal input). Under the authors' rule
+    /// this is the first-order step: the other rows are taken as given, which is the
+    /// authors' update only for the first group of the first step ([`SsrModel::refine`]
+    /// adds the path through the other group's update).
     pub fn step(
         &self,
         f: &Tensor,
@@ -151,8 +163,9 @@ impl SsrModel {
         feature_step(f, &g, mask, self.config.lambda, self.config.rule)
     }
 
-    /// Checks the node count against the task and the features for NaN/∞; returns the rows
-    /// L2-normalised (the authors normalise the features inside SSR).
+    /// Checks the node count against the task and the features for NaN/∞ and zero rows;
+    /// returns them in the model's dtype, as given (the authors normalise only to form the
+    /// similarities) or L2-normalised with [`SsrConfig::normalize_input`](super::SsrConfig).
     fn prepare(&self, f: &Tensor) -> Result<Tensor> {
         let dims = f.dims();
         let n = match self.task {
@@ -184,12 +197,17 @@ impl SsrModel {
                 format!("node {p} has a zero feature vector (its cosine similarity is undefined)"),
             ));
         }
-        Ok(f.broadcast_div(&norms)?)
+        if self.config.normalize_input {
+            return Ok(f.broadcast_div(&norms)?);
+        }
+        Ok(f)
     }
 
     /// `T` SSR updates of the node features `f` (`n × d`; retrieval: row 0 the query, rows
     /// `1..=k` its references; few-shot: the support nodes then the queries), following the
-    /// configured schedule. Returns the refined features. Errors with
+    /// configured schedule. The features are moved as given (the similarities are cosines,
+    /// so their scale sets each node's step, as in the authors' code) unless
+    /// `normalize_input` is set. Returns the refined features. Errors with
     /// [`UpdateSpace::Similarity`] (no features are refined; see
     /// [`SsrModel::refined_similarity`]).
     pub fn refine(&self, f: &Tensor) -> Result<Tensor> {
@@ -205,7 +223,7 @@ impl SsrModel {
         self.refine_prepared(f, jaccard.as_ref())
     }
 
-    /// The feature updates of [`SsrModel::refine`] on prepared (normalised) features.
+    /// The feature updates of [`SsrModel::refine`] on prepared features.
     fn refine_prepared(&self, mut f: Tensor, jaccard: Option<&Tensor>) -> Result<Tensor> {
         let n = f.dims()[0];
         let dev = f.device().clone();
@@ -220,6 +238,11 @@ impl SsrModel {
                 .collect();
             Ok(Tensor::from_vec(v, (n, 1), &Device::Cpu)?.to_dtype(self.dtype)?)
         };
+        if self.config.schedule == GroupSchedule::Alternating
+            && self.config.rule == UpdateRule::AuthorsCode
+        {
+            return self.refine_authors_alternating(f, [group(true)?, group(false)?], jaccard);
+        }
         for _ in 0..self.config.steps {
             match self.config.schedule {
                 GroupSchedule::Joint => f = self.step(&f, 0, &ones, jaccard)?,
@@ -227,6 +250,36 @@ impl SsrModel {
                     f = self.step(&f, 0, &group(true)?, jaccard)?;
                     f = self.step(&f, 1, &group(false)?, jaccard)?;
                 }
+            }
+        }
+        Ok(f)
+    }
+
+    /// The authors' alternating updates with autograd's total derivative
+    /// ([`super::alternating`]): `grad_h = [V_h]_X + L_hᵀ [V_h]_Y` for the group `X` of
+    /// half-step `h`, where `L_h` is the Jacobian of the other group's latest update.
+    fn refine_authors_alternating(
+        &self,
+        mut f: Tensor,
+        groups: [Tensor; 2],
+        jaccard: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let lambda = self.config.lambda;
+        let mut chain: Vec<HalfStep> = Vec::with_capacity(2 * self.config.steps);
+        for _ in 0..self.config.steps {
+            for which in 0..2 {
+                let at = Linearization::new(self, &f, which, jaccard)?;
+                let (updated, held) = (&groups[which], &groups[1 - which]);
+                let mut grad = at.v.broadcast_mul(updated)?;
+                if let Some(extra) = pull_back(&chain, &at.v.broadcast_mul(held)?, lambda)? {
+                    grad = (grad + extra)?;
+                }
+                f = (&f - (grad * lambda)?)?;
+                chain.push(HalfStep {
+                    at,
+                    updated: updated.clone(),
+                    held: held.clone(),
+                });
             }
         }
         Ok(f)
@@ -560,7 +613,9 @@ mod tests {
             for j in 0..n {
                 let a = match rule {
                     UpdateRule::Paper => g[i * n + j],
-                    UpdateRule::AuthorsCode => -(g[i * n + j] + g[j * n + i]),
+                    UpdateRule::AuthorsCode | UpdateRule::AuthorsCodeFirstOrder => {
+                        -(g[i * n + j] + g[j * n + i])
+                    }
                 };
                 for k in 0..d {
                     out[i * d + k] += lambda * a * (unit(j, k) - s(i, j) * unit(i, k)) / norm[i];
@@ -574,17 +629,25 @@ mod tests {
     fn one_step_matches_a_plain_loop_reference() {
         let (k, d) = (5, 4);
         let n = k + 1;
-        let raw = feats(n, d, 7);
-        // SSR normalises the rows first.
-        let f: Vec<f64> = raw
+        // Raw features of norms 1–4: SSR moves them as given (the authors normalise only to
+        // form the similarities), so each node's step carries 1/‖f_i‖.
+        let f: Vec<f64> = feats(n, d, 7)
             .chunks(d)
-            .flat_map(|r| {
-                let nr = r.iter().map(|x| x * x).sum::<f64>().sqrt();
-                r.iter().map(move |x| x / nr).collect::<Vec<_>>()
+            .enumerate()
+            .flat_map(|(i, r)| {
+                r.iter()
+                    .map(move |x| x * (1.0 + i as f64 * 0.6))
+                    .collect::<Vec<_>>()
             })
             .collect();
+        let raw = f.clone();
+        let rules = [
+            UpdateRule::Paper,
+            UpdateRule::AuthorsCode,
+            UpdateRule::AuthorsCodeFirstOrder,
+        ];
         for layout in [Layout::Paper, Layout::AuthorsCode] {
-            for rule in [UpdateRule::Paper, UpdateRule::AuthorsCode] {
+            for rule in rules {
                 let model = tiny_model(Task::Retrieval { k }, layout, rule, GroupSchedule::Joint);
                 let refined = model
                     .refine(&t(&raw, n, d))
@@ -643,12 +706,18 @@ mod tests {
         // The paper's and the code's updates, and the differentiable paths of the ablations
         // (Tables 3–4) and of the k-reciprocal input (Sec. 2.3).
         type Variant = (&'static str, GroupSchedule, UpdateRule, fn(&mut SsrConfig));
-        let variants: [Variant; 6] = [
+        let variants: [Variant; 7] = [
             ("paper", GroupSchedule::Joint, UpdateRule::Paper, |_| {}),
             (
                 "code",
                 GroupSchedule::Alternating,
                 UpdateRule::AuthorsCode,
+                |_| {},
+            ),
+            (
+                "code, first order",
+                GroupSchedule::Alternating,
+                UpdateRule::AuthorsCodeFirstOrder,
                 |_| {},
             ),
             (
@@ -748,31 +817,53 @@ mod tests {
 
     #[test]
     fn zero_update_signal_leaves_features_unchanged() {
+        // The features come back as given (not normalised), under every rule and schedule;
+        // with `normalize_input` they come back as unit rows.
         let (s, q, d) = (3, 4, 5);
-        let model = tiny_model(
-            Task::FewShot {
-                supports: s,
-                queries: q,
-            },
-            Layout::AuthorsCode,
-            UpdateRule::Paper,
-            GroupSchedule::Alternating,
-        );
-        model.zero_update_signal().unwrap();
-        let raw = feats(s + q, d, 5);
-        let r = model
-            .refine(&t(&raw, s + q, d))
-            .unwrap()
-            .to_vec2::<f64>()
-            .unwrap();
-        for i in 0..s + q {
-            let row = &raw[i * d..(i + 1) * d];
-            let nr = row.iter().map(|x| x * x).sum::<f64>().sqrt();
-            for c in 0..d {
-                assert!((r[i][c] - row[c] / nr).abs() < 1e-15);
+        let raw: Vec<f64> = feats(s + q, d, 5).iter().map(|x| 3.0 * x).collect();
+        let rules = [
+            (UpdateRule::Paper, GroupSchedule::Alternating),
+            (UpdateRule::AuthorsCode, GroupSchedule::Alternating),
+            (
+                UpdateRule::AuthorsCodeFirstOrder,
+                GroupSchedule::Alternating,
+            ),
+            (UpdateRule::AuthorsCode, GroupSchedule::Joint),
+        ];
+        for (rule, schedule) in rules {
+            for normalize in [false, true] {
+                let mut model = tiny_model(
+                    Task::FewShot {
+                        supports: s,
+                        queries: q,
+                    },
+                    Layout::AuthorsCode,
+                    rule,
+                    schedule,
+                );
+                model.config.normalize_input = normalize;
+                model.config.steps = 2;
+                model.zero_update_signal().unwrap();
+                let r = model
+                    .refine(&t(&raw, s + q, d))
+                    .unwrap()
+                    .to_vec2::<f64>()
+                    .unwrap();
+                for i in 0..s + q {
+                    let row = &raw[i * d..(i + 1) * d];
+                    let nr = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+                    let scale = if normalize { 1.0 / nr } else { 1.0 };
+                    for c in 0..d {
+                        assert!(
+                            (r[i][c] - row[c] * scale).abs() < 1e-15,
+                            "{rule:?} {schedule:?} normalize {normalize}"
+                        );
+                    }
+                }
             }
         }
     }
+
     /// Plain-loop GraphSum of MLP outputs `g_out` at `index`'s positions.
     fn scatter(index: &SubgraphIndex, g_out: &[f64]) -> Vec<f64> {
         let mut g = vec![0.0; index.nodes * index.nodes];
