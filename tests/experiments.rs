@@ -18,7 +18,7 @@ fn check(cells: &[rankwise::report::Measured], what: &str) {
             c.value.is_finite() && (0.0..=1.0 + 1e-9).contains(&c.value),
             "{what}: {c:?}"
         );
-        assert_eq!(c.provenance.scale, Scale::Tiny, "{what}: {c:?}");
+        assert_eq!(c.provenance.scale, "tiny", "{what}: {c:?}");
         assert_eq!(c.provenance.dataset, "embedded shapes", "{what}: {c:?}");
     }
 }
@@ -116,7 +116,7 @@ fn reproduce_paper_joins_the_published_values_and_writes_tables_and_figures() {
     let cache = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     let runner = Runner::new(Some(cache.path().to_path_buf()), false);
-    for paper in experiments::PAPERS {
+    for paper in experiments::keys() {
         let r = experiments::reproduce_paper(paper, root(), &runner, Scale::Tiny).unwrap();
         // Our cells must land beside the paper's: every table the paper has gets at least one
         // cell with both sides (a mistyped method, setting or dataset would leave ours alone).
@@ -213,9 +213,9 @@ fn notebook_run_writes_under_the_output_folder_and_shows_tables() {
     assert!(e.contains("no_such_figure") && e.contains("rambo_"), "{e}");
     // A table with the paper's values only (nothing of ours joined) must not pass as
     // reproduced, nor a result without tables.
-    let published = rankwise::report::Published::for_paper(
+    let published = rankwise::report::Published::for_key(
         root().join("paper_tables").join("published"),
-        rankwise::report::Paper::Rambo,
+        "rambo",
     )
     .unwrap();
     let mut paper_only = r.clone();
@@ -310,11 +310,9 @@ fn ssr_tables_3_and_4_have_the_papers_rows_at_tiny_scale() {
     }
     assert_eq!(rows("Table 4", "1-shot CI95").len(), 10);
     // The rows join the published values (same table, method, dataset, setting, metric).
-    let published = rankwise::report::Published::for_paper(
-        root().join("paper_tables").join("published"),
-        rankwise::report::Paper::Ssr,
-    )
-    .unwrap();
+    let published =
+        rankwise::report::Published::for_key(root().join("paper_tables").join("published"), "ssr")
+            .unwrap();
     for table in ["Table 3", "Table 4"] {
         let paper = published.table(table);
         let joined = m
@@ -431,7 +429,7 @@ fn every_paper_notebook_names_what_its_experiment_produces() {
         seen.push(paper.clone());
     }
     seen.sort();
-    let mut all: Vec<String> = experiments::PAPERS.iter().map(|p| p.to_string()).collect();
+    let mut all: Vec<String> = experiments::keys().iter().map(|p| p.to_string()).collect();
     all.sort();
     assert_eq!(seen, all, "one notebook per paper");
 }

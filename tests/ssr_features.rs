@@ -203,7 +203,7 @@ fn every_feature_set_fills_its_paper_column() {
     );
     for c in &m.cells {
         assert!((0.0..=1.0).contains(&c.value), "{c:?}");
-        assert_eq!(c.provenance.scale, Scale::Paper);
+        assert_eq!(c.provenance.scale, "paper");
     }
     // The synthetic landmarks put every positive next to its query: the features alone rank
     // them first, so revisitop's mAP is 1 under both protocols.

@@ -118,6 +118,38 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
     ]
 }
 
+/// FastAP's experiments ([`super::Experiment`]).
+#[derive(Debug, Clone, Copy)]
+pub struct FastAp;
+
+impl super::Experiment for FastAp {
+    fn key(&self) -> &'static str {
+        PAPER
+    }
+
+    fn name(&self) -> &'static str {
+        "FastAP"
+    }
+
+    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
+        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
+        measure(cx.runner, &recipe, cx.scale)
+    }
+
+    fn claims(&self, cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
+        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
+        Ok(claims(m, &recipe.base(cx.scale)?))
+    }
+
+    fn figures(
+        &self,
+        m: &Measurements,
+        tables: &[super::ReproducedTable],
+    ) -> Result<Vec<super::Figure>> {
+        figures(m, tables)
+    }
+}
+
 /// Trains every row at `scale` and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
     let base = recipe.base(scale)?;

@@ -9,10 +9,12 @@
 //! the batch size, …) is code, mirroring the paper's table; everything else comes from the
 //! recipe.
 
+pub mod experiment;
 pub mod notebook;
 pub mod publish;
 pub mod recipe;
 pub mod runs;
+pub mod stats;
 pub mod table;
 
 pub mod fastap;
@@ -22,68 +24,35 @@ pub mod smooth_ap;
 pub mod ssr;
 pub mod ssr_features;
 
+pub use experiment::{find, keys, Context, Experiment, REGISTRY};
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
 pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};
 pub use table::{Claim, Measurements, Variant};
 
-use crate::report::{Paper, Published};
+use crate::report::Published;
 
 use crate::error::{Error, Result};
 use std::path::Path;
 
-/// The papers whose experiments are implemented, by key (`configs/experiments/<key>.toml`).
-pub const PAPERS: [&str; 5] = [
-    smooth_ap::PAPER,
-    fastap::PAPER,
-    rambo::PAPER,
-    happier::PAPER,
-    ssr::PAPER,
-];
-
 /// Runs one paper's experiments at `scale` (recipe from `configs/experiments/` under `root`)
-/// and checks its qualitative claims on our numbers. SSR trains no network through `runner`
-/// (its backbone and meta-training run in [`ssr::measure`], uncached).
+/// and checks its qualitative claims on our numbers; `paper` is a key or name of
+/// [`REGISTRY`].
 pub fn measure_paper(
     paper: &str,
     root: &Path,
     runner: &Runner,
     scale: Scale,
 ) -> Result<(Measurements, Vec<Claim>)> {
-    if paper == ssr::PAPER {
-        let m = ssr::measure(root, scale)?;
-        let c = ssr::claims(&m);
-        return Ok((m, c));
-    }
-    let recipe = ExperimentRecipe::for_paper(root, paper)?;
-    Ok(match paper {
-        smooth_ap::PAPER => {
-            let m = smooth_ap::measure(runner, &recipe, scale)?;
-            let c = smooth_ap::claims(&m);
-            (m, c)
-        }
-        fastap::PAPER => {
-            let m = fastap::measure(runner, &recipe, scale)?;
-            let c = fastap::claims(&m, &recipe.base(scale)?);
-            (m, c)
-        }
-        rambo::PAPER => {
-            let m = rambo::measure(runner, &recipe, scale)?;
-            let c = rambo::claims(&m);
-            (m, c)
-        }
-        happier::PAPER => {
-            let m = happier::measure(runner, &recipe, scale)?;
-            let c = happier::claims(&m);
-            (m, c)
-        }
-        other => {
-            return Err(Error::invalid(
-                "paper",
-                format!("`{other}`: expected one of {}", PAPERS.join(", ")),
-            ))
-        }
-    })
+    let experiment = find(paper)?;
+    let cx = Context {
+        root,
+        runner,
+        scale,
+    };
+    let m = experiment.measure(&cx)?;
+    let claims = experiment.claims(&cx, &m)?;
+    Ok((m, claims))
 }
 
 /// Runs one paper's experiments at `scale` and assembles what a reader needs: the claims, every
@@ -95,19 +64,17 @@ pub fn reproduce_paper(
     runner: &Runner,
     scale: Scale,
 ) -> Result<PaperResults> {
-    let which: Paper = paper.parse()?;
-    let (measurements, claims) = measure_paper(paper, root, runner, scale)?;
-    let published = Published::for_paper(root.join("paper_tables").join("published"), which)?;
-    let tables = publish::comparisons(which, &published, &measurements)?;
-    let figures = match which {
-        Paper::SmoothAp => smooth_ap::figures(&measurements, &tables)?,
-        Paper::FastAp => fastap::figures(&measurements, &tables)?,
-        Paper::Rambo => rambo::figures(&measurements, &tables)?,
-        Paper::Happier => happier::figures(&measurements, &tables)?,
-        Paper::Ssr => ssr::figures(&measurements)?,
-    };
+    let experiment = find(paper)?;
+    let (measurements, claims) = measure_paper(experiment.key(), root, runner, scale)?;
+    let published = Published::for_key(
+        root.join("paper_tables").join("published"),
+        experiment.key(),
+    )?;
+    let tables = publish::comparisons(experiment.name(), &published, &measurements)?;
+    let figures = experiment.figures(&measurements, &tables)?;
     Ok(PaperResults {
-        paper: which,
+        key: experiment.key(),
+        name: experiment.name(),
         scale,
         measurements,
         claims,
@@ -205,7 +172,7 @@ impl ReproduceDirs {
     }
 }
 
-/// Regenerates the tables and figures of `papers` (all of [`PAPERS`] when empty) at `scale`:
+/// Regenerates the tables and figures of `papers` (all of [`REGISTRY`] when empty) at `scale`:
 /// [`reproduce_paper`] then [`write_paper`] for each, printing the claims and the files written
 /// to `out`. What `rankwise reproduce` and `examples/reproduce.rs` run.
 pub fn reproduce(
@@ -215,17 +182,12 @@ pub fn reproduce(
     verbose: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
-    let all: Vec<String> = PAPERS.iter().map(|p| p.to_string()).collect();
-    let papers = if papers.is_empty() { &all[..] } else { papers };
     // Reject an unknown paper before any training.
-    for paper in papers {
-        if !PAPERS.contains(&paper.as_str()) {
-            return Err(Error::invalid(
-                "paper",
-                format!("`{paper}`: expected one of {}", PAPERS.join(", ")),
-            ));
-        }
-    }
+    let experiments: Vec<&dyn Experiment> = if papers.is_empty() {
+        REGISTRY.to_vec()
+    } else {
+        papers.iter().map(|p| find(p)).collect::<Result<_>>()?
+    };
     let recipes = dirs.root.join("configs").join("experiments");
     if !recipes.is_dir() {
         return Err(Error::file(
@@ -235,7 +197,8 @@ pub fn reproduce(
     }
     let runner = Runner::new(dirs.runs.clone(), verbose);
     let io = |e: std::io::Error| Error::invalid("output", e.to_string());
-    for paper in papers {
+    for experiment in experiments {
+        let paper = experiment.key();
         writeln!(
             out,
             "== {paper} ({scale}) — runs not in the cache train now, one line each"

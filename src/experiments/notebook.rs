@@ -82,7 +82,7 @@ pub fn table_markdown(results: &PaperResults, table: &str) -> Result<String> {
             "table",
             format!(
                 "{} has no reproduced table {table:?}; it has {}",
-                results.paper.name(),
+                results.name,
                 names.join(", ")
             ),
         )
@@ -116,7 +116,7 @@ pub fn show_tables(results: &PaperResults) -> Result<()> {
 pub fn show_claims(results: &PaperResults) {
     display_markdown(&format!(
         "### {}: the paper's claims on our numbers (`{}` scale)\n\n{}",
-        results.paper.name(),
+        results.name,
         results.scale,
         results.claims_markdown()
     ));
@@ -131,7 +131,7 @@ pub fn show_figure(results: &PaperResults, stem: &str) -> Result<()> {
             "figure",
             format!(
                 "{} has no figure {stem:?}; it has {}",
-                results.paper.name(),
+                results.name,
                 names.join(", ")
             ),
         )
@@ -154,7 +154,7 @@ pub fn check_results(results: &PaperResults) -> Result<()> {
     if results.tables.is_empty() {
         return Err(Error::invalid(
             "results",
-            format!("{}: no table was reproduced", results.paper.name()),
+            format!("{}: no table was reproduced", results.name),
         ));
     }
     for t in &results.tables {
@@ -162,17 +162,13 @@ pub fn check_results(results: &PaperResults) -> Result<()> {
         if ours.is_empty() {
             return Err(Error::invalid(
                 "results",
-                format!("{} {}: no value of ours", results.paper.name(), t.table),
+                format!("{} {}: no value of ours", results.name, t.table),
             ));
         }
         if let Some(v) = ours.iter().find(|v| !v.is_finite()) {
             return Err(Error::invalid(
                 "results",
-                format!(
-                    "{} {}: a value of ours is {v}",
-                    results.paper.name(),
-                    t.table
-                ),
+                format!("{} {}: a value of ours is {v}", results.name, t.table),
             ));
         }
     }

@@ -57,7 +57,7 @@ use crate::metrics::revisited::{Protocol, REVISITOP_KAPPAS};
 use crate::report::{Measured, Provenance, Unit};
 use crate::rerank::k_reciprocal::KReciprocal;
 use crate::rerank::query_expansion::QueryExpansion;
-use crate::rerank::ssr::train::train_stage;
+use crate::rerank::ssr::select::{select, Selected};
 use crate::rerank::ssr::{
     ColumnOrder, Decomposition, FewShotTasks, MetaTrainConfig, NodeGroup, RetrievalTasks,
     SsrClassifier, SsrConfig, SsrInput, SsrModel, SsrRanking, SupportNodes, Task, TaskSource,
@@ -66,7 +66,7 @@ use crate::rerank::ssr::{
 use crate::rerank::{self, CosineRanking, RerankEvalOptions, Reranker, TopN};
 use crate::samplers::episodes::EpisodeConfig;
 use crate::train::TrainConfig;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -378,132 +378,6 @@ impl SsrScaleRecipe {
     }
 }
 
-/// A model's variables by name.
-type Snapshot = Vec<(String, Tensor)>;
-
-/// A model's variables, copied.
-fn snapshot(model: &SsrModel) -> Result<Snapshot> {
-    model
-        .vars()
-        .into_iter()
-        .map(|(n, v)| Ok((n, v.as_tensor().copy()?)))
-        .collect()
-}
-
-fn restore(model: &SsrModel, snap: &[(String, Tensor)]) -> Result<()> {
-    for ((_, v), (_, t)) in model.vars().iter().zip(snap) {
-        v.set(t)?;
-    }
-    Ok(())
-}
-
-/// The model kept by the validation selection and what was selected.
-struct Selected {
-    model: SsrModel,
-    lambda: f64,
-    k: usize,
-    val_score: f64,
-    iterations: usize,
-    first_loss: f64,
-    last_loss: f64,
-}
-
-impl Selected {
-    fn describe(&self, what: &str) -> String {
-        format!(
-            "SSR hidden {}, λ = {}, T = {}{} selected on the validation classes ({what} {:.4}); \
-             meta-trained {} iterations on the base classes (loss {:.3} → {:.3})",
-            self.model.config.hidden,
-            self.lambda,
-            self.model.config.steps,
-            if matches!(self.model.task, Task::Retrieval { .. }) {
-                format!(", k = {}", self.k)
-            } else {
-                String::new()
-            },
-            self.val_score,
-            self.iterations,
-            self.first_loss,
-            self.last_loss
-        )
-    }
-}
-
-/// Meta-trains one model per `(λ, k)` candidate through the stages, scores it on validation
-/// after each stage, and returns the best.
-fn select(
-    candidates: &[(f64, usize)],
-    base_config: &SsrConfig,
-    train: &MetaTrainConfig,
-    seed: u64,
-    make_task: &dyn Fn(usize) -> Task,
-    make_tasks: &dyn Fn(usize) -> Result<Box<dyn TaskSource>>,
-    validate: &dyn Fn(&SsrModel) -> Result<f64>,
-) -> Result<Selected> {
-    // (validation score, λ, k, T, the variables, the task, (iterations, first and last loss)).
-    type Best = (f64, f64, usize, usize, Snapshot, Task, (usize, f64, f64));
-    let mut best: Option<Best> = None;
-    for &(lambda, k) in candidates {
-        let config = SsrConfig {
-            lambda,
-            ..base_config.clone()
-        };
-        let mut model = SsrModel::new(config, make_task(k), DType::F32, seed)?;
-        let tasks = make_tasks(k)?;
-        let mut losses = Vec::new();
-        for stage in &train.stages {
-            let first = losses.len() as u64;
-            losses.extend(train_stage(
-                &mut model,
-                tasks.as_ref(),
-                stage,
-                train,
-                first,
-            )?);
-            let score = validate(&model)?;
-            println!(
-                "  ssr {:?}: λ = {lambda}, T = {}: {} iterations, last loss {:.4}, validation {score:.4}",
-                model.task,
-                stage.steps,
-                losses.len(),
-                losses.last().copied().unwrap_or(f64::NAN)
-            );
-            if best.as_ref().is_none_or(|b| score > b.0) {
-                let head = losses.iter().take(20).sum::<f64>() / losses.len().min(20) as f64;
-                let tail_n = losses.len().min(20);
-                let tail = losses[losses.len() - tail_n..].iter().sum::<f64>() / tail_n as f64;
-                best = Some((
-                    score,
-                    lambda,
-                    k,
-                    stage.steps,
-                    snapshot(&model)?,
-                    model.task,
-                    (losses.len(), head, tail),
-                ));
-            }
-        }
-    }
-    let (val_score, lambda, k, steps, snap, task, (iterations, first_loss, last_loss)) =
-        best.ok_or_else(|| Error::invalid("lambdas", "no candidate to select from"))?;
-    let config = SsrConfig {
-        lambda,
-        steps,
-        ..base_config.clone()
-    };
-    let model = SsrModel::new(config, task, DType::F32, seed)?;
-    restore(&model, &snap)?;
-    Ok(Selected {
-        model,
-        lambda,
-        k,
-        val_score,
-        iterations,
-        first_loss,
-        last_loss,
-    })
-}
-
 /// The episodes' configuration.
 fn episodes(f: &FewShotRecipe, shots: usize) -> EpisodeConfig {
     EpisodeConfig {
@@ -512,6 +386,39 @@ fn episodes(f: &FewShotRecipe, shots: usize) -> EpisodeConfig {
         queries: f.queries,
         level: 0,
         shuffle_queries: true,
+    }
+}
+
+/// SSR's experiments ([`super::Experiment`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ssr;
+
+impl super::Experiment for Ssr {
+    fn key(&self) -> &'static str {
+        PAPER
+    }
+
+    fn name(&self) -> &'static str {
+        "SSR"
+    }
+
+    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
+        // SSR trains no network through the runner: its backbone and meta-training run in
+        // `measure` (the selected modules are saved beside the run cache).
+        measure(cx.root, cx.scale)
+    }
+
+    fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
+        Ok(claims(m))
+    }
+
+    fn figures(
+        &self,
+        m: &Measurements,
+        tables: &[super::ReproducedTable],
+    ) -> Result<Vec<super::Figure>> {
+        let _ = tables;
+        figures(m)
     }
 }
 

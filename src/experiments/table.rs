@@ -5,8 +5,9 @@
 //! [`Claim`]s checked on them.
 
 use super::runs::{RunResult, RunSpec};
+use super::Scale;
 use crate::error::Result;
-use crate::report::{Measured, Provenance, Scale, Unit};
+use crate::report::{Measured, Provenance, Unit};
 use crate::train::TrainConfig;
 
 /// One row of a paper's table as a run: a change to the scale's base recipe.

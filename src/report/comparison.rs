@@ -12,7 +12,7 @@
 //! [`Comparison::paper_shaped`], shaped like the paper's table (rows = methods, columns =
 //! dataset × metric, cells `paper / ours`).
 
-use super::provenance::{Provenance, Scale};
+use super::provenance::Provenance;
 use super::published::{check_setting, PublishedRow, Unit};
 use super::tables::{csv_text, markdown_table, write_text_pair, TableFiles};
 use crate::error::{Error, Result};
@@ -416,9 +416,9 @@ impl Comparison {
         if provs.is_empty() {
             out.push_str("\nOurs: not measured yet.\n");
         } else {
-            let scales: Vec<Scale> = provs.iter().fold(Vec::new(), |mut acc, p| {
-                if !acc.contains(&p.scale) {
-                    acc.push(p.scale);
+            let scales: Vec<&str> = provs.iter().fold(Vec::new(), |mut acc, p| {
+                if !acc.contains(&p.scale.as_str()) {
+                    acc.push(p.scale.as_str());
                 }
                 acc
             });
@@ -507,7 +507,7 @@ mod tests {
     }
 
     fn quick() -> Provenance {
-        Provenance::new("embedded shapes", Scale::Quick, "small CNN, 5 epochs")
+        Provenance::new("embedded shapes", "quick", "small CNN, 5 epochs")
     }
 
     fn measured(method: &str, metric: &str, value: f64) -> Measured {

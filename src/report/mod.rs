@@ -6,8 +6,7 @@
 //!
 //! - [`published`]: the papers' values, read from `paper_tables/published/<paper>.csv`
 //!   ([`Published::for_paper`]); never typed into code.
-//! - [`provenance`]: [`Scale`] (`tiny` / `quick` / `paper`) and [`Provenance`] (dataset, scale,
-//!   details) of our values.
+//! - [`provenance`]: [`Provenance`] (dataset, scale, details) of our values.
 //! - [`comparison`]: [`Measured`] values joined with the published ones into a
 //!   [`Comparison`]: a long `DataFrame` (`method | setting | metric | paper | paper_dataset |
 //!   ours | our_dataset | scale | …`) and a paper-shaped one (cells `paper / ours`).
@@ -19,8 +18,8 @@
 //! ```no_run
 //! use rankwise::report::*;
 //! # fn main() -> rankwise::Result<()> {
-//! let published = Published::for_paper(published_dir(), Paper::SmoothAp)?;
-//! let ours = Provenance::new("embedded shapes", Scale::Quick, "small CNN, 5 epochs");
+//! let published = Published::for_key(published_dir(), "smooth_ap")?;
+//! let ours = Provenance::new("embedded shapes", "quick", "small CNN, 5 epochs");
 //! let measured = [Measured::new("Table 2", "Smooth-AP", "SOP", "R@1", 0.170, Unit::Fraction, ours)
 //!     .with_setting("batch=224")];
 //! let table = Comparison::build("Smooth-AP Table 2", &published.table("Table 2"), &measured)?;
@@ -42,8 +41,8 @@ pub use figures::{
     LineChart, Marker, Series, SeriesStyle, DEFAULT_SIZE,
 };
 pub use fonts::{FONT_ENV, FONT_FAMILY};
-pub use provenance::{Provenance, Scale};
-pub use published::{published_dir, Paper, Published, PublishedRow, Unit};
+pub use provenance::Provenance;
+pub use published::{published_dir, Published, PublishedRow, Unit};
 pub use standard_charts::{
     accuracy_with_intervals, precision_recall, sweep, training_curves, LogCurve, Sweep,
 };

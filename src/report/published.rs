@@ -36,78 +36,6 @@ pub fn published_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("paper_tables/published")
 }
 
-/// One of the five reproduced papers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Paper {
-    /// Brown et al., ECCV 2020.
-    SmoothAp,
-    /// Cakir et al., CVPR 2019 (poster).
-    FastAp,
-    /// Rolínek et al., CVPR 2020.
-    Rambo,
-    /// Ramzi et al., ECCV 2022.
-    Happier,
-    /// Shen et al., NeurIPS 2021.
-    Ssr,
-}
-
-impl Paper {
-    /// The five papers, in the order of the README.
-    pub const ALL: [Paper; 5] = [
-        Paper::SmoothAp,
-        Paper::FastAp,
-        Paper::Rambo,
-        Paper::Happier,
-        Paper::Ssr,
-    ];
-
-    /// File stem of the paper's CSV (and of its regenerated tables): `smooth_ap`, `fastap`,
-    /// `rambo`, `happier`, `ssr`.
-    pub fn stem(self) -> &'static str {
-        match self {
-            Paper::SmoothAp => "smooth_ap",
-            Paper::FastAp => "fastap",
-            Paper::Rambo => "rambo",
-            Paper::Happier => "happier",
-            Paper::Ssr => "ssr",
-        }
-    }
-
-    /// The paper's method name as printed: `Smooth-AP`, `FastAP`, `RaMBO`, `HAPPIER`, `SSR`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Paper::SmoothAp => "Smooth-AP",
-            Paper::FastAp => "FastAP",
-            Paper::Rambo => "RaMBO",
-            Paper::Happier => "HAPPIER",
-            Paper::Ssr => "SSR",
-        }
-    }
-}
-
-impl fmt::Display for Paper {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Paper {
-    type Err = Error;
-
-    /// Accepts the stem (`smooth_ap`) or the name (`Smooth-AP`), case-insensitively.
-    fn from_str(s: &str) -> Result<Self> {
-        Paper::ALL
-            .into_iter()
-            .find(|p| s.eq_ignore_ascii_case(p.stem()) || s.eq_ignore_ascii_case(p.name()))
-            .ok_or_else(|| {
-                Error::invalid(
-                    "paper",
-                    format!("unknown paper {s:?}; expected one of smooth_ap, fastap, rambo, happier, ssr"),
-                )
-            })
-    }
-}
-
 /// The unit a value is printed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
@@ -270,9 +198,10 @@ impl Published {
         Self::parse(path, &text)
     }
 
-    /// The published values of `paper` in `dir` (`dir/<stem>.csv`, see [`Paper::stem`]).
-    pub fn for_paper(dir: impl AsRef<Path>, paper: Paper) -> Result<Self> {
-        Self::load(dir.as_ref().join(format!("{}.csv", paper.stem())))
+    /// The published values of the paper with key `key` in `dir` (`dir/<key>.csv`, e.g.
+    /// `smooth_ap`, the key of its experiment).
+    pub fn for_key(dir: impl AsRef<Path>, key: &str) -> Result<Self> {
+        Self::load(dir.as_ref().join(format!("{key}.csv")))
     }
 
     /// Parses CSV text; `path` only names the source in errors.
@@ -554,15 +483,6 @@ mod tests {
         ] {
             assert_eq!(u.as_str().parse::<Unit>().unwrap(), u);
         }
-    }
-
-    #[test]
-    fn papers_parse_from_stem_or_name() {
-        for p in Paper::ALL {
-            assert_eq!(p.stem().parse::<Paper>().unwrap(), p);
-            assert_eq!(p.name().to_lowercase().parse::<Paper>().unwrap(), p);
-        }
-        assert!("smoothap".parse::<Paper>().is_err());
     }
 
     #[test]

@@ -27,6 +27,7 @@
 pub mod alternating;
 pub mod graph;
 pub mod model;
+pub mod select;
 pub mod train;
 pub mod update;
 

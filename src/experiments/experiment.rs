@@ -1,0 +1,99 @@
+//! A paper's experiments as a plug-in: one [`Experiment`] per paper, listed once in
+//! [`REGISTRY`]. Everything that runs "every paper" (`rankwise reproduce`, the notebooks, the
+//! tests) goes through the registry, so adding a paper is one experiment module (its tables,
+//! claims and figures), its recipe `configs/experiments/<key>.toml`, its published values
+//! `paper_tables/published/<key>.csv` and its notebook — and one line here.
+
+use super::publish::{Figure, ReproducedTable};
+use super::runs::Runner;
+use super::table::{Claim, Measurements};
+use super::Scale;
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// What an experiment runs with: the repository root (recipes under `configs/experiments/`),
+/// the run cache and the scale.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The repository root.
+    pub root: &'a Path,
+    /// Trains runs, or reads them back from its cache.
+    pub runner: &'a Runner,
+    /// The scale of every run.
+    pub scale: Scale,
+}
+
+/// One paper's experiments: the rows of its tables as runs, its claims checked on them, and
+/// its figures.
+pub trait Experiment: Sync {
+    /// The paper's key: `configs/experiments/<key>.toml`, `paper_tables/published/<key>.csv`,
+    /// `paper_tables/<key>.md` (`smooth_ap`).
+    fn key(&self) -> &'static str;
+
+    /// The paper's method as tables print it (`Smooth-AP`).
+    fn name(&self) -> &'static str;
+
+    /// Trains (or reads back from the cache) every row of every table at `cx.scale` and
+    /// returns our cells, keyed like the paper's published values.
+    fn measure(&self, cx: &Context) -> Result<Measurements>;
+
+    /// The paper's claims, checked on our measurements.
+    fn claims(&self, cx: &Context, m: &Measurements) -> Result<Vec<Claim>>;
+
+    /// The figures, from our measurements and the tables joined with the paper's values.
+    fn figures(&self, m: &Measurements, tables: &[ReproducedTable]) -> Result<Vec<Figure>>;
+}
+
+impl std::fmt::Debug for dyn Experiment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.key())
+    }
+}
+
+/// Every paper's experiments, in the order of the README.
+pub static REGISTRY: [&dyn Experiment; 5] = [
+    &super::smooth_ap::SmoothAp,
+    &super::fastap::FastAp,
+    &super::rambo::Rambo,
+    &super::happier::Happier,
+    &super::ssr::Ssr,
+];
+
+/// The keys of [`REGISTRY`], in order.
+pub fn keys() -> Vec<&'static str> {
+    REGISTRY.iter().map(|e| e.key()).collect()
+}
+
+/// The experiment with key or name `paper` (`smooth_ap` or `Smooth-AP`, any case); an error
+/// listing the keys otherwise.
+pub fn find(paper: &str) -> Result<&'static dyn Experiment> {
+    REGISTRY
+        .iter()
+        .copied()
+        .find(|e| paper.eq_ignore_ascii_case(e.key()) || paper.eq_ignore_ascii_case(e.name()))
+        .ok_or_else(|| {
+            Error::invalid(
+                "paper",
+                format!("`{paper}`: expected one of {}", keys().join(", ")),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn papers_are_found_by_key_or_name_and_unknown_ones_are_errors() {
+        assert_eq!(keys(), ["smooth_ap", "fastap", "rambo", "happier", "ssr"]);
+        for e in REGISTRY {
+            assert_eq!(find(e.key()).unwrap().key(), e.key());
+            assert_eq!(find(&e.name().to_uppercase()).unwrap().key(), e.key());
+        }
+        let err = find("smoothap").unwrap_err().to_string();
+        assert!(
+            err.contains("smoothap") && err.contains("smooth_ap, fastap"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,289 @@
+//! The statistics behind the verdicts on the papers' claims: a value measured over several
+//! seeds ([`Sample`]: mean, standard deviation, 95% interval of the mean) and the test that
+//! decides whether two rows differ beyond the run-to-run noise ([`welch`]: Welch's unequal-
+//! variance t-test, two-sided, at the 5% level).
+//!
+//! The Student-t distribution is computed from the regularised incomplete beta function
+//! (continued fraction, Lentz's method) and `ln Γ` (Lanczos, g = 7, 9 terms), so no
+//! statistics crate is needed; the tests check them against published quantiles.
+
+/// The significance level of every test (two-sided).
+pub const ALPHA: f64 = 0.05;
+
+/// One quantity measured over several seeds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// The value of each seed, in seed order.
+    pub values: Vec<f64>,
+}
+
+impl Sample {
+    /// The values of the seeds.
+    pub fn new(values: Vec<f64>) -> Self {
+        Sample { values }
+    }
+
+    /// Number of seeds.
+    pub fn n(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The mean (NaN when empty).
+    pub fn mean(&self) -> f64 {
+        self.values.iter().sum::<f64>() / self.values.len() as f64
+    }
+
+    /// The sample standard deviation (`n − 1` in the denominator); NaN with fewer than 2 seeds.
+    pub fn sd(&self) -> f64 {
+        let n = self.values.len();
+        if n < 2 {
+            return f64::NAN;
+        }
+        let m = self.mean();
+        (self.values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (n - 1) as f64).sqrt()
+    }
+
+    /// The half-width of the 95% confidence interval of the mean, `t_{0.975, n−1} · sd / √n`;
+    /// NaN with fewer than 2 seeds.
+    pub fn ci95(&self) -> f64 {
+        let n = self.values.len();
+        if n < 2 {
+            return f64::NAN;
+        }
+        t_quantile(1.0 - ALPHA / 2.0, (n - 1) as f64) * self.sd() / (n as f64).sqrt()
+    }
+}
+
+/// The outcome of comparing two samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comparison {
+    /// `mean(a) − mean(b)`.
+    pub difference: f64,
+    /// The two-sided p-value (1 when the test cannot be made).
+    pub p: f64,
+}
+
+impl Comparison {
+    /// `a` is larger than `b` beyond the noise: the difference is positive and significant.
+    pub fn a_larger(&self) -> bool {
+        self.difference > 0.0 && self.p < ALPHA
+    }
+
+    /// `b` is larger than `a` beyond the noise.
+    pub fn b_larger(&self) -> bool {
+        self.difference < 0.0 && self.p < ALPHA
+    }
+}
+
+/// Welch's t-test of `mean(a) = mean(b)`, two-sided: `t = (x̄_a − x̄_b) / √(s_a²/n_a + s_b²/n_b)`
+/// with the Welch–Satterthwaite degrees of freedom. Needs at least 2 seeds on each side (else
+/// `p = 1`: one seed says nothing about the noise). When both sides are constant, a
+/// difference is certain (`p = 0`) and equality is `p = 1`.
+pub fn welch(a: &Sample, b: &Sample) -> Comparison {
+    let difference = a.mean() - b.mean();
+    let (na, nb) = (a.n() as f64, b.n() as f64);
+    if a.n() < 2 || b.n() < 2 || !difference.is_finite() {
+        return Comparison { difference, p: 1.0 };
+    }
+    let (va, vb) = (a.sd().powi(2) / na, b.sd().powi(2) / nb);
+    let se2 = va + vb;
+    if se2 == 0.0 {
+        let p = if difference == 0.0 { 1.0 } else { 0.0 };
+        return Comparison { difference, p };
+    }
+    let t = difference / se2.sqrt();
+    let df = se2 * se2 / (va * va / (na - 1.0) + vb * vb / (nb - 1.0));
+    Comparison {
+        difference,
+        p: two_sided_p(t, df),
+    }
+}
+
+/// `P(|T| ≥ |t|)` for Student's t with `df` degrees of freedom: `I_{df/(df+t²)}(df/2, 1/2)`.
+pub fn two_sided_p(t: f64, df: f64) -> f64 {
+    if !t.is_finite() {
+        return 0.0;
+    }
+    regularized_beta(df / (df + t * t), df / 2.0, 0.5)
+}
+
+/// The `q`-quantile of Student's t with `df` degrees of freedom (`0 < q < 1`), by bisection on
+/// the distribution function.
+pub fn t_quantile(q: f64, df: f64) -> f64 {
+    if q == 0.5 {
+        return 0.0;
+    }
+    // P(T ≤ t) for t > 0 is 1 − p/2.
+    let upper = q > 0.5;
+    let target = if upper { 2.0 * (1.0 - q) } else { 2.0 * q };
+    let (mut lo, mut hi) = (0.0f64, 1.0f64);
+    while two_sided_p(hi, df) > target {
+        hi *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if two_sided_p(mid, df) > target {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let t = 0.5 * (lo + hi);
+    if upper {
+        t
+    } else {
+        -t
+    }
+}
+
+/// `ln Γ(x)` for `x > 0` (Lanczos approximation, g = 7, 9 coefficients; relative error
+/// below 1e-15 on the arguments used here).
+fn ln_gamma(x: f64) -> f64 {
+    const G: f64 = 7.0;
+    const C: [f64; 9] = [
+        0.999_999_999_999_809_9,
+        676.520_368_121_885_1,
+        -1_259.139_216_722_402_8,
+        771.323_428_777_653_1,
+        -176.615_029_162_140_6,
+        12.507_343_278_686_905,
+        -0.138_571_095_265_720_12,
+        9.984_369_578_019_572e-6,
+        1.505_632_735_149_311_6e-7,
+    ];
+    if x < 0.5 {
+        // Reflection: Γ(x)Γ(1 − x) = π / sin(πx).
+        return (std::f64::consts::PI / (std::f64::consts::PI * x).sin()).ln() - ln_gamma(1.0 - x);
+    }
+    let x = x - 1.0;
+    let mut a = C[0];
+    let t = x + G + 0.5;
+    for (i, c) in C.iter().enumerate().skip(1) {
+        a += c / (x + i as f64);
+    }
+    0.5 * (2.0 * std::f64::consts::PI).ln() + (x + 0.5) * t.ln() - t + a.ln()
+}
+
+/// The regularised incomplete beta function `I_x(a, b)`, by its continued fraction (evaluated
+/// with the modified Lentz method on whichever of `x` and `1 − x` converges faster).
+fn regularized_beta(x: f64, a: f64, b: f64) -> f64 {
+    if x <= 0.0 {
+        return 0.0;
+    }
+    if x >= 1.0 {
+        return 1.0;
+    }
+    let front =
+        (ln_gamma(a + b) - ln_gamma(a) - ln_gamma(b) + a * x.ln() + b * (1.0 - x).ln()).exp();
+    if x < (a + 1.0) / (a + b + 2.0) {
+        front * beta_fraction(x, a, b) / a
+    } else {
+        1.0 - front * beta_fraction(1.0 - x, b, a) / b
+    }
+}
+
+/// The continued fraction of `I_x(a, b)` (modified Lentz).
+fn beta_fraction(x: f64, a: f64, b: f64) -> f64 {
+    const TINY: f64 = 1e-300;
+    let mut c = 1.0;
+    let mut d = 1.0 - (a + b) * x / (a + 1.0);
+    if d.abs() < TINY {
+        d = TINY;
+    }
+    d = 1.0 / d;
+    let mut h = d;
+    for m in 1..500 {
+        let m = m as f64;
+        // The even step, then the odd step of the fraction.
+        for num in [
+            m * (b - m) * x / ((a + 2.0 * m - 1.0) * (a + 2.0 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2.0 * m) * (a + 2.0 * m + 1.0)),
+        ] {
+            d = 1.0 + num * d;
+            if d.abs() < TINY {
+                d = TINY;
+            }
+            c = 1.0 + num / c;
+            if c.abs() < TINY {
+                c = TINY;
+            }
+            d = 1.0 / d;
+            h *= d * c;
+        }
+        if (d * c - 1.0).abs() < 1e-16 {
+            break;
+        }
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t_quantiles_match_the_published_table() {
+        // t_{0.975, df} as scipy.stats.t.ppf(0.975, df) gives them.
+        for (df, t) in [
+            (1.0, 12.706_204_736_174_694),
+            (2.0, 4.302_652_729_749_462),
+            (4.0, 2.776_445_105_197_793_4),
+            (10.0, 2.228_138_851_986_274),
+            (30.0, 2.042_272_456_301_237_8),
+            (1000.0, 1.962_339_080_826_408_3),
+        ] {
+            let got = t_quantile(0.975, df);
+            assert!((got - t).abs() < 1e-9, "df {df}: {got} vs {t}");
+            assert!((t_quantile(0.025, df) + t).abs() < 1e-9);
+            assert!((two_sided_p(t, df) - 0.05).abs() < 1e-12, "df {df}");
+        }
+        // A t of 0 is no evidence; a huge t is.
+        assert_eq!(two_sided_p(0.0, 3.0), 1.0);
+        assert!(two_sided_p(1e6, 3.0) < 1e-12);
+        // ln Γ at integers and at ½.
+        assert!((ln_gamma(5.0) - 24f64.ln()).abs() < 1e-13);
+        assert!((ln_gamma(0.5) - std::f64::consts::PI.sqrt().ln()).abs() < 1e-13);
+    }
+
+    #[test]
+    fn samples_have_a_mean_sd_and_interval() {
+        let s = Sample::new(vec![1.0, 2.0, 3.0]);
+        assert_eq!(s.mean(), 2.0);
+        assert!((s.sd() - 1.0).abs() < 1e-15);
+        // t_{0.975, 2} · 1 / √3.
+        assert!((s.ci95() - 4.302_652_729_749_464 / 3f64.sqrt()).abs() < 1e-9);
+        assert!(Sample::new(vec![1.0]).ci95().is_nan());
+    }
+
+    #[test]
+    fn welch_separates_a_real_gap_from_noise() {
+        // scipy.stats.ttest_ind(a, b, equal_var=False): t = −3.966662776877729,
+        // df = 5.993530503798302, p = 0.007411272386704016.
+        let a = Sample::new(vec![19.8, 20.4, 19.6, 17.8, 18.5, 18.9]);
+        let b = Sample::new(vec![28.2, 26.6, 20.1, 23.3, 25.2, 22.1]);
+        let c = welch(&a, &b);
+        assert!(c.b_larger() && !c.a_larger(), "{c:?}");
+        let (va, vb) = (a.sd().powi(2) / 6.0, b.sd().powi(2) / 6.0);
+        let t = (a.mean() - b.mean()) / (va + vb).sqrt();
+        let df = (va + vb).powi(2) / (va * va / 5.0 + vb * vb / 5.0);
+        assert!((c.p - two_sided_p(t, df)).abs() < 1e-15);
+        assert!((t + 3.966_662_776_877_729).abs() < 1e-12, "{t}");
+        assert!((df - 5.993_530_503_798_302).abs() < 1e-12, "{df}");
+        assert!((c.p - 0.007_411_272_386_704_016).abs() < 1e-12, "{}", c.p);
+        // A gap well inside the spread is not significant, in either direction (scipy:
+        // p = 0.5733922538253555).
+        let d = welch(
+            &Sample::new(vec![0.50, 0.52, 0.48]),
+            &Sample::new(vec![0.51, 0.47, 0.49]),
+        );
+        assert!(!d.a_larger() && !d.b_larger(), "{d:?}");
+        assert!((d.p - 0.573_392_253_825_355_5).abs() < 1e-12, "{}", d.p);
+        // One seed says nothing about the noise; constant samples are exact.
+        let one = Sample::new(vec![0.9]);
+        assert_eq!(welch(&one, &Sample::new(vec![0.1, 0.2])).p, 1.0);
+        let hi = Sample::new(vec![0.3, 0.3]);
+        let lo = Sample::new(vec![0.2, 0.2]);
+        assert!(welch(&hi, &lo).a_larger());
+        assert_eq!(welch(&hi, &hi).p, 1.0);
+    }
+}
