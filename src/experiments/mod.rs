@@ -28,7 +28,7 @@ pub use experiment::{find, keys, Context, Experiment, REGISTRY};
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
 pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};
-pub use table::{Claim, Measurements, Variant};
+pub use table::{Claim, Degenerate, Measurements, Variant};
 
 use crate::report::Published;
 
@@ -50,7 +50,8 @@ pub fn measure_paper(
         runner,
         scale,
     };
-    let m = experiment.measure(&cx)?;
+    let mut m = experiment.measure(&cx)?;
+    m.flag_degenerate();
     let claims = experiment.claims(&cx, &m)?;
     Ok((m, claims))
 }
@@ -119,19 +120,10 @@ pub fn write_measurements(
         out.flush()
     })?;
     let md_path = dir.join(format!("{paper}_{scale}_claims.md"));
-    let mut md = format!(
-        "# {paper}: the paper's claims at the `{scale}` scale\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+    let md = format!(
+        "# {paper}: the paper's claims at the `{scale}` scale\n\n{}",
+        table::claims_markdown(claims, &m.degenerate)
     );
-    for c in claims {
-        // A `|` inside a cell (e.g. "|P|") would end it.
-        let cell = |t: &str| t.replace('|', "\\|");
-        md.push_str(&format!(
-            "| {} | {} | {} |\n",
-            cell(&c.claim),
-            c.verdict(),
-            cell(&c.evidence)
-        ));
-    }
     crate::io::write_atomically(&md_path, |w| w.write_all(md.as_bytes()))
 }
 

@@ -173,19 +173,9 @@ impl PaperResults {
             .map(|f| &f.chart)
     }
 
-    /// The claims as a Markdown table.
+    /// The claims as a Markdown table, then the degenerate rows they leave out.
     pub fn claims_markdown(&self) -> String {
-        let mut out = String::from("| claim | verdict | our numbers |\n|---|---|---|\n");
-        let cell = |t: &str| t.replace('|', "\\|");
-        for c in &self.claims {
-            out.push_str(&format!(
-                "| {} | {} | {} |\n",
-                cell(&c.claim),
-                c.verdict(),
-                cell(&c.evidence)
-            ));
-        }
-        out
+        super::table::claims_markdown(&self.claims, &self.measurements.degenerate)
     }
 }
 

@@ -139,6 +139,86 @@ pub struct Measurements {
     pub cells: Vec<Measured>,
     /// Every run, by table row (a run shared by several rows appears once per row).
     pub runs: Vec<TableRun>,
+    /// The rows the claims leave out ([`Measurements::flag_degenerate`]).
+    pub degenerate: Vec<Degenerate>,
+}
+
+/// A table row whose run cannot stand for what the row claims to measure, so the paper's
+/// claims do not count it (its cells stay in the tables, where a reader can see them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Degenerate {
+    /// The table.
+    pub table: String,
+    /// The row's method.
+    pub method: String,
+    /// The row's setting.
+    pub setting: String,
+    /// Why: a non-finite value (the run diverged), or every value bit-identical to an earlier
+    /// row of the same table (the row's switch changed nothing: the model never moved off its
+    /// initial identity map, or the switch never reached the run).
+    pub reason: String,
+}
+
+impl Degenerate {
+    /// `table: method (setting): reason`.
+    pub fn describe(&self) -> String {
+        let row = if self.setting.is_empty() {
+            self.method.clone()
+        } else {
+            format!("{} ({})", self.method, self.setting)
+        };
+        format!("{}: {row}: {}", self.table, self.reason)
+    }
+}
+
+/// The degenerate rows of `cells`, in table order (see [`Degenerate`]). Rows of different
+/// tables may share a run and so be equal; within a table, the first of equal rows is kept
+/// and each later one flagged.
+pub fn find_degenerate(cells: &[Measured]) -> Vec<Degenerate> {
+    // Each row (table, method, setting) with its (dataset, metric, value bits), sorted.
+    type Row = ((String, String, String), Vec<(String, String, u64)>);
+    let mut rows: Vec<Row> = Vec::new();
+    for c in cells {
+        let key = (c.table.clone(), c.method.clone(), c.setting.clone());
+        let entry = (c.dataset.clone(), c.metric.clone(), c.value.to_bits());
+        match rows.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, values)) => values.push(entry),
+            None => rows.push((key, vec![entry])),
+        }
+    }
+    for (_, values) in rows.iter_mut() {
+        values.sort();
+    }
+    let mut out = Vec::new();
+    for (i, ((table, method, setting), values)) in rows.iter().enumerate() {
+        let reason = if let Some((_, metric, _)) = values
+            .iter()
+            .find(|(_, _, bits)| !f64::from_bits(*bits).is_finite())
+        {
+            format!("its {metric} is not finite (the run diverged)")
+        } else if let Some(((_, m, s), _)) = rows[..i]
+            .iter()
+            .find(|((t, _, _), v)| t == table && v == values)
+        {
+            let earlier = if s.is_empty() {
+                m.clone()
+            } else {
+                format!("{m} ({s})")
+            };
+            format!(
+                "every value is bit-identical to the row {earlier} (its switch changed nothing)"
+            )
+        } else {
+            continue;
+        };
+        out.push(Degenerate {
+            table: table.clone(),
+            method: method.clone(),
+            setting: setting.clone(),
+            reason,
+        });
+    }
+    out
 }
 
 impl Measurements {
@@ -266,8 +346,25 @@ pub type MeasureFn =
     fn(&super::Runner, &super::ExperimentRecipe, super::Scale) -> Result<Measurements>;
 
 impl Measurements {
-    /// Our value of `metric` in `table`'s row `method` / `setting`.
+    /// Flags the degenerate rows ([`find_degenerate`]): [`Measurements::value`] then leaves
+    /// them out, so no claim rests on them.
+    pub fn flag_degenerate(&mut self) {
+        self.degenerate = find_degenerate(&self.cells);
+    }
+
+    /// Whether `table`'s row `method` / `setting` was flagged degenerate.
+    pub fn is_degenerate(&self, table: &str, method: &str, setting: &str) -> bool {
+        self.degenerate
+            .iter()
+            .any(|d| d.table == table && d.method == method && d.setting == setting)
+    }
+
+    /// Our value of `metric` in `table`'s row `method` / `setting`; `None` if not measured or
+    /// if the row is degenerate.
     pub fn value(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<f64> {
+        if self.is_degenerate(table, method, setting) {
+            return None;
+        }
         self.cells
             .iter()
             .find(|c| {
@@ -275,6 +372,31 @@ impl Measurements {
             })
             .map(|c| c.value)
     }
+}
+
+/// The claims as a Markdown table (claim, verdict, our numbers), then the degenerate rows
+/// that no claim counts, if any.
+pub fn claims_markdown(claims: &[Claim], degenerate: &[Degenerate]) -> String {
+    // A `|` inside a cell (e.g. "|P|") would end it.
+    let cell = |t: &str| t.replace('|', "\\|");
+    let mut out = String::from("| claim | verdict | our numbers |\n|---|---|---|\n");
+    for c in claims {
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            cell(&c.claim),
+            c.verdict(),
+            cell(&c.evidence)
+        ));
+    }
+    if !degenerate.is_empty() {
+        out.push_str(
+            "\nDegenerate runs, left out of the claims (their cells stay in the tables):\n\n",
+        );
+        for d in degenerate {
+            out.push_str(&format!("- {}\n", d.describe()));
+        }
+    }
+    out
 }
 
 /// A value for a claim's evidence: 2 decimals for percentages, 4 for fractions (values below
@@ -378,6 +500,57 @@ impl Claim {
 #[cfg(test)]
 mod claim_tests {
     use super::*;
+
+    #[test]
+    fn diverged_and_unchanged_rows_are_flagged_and_left_out_of_the_claims() {
+        let prov = Provenance::new("embedded shapes", Scale::Tiny, "");
+        let cell = |table: &str, method: &str, setting: &str, metric: &str, v: f64| {
+            Measured::new(table, method, "D", metric, v, Unit::Fraction, prov.clone())
+                .with_setting(setting)
+        };
+        let mut m = Measurements {
+            cells: vec![
+                cell("T", "Baseline", "", "acc", 0.5),
+                cell("T", "Baseline", "", "ci", 0.01),
+                cell("T", "SSR", "a=1", "acc", 0.6),
+                cell("T", "SSR", "a=1", "ci", 0.01),
+                // Same values as the baseline: the switch changed nothing.
+                cell("T", "SSR", "a=2", "ci", 0.01),
+                cell("T", "SSR", "a=2", "acc", 0.5),
+                // Same acc, another ci: a real row.
+                cell("T", "SSR", "a=3", "acc", 0.5),
+                cell("T", "SSR", "a=3", "ci", 0.02),
+                cell("T", "SSR", "a=4", "acc", f64::NAN),
+                cell("T", "SSR", "a=4", "ci", 0.02),
+                // Another table may repeat a row (a shared run).
+                cell("U", "Baseline", "", "acc", 0.5),
+                cell("U", "Baseline", "", "ci", 0.01),
+            ],
+            ..Measurements::default()
+        };
+        m.flag_degenerate();
+        let flagged: Vec<(&str, &str)> = m
+            .degenerate
+            .iter()
+            .map(|d| (d.table.as_str(), d.setting.as_str()))
+            .collect();
+        assert_eq!(flagged, [("T", "a=2"), ("T", "a=4")]);
+        assert!(m.degenerate[0]
+            .reason
+            .contains("bit-identical to the row Baseline"));
+        assert!(m.degenerate[1]
+            .describe()
+            .contains("T: SSR (a=4): its acc is not finite"));
+        assert_eq!(m.value("T", "SSR", "a=2", "acc"), None);
+        assert_eq!(m.value("T", "SSR", "a=3", "acc"), Some(0.5));
+        assert_eq!(m.value("U", "Baseline", "", "acc"), Some(0.5));
+        let c = Claim::greater(
+            "a=1 beats a=2",
+            ("a=1", m.value("T", "SSR", "a=1", "acc")),
+            ("a=2", m.value("T", "SSR", "a=2", "acc")),
+        );
+        assert_eq!(c.verdict(), "not measured");
+    }
 
     #[test]
     fn claims_compare_and_report_missing_values() {
