@@ -6,9 +6,10 @@
 
 use super::publish::{Figure, ReproducedTable};
 use super::runs::Runner;
-use super::table::{Claim, Measurements};
-use super::Scale;
+use super::table::{Claim, MeasureFn, Measurements};
+use super::{ExperimentRecipe, Scale};
 use crate::error::{Error, Result};
+use crate::train::TrainConfig;
 use std::path::Path;
 
 /// What an experiment runs with: the repository root (recipes under `configs/experiments/`),
@@ -50,12 +51,53 @@ impl std::fmt::Debug for dyn Experiment {
     }
 }
 
+/// A paper whose every row is a training run on its recipe's base (`configs/experiments/
+/// <key>.toml`): its module's functions, behind the one [`Experiment`] they all share.
+#[derive(Debug, Clone, Copy)]
+pub struct TrainedPaper {
+    /// [`Experiment::key`].
+    pub key: &'static str,
+    /// [`Experiment::name`].
+    pub name: &'static str,
+    /// Trains (or reads back) every row on the scale's base recipe.
+    pub measure: MeasureFn,
+    /// The claims, checked on the measurements (with the scale's base recipe, for claims that
+    /// name its batch).
+    pub claims: fn(&Measurements, &TrainConfig) -> Vec<Claim>,
+    /// The figures.
+    pub figures: fn(&Measurements, &[ReproducedTable]) -> Result<Vec<Figure>>,
+}
+
+impl Experiment for TrainedPaper {
+    fn key(&self) -> &'static str {
+        self.key
+    }
+
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn measure(&self, cx: &Context) -> Result<Measurements> {
+        let recipe = ExperimentRecipe::for_paper(cx.root, self.key)?;
+        (self.measure)(cx.runner, &recipe, cx.scale)
+    }
+
+    fn claims(&self, cx: &Context, m: &Measurements) -> Result<Vec<Claim>> {
+        let base = ExperimentRecipe::for_paper(cx.root, self.key)?.base(cx.scale)?;
+        Ok((self.claims)(m, &base))
+    }
+
+    fn figures(&self, m: &Measurements, tables: &[ReproducedTable]) -> Result<Vec<Figure>> {
+        (self.figures)(m, tables)
+    }
+}
+
 /// Every paper's experiments, in the order of the README.
 pub static REGISTRY: [&dyn Experiment; 5] = [
-    &super::smooth_ap::SmoothAp,
-    &super::fastap::FastAp,
-    &super::rambo::Rambo,
-    &super::happier::Happier,
+    &super::smooth_ap::EXPERIMENT,
+    &super::fastap::EXPERIMENT,
+    &super::rambo::EXPERIMENT,
+    &super::happier::EXPERIMENT,
     &super::ssr::Ssr,
 ];
 

@@ -118,37 +118,14 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
     ]
 }
 
-/// FastAP's experiments ([`super::Experiment`]).
-#[derive(Debug, Clone, Copy)]
-pub struct FastAp;
-
-impl super::Experiment for FastAp {
-    fn key(&self) -> &'static str {
-        PAPER
-    }
-
-    fn name(&self) -> &'static str {
-        "FastAP"
-    }
-
-    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
-        measure(cx.runner, &recipe, cx.scale)
-    }
-
-    fn claims(&self, cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
-        Ok(claims(m, &recipe.base(cx.scale)?))
-    }
-
-    fn figures(
-        &self,
-        m: &Measurements,
-        tables: &[super::ReproducedTable],
-    ) -> Result<Vec<super::Figure>> {
-        figures(m, tables)
-    }
-}
+/// FastAP's experiments ([`super::Experiment`]): every row a training run of the recipe.
+pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
+    key: PAPER,
+    name: "FastAP",
+    measure,
+    claims,
+    figures,
+};
 
 /// Trains every row at `scale` and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {

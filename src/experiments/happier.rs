@@ -185,36 +185,14 @@ pub fn sum_weighted_ap(run: &super::RunResult, levels: usize) -> Result<f64> {
     Ok(total)
 }
 
-/// HAPPIER's experiments ([`super::Experiment`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Happier;
-
-impl super::Experiment for Happier {
-    fn key(&self) -> &'static str {
-        PAPER
-    }
-
-    fn name(&self) -> &'static str {
-        "HAPPIER"
-    }
-
-    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
-        measure(cx.runner, &recipe, cx.scale)
-    }
-
-    fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
-        Ok(claims(m))
-    }
-
-    fn figures(
-        &self,
-        m: &Measurements,
-        tables: &[super::ReproducedTable],
-    ) -> Result<Vec<super::Figure>> {
-        figures(m, tables)
-    }
-}
+/// HAPPIER's experiments ([`super::Experiment`]): every row a training run of the recipe.
+pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
+    key: PAPER,
+    name: "HAPPIER",
+    measure,
+    claims: |m, _| claims(m),
+    figures,
+};
 
 /// Trains every row at `scale` and returns our cells (Table 6 gets the ΣwAP column).
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {

@@ -24,7 +24,7 @@ pub mod smooth_ap;
 pub mod ssr;
 pub mod ssr_features;
 
-pub use experiment::{find, keys, Context, Experiment, REGISTRY};
+pub use experiment::{find, keys, Context, Experiment, TrainedPaper, REGISTRY};
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
 pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};

@@ -123,36 +123,14 @@ pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
     ]
 }
 
-/// RaMBO's experiments ([`super::Experiment`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Rambo;
-
-impl super::Experiment for Rambo {
-    fn key(&self) -> &'static str {
-        PAPER
-    }
-
-    fn name(&self) -> &'static str {
-        "RaMBO"
-    }
-
-    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
-        measure(cx.runner, &recipe, cx.scale)
-    }
-
-    fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
-        Ok(claims(m))
-    }
-
-    fn figures(
-        &self,
-        m: &Measurements,
-        tables: &[super::ReproducedTable],
-    ) -> Result<Vec<super::Figure>> {
-        figures(m, tables)
-    }
-}
+/// RaMBO's experiments ([`super::Experiment`]): every row a training run of the recipe.
+pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
+    key: PAPER,
+    name: "RaMBO",
+    measure,
+    claims: |m, _| claims(m),
+    figures,
+};
 
 /// Trains every row at `scale` and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {

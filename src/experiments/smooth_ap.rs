@@ -83,36 +83,14 @@ fn comparison_rows(b: usize, big: usize) -> Vec<Variant> {
     ]
 }
 
-/// Smooth-AP's experiments ([`super::Experiment`]).
-#[derive(Debug, Clone, Copy)]
-pub struct SmoothAp;
-
-impl super::Experiment for SmoothAp {
-    fn key(&self) -> &'static str {
-        PAPER
-    }
-
-    fn name(&self) -> &'static str {
-        "Smooth-AP"
-    }
-
-    fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, PAPER)?;
-        measure(cx.runner, &recipe, cx.scale)
-    }
-
-    fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
-        Ok(claims(m))
-    }
-
-    fn figures(
-        &self,
-        m: &Measurements,
-        tables: &[super::ReproducedTable],
-    ) -> Result<Vec<super::Figure>> {
-        figures(m, tables)
-    }
-}
+/// Smooth-AP's experiments ([`super::Experiment`]): every row a training run of the recipe.
+pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
+    key: PAPER,
+    name: "Smooth-AP",
+    measure,
+    claims: |m, _| claims(m),
+    figures,
+};
 
 /// The tables' rows and columns for a base recipe.
 pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
