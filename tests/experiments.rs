@@ -37,6 +37,25 @@ fn every_experiment_runs_at_tiny_scale_and_is_cached() {
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         let m = measure(&runner, &recipe, Scale::Tiny).unwrap();
         check(&m.cells, paper);
+        // Every row ran each of the recipe's tiny seeds; its cell is their mean.
+        let seeds = recipe.seeds(Scale::Tiny).unwrap();
+        assert_eq!(seeds.len(), 2, "{paper}");
+        for c in &m.cells {
+            assert_eq!(c.samples.len(), seeds.len(), "{paper}: {c:?}");
+            assert_eq!(c.provenance.seeds, seeds, "{paper}: {c:?}");
+            assert_eq!(c.provenance.device, "cpu", "{paper}: {c:?}");
+            assert_eq!(
+                c.provenance.code,
+                experiments::runs::RUN_CODE,
+                "{paper}: {c:?}"
+            );
+            let mean = c.samples.iter().sum::<f64>() / c.samples.len() as f64;
+            assert!((c.value - mean).abs() < 1e-15, "{paper}: {c:?}");
+        }
+        for r in &m.runs {
+            let ran: Vec<u64> = r.runs.iter().map(|x| x.seed).collect();
+            assert_eq!(ran, seeds, "{paper}: {} {}", r.method, r.setting);
+        }
         // Every run evaluated the metrics of every table column, once per table row.
         let rows: usize = m.runs.len();
         assert!(rows >= 2, "{paper}: {rows} rows");
@@ -63,7 +82,7 @@ fn every_experiment_runs_at_tiny_scale_and_is_cached() {
         ),
     ];
     for c in claims.iter().flatten() {
-        assert!(c.holds.is_some(), "{c:?}");
+        assert_ne!(c.verdict, experiments::Verdict::NotMeasured, "{c:?}");
     }
     // Shared rows were trained once: fewer cached runs than table rows overall.
     let files = std::fs::read_dir(cache.path()).unwrap().count();
@@ -104,6 +123,9 @@ fn happier_sum_weighted_ap_follows_property_1() {
         log: Vec::new(),
         seconds: 0.0,
         test_queries: 1,
+        seed: 0,
+        device: "cpu".into(),
+        code: String::new(),
     };
     // w_p ∝ p/3 for p = 1 (coarsest, column 2), 2 (column 1), 3 (fine, column 0).
     let expect = (1.0 * 0.9 + 2.0 * 0.5 + 3.0 * 0.3) / 6.0;
@@ -172,9 +194,10 @@ fn measure_paper_writes_cells_and_claims() {
     experiments::write_measurements(out.path(), "rambo", Scale::Tiny, &m, &claims).unwrap();
     let csv = std::fs::read_to_string(out.path().join("rambo_tiny.csv")).unwrap();
     assert_eq!(csv.lines().count(), m.cells.len() + 1);
-    assert!(
-        csv.starts_with("table,method,dataset,metric,setting,value,unit,our_data,scale,detail\n")
-    );
+    assert!(csv.starts_with(
+        "table,method,dataset,metric,setting,value,ci95,n,samples,unit,our_data,scale,\
+             seeds,device,run_code,detail\n"
+    ));
     let md = std::fs::read_to_string(out.path().join("rambo_tiny_claims.md")).unwrap();
     assert_eq!(md.matches("\n| ").count(), claims.len() + 1);
     let e = experiments::measure_paper("ssr2", root(), &runner, Scale::Tiny)
@@ -202,6 +225,17 @@ fn notebook_run_writes_under_the_output_folder_and_shows_tables() {
     }
     let md = notebook::table_markdown(&r, "Table 2").unwrap();
     assert!(md.contains("Scale of ours: `tiny`"), "{md}");
+    // The table shows each mean with its interval over the 2 tiny seeds.
+    assert!(md.contains(" ± ") && md.contains("2 seeds (0, 1)"), "{md}");
+    // The reading is generated from the verdicts: every claim appears in it, under its verdict.
+    let reading = notebook::reading(&r);
+    assert!(
+        reading.contains("2 seeds per row") && reading.contains("`tiny` scale"),
+        "{reading}"
+    );
+    for c in &r.claims {
+        assert!(reading.contains(&c.claim), "{reading}");
+    }
     assert!(md.contains("| method |"), "{md}");
     let e = notebook::table_markdown(&r, "Table 99")
         .unwrap_err()
@@ -248,7 +282,7 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
     let t1 = m.cells.iter().filter(|c| c.table == "Table 1").count();
     assert_eq!((t1, t2), (14, 12), "{:?}", m.cells);
     for c in experiments::ssr::claims(m) {
-        assert!(c.holds.is_some(), "{c:?}");
+        assert_ne!(c.verdict, experiments::Verdict::NotMeasured, "{c:?}");
     }
     let recipe = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
     // The selected modules are checkpointed and load back.
@@ -432,4 +466,54 @@ fn every_paper_notebook_names_what_its_experiment_produces() {
     let mut all: Vec<String> = experiments::keys().iter().map(|p| p.to_string()).collect();
     all.sort();
     assert_eq!(seen, all, "one notebook per paper");
+}
+
+/// Runs trained side by side (two at a time, sharing the thread pools) give the bits the same
+/// runs give alone, and a repeated recipe trains once.
+#[test]
+fn runs_side_by_side_equal_runs_alone() {
+    use experiments::RunSpec;
+    let base = ExperimentRecipe::for_paper(root(), "smooth_ap")
+        .unwrap()
+        .base(Scale::Tiny)
+        .unwrap();
+    let spec = |seed: u64, label: &str| {
+        let mut config = base.clone();
+        config.seed = seed;
+        RunSpec {
+            label: label.into(),
+            config,
+        }
+    };
+    let specs = [spec(3, "a"), spec(4, "b"), spec(3, "a again")];
+    let runner = Runner::new(None, false);
+    let alone: Vec<_> = specs[..2].iter().map(|s| runner.run(s).unwrap()).collect();
+    let together = runner.run_many(&specs, 2).unwrap();
+    assert_eq!(together.len(), 3);
+    // Everything but the timings.
+    let logged = |r: &experiments::RunResult| -> Vec<_> {
+        r.log
+            .iter()
+            .filter(|l| !matches!(l.metric.as_str(), "images_per_s" | "epoch_seconds"))
+            .cloned()
+            .collect()
+    };
+    for (a, t) in alone.iter().chain([&alone[0]]).zip(&together) {
+        assert_eq!(a.metrics, t.metrics, "{}", t.label);
+        assert_eq!(logged(a), logged(t), "{}", t.label);
+        assert_eq!(a.seed, t.seed);
+    }
+    assert_eq!(together[2].label, "a again");
+    assert_ne!(
+        together[0].metrics, together[1].metrics,
+        "two seeds, two runs"
+    );
+    // A failing run is reported, naming it.
+    let mut bad = spec(5, "bad");
+    bad.config.epochs = 0;
+    let e = runner
+        .run_many(&[spec(3, "a"), bad], 2)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bad"), "{e}");
 }

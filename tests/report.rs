@@ -457,6 +457,8 @@ fn every_figure_kind_is_written_as_png_and_svg() {
         name: "iNat-base fine AP".into(),
         paper: vec![(1.0, 36.7), (3.0, 37.8)],
         ours: vec![(1.0, 30.1), (2.0, 30.9), (3.0, 31.4), (5.0, 31.2)],
+        // Means over seeds: drawn with error bars.
+        ours_ci: vec![0.5, 0.4, 0.6, 0.3],
     };
     let lambda = Sweep {
         name: "iNat-base H-AP".into(),
@@ -468,6 +470,7 @@ fn every_figure_kind_is_written_as_png_and_svg() {
             (0.5, 40.8),
             (0.9, 38.0),
         ],
+        ours_ci: vec![],
     };
     let chart = sweep(
         "HAPPIER Fig. 4a: relevance alpha (made-up ours)",
@@ -492,11 +495,13 @@ fn every_figure_kind_is_written_as_png_and_svg() {
             name: "VGGFace2-Test".into(),
             paper: vec![(64.0, 0.824), (128.0, 0.844), (256.0, 0.853)],
             ours: vec![(32.0, 0.58), (64.0, 0.61), (128.0, 0.64), (256.0, 0.65)],
+            ours_ci: vec![],
         },
         Sweep {
             name: "IJB-C".into(),
             paper: vec![(64.0, 0.726), (128.0, 0.736), (256.0, 0.754)],
             ours: vec![],
+            ours_ci: vec![],
         },
     ];
     let chart = sweep(
@@ -515,7 +520,8 @@ fn every_figure_kind_is_written_as_png_and_svg() {
         &[Sweep {
             name: "a".into(),
             paper: vec![],
-            ours: vec![]
+            ours: vec![],
+            ours_ci: vec![],
         }],
         false
     )

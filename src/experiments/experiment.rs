@@ -4,9 +4,10 @@
 //! claims and figures), its recipe `configs/experiments/<key>.toml`, its published values
 //! `paper_tables/published/<key>.csv` and its notebook — and one line here.
 
+use super::claim::Claim;
 use super::publish::{Figure, ReproducedTable};
 use super::runs::Runner;
-use super::table::{Claim, MeasureFn, Measurements};
+use super::table::{MeasureFn, Measurements};
 use super::{ExperimentRecipe, Scale};
 use crate::error::{Error, Result};
 use crate::train::TrainConfig;

@@ -6,6 +6,7 @@
 //! same super-class) is essential. The quick scale scales the batch sizes to the recipe's base
 //! batch `B` (M = 256 ↔ `B`); the sweep runs `B/4 … 2B`.
 
+use super::claim::{row, Claim, Row};
 use super::table::{
     batch_size, data_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Variant,
 };
@@ -127,48 +128,63 @@ pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
     figures,
 };
 
-/// Trains every row at `scale` and returns our cells.
+/// Trains every row at `scale` (every seed) and returns our cells.
 pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Result<Measurements> {
-    let base = recipe.base(scale)?;
-    run_tables(runner, &base, scale, &tables(&base))
+    run_tables(runner, recipe, scale, tables)
 }
 
-/// The poster's qualitative claims, checked on our measurements.
-pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> {
-    use super::table::Claim;
+/// The poster's claims ("larger batches give longer lists and harder retrieval problems";
+/// "use side information: meta-class labels"), checked on our measurements.
+pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<Claim> {
     let b = batch_size(base);
     let m_pc = samples_per_class(base);
-    let sweep: Vec<(String, Option<f64>)> = sweep_batches(b, m_pc)
-        .into_iter()
-        .map(|bs| {
-            let s = format!("batch={bs}");
-            let v = m.value(TABLE_BATCH, "FastAP", &s, "R@1");
-            (s, v)
-        })
-        .collect();
+    let sweep = |metric: &str| -> Vec<Row> {
+        sweep_batches(b, m_pc)
+            .into_iter()
+            .map(|bs| {
+                let s = format!("batch={bs}");
+                let v = m.sample(TABLE_BATCH, "FastAP", &s, metric);
+                row(s, v)
+            })
+            .collect()
+    };
+    let per_metric = |metrics: &[&str], f: &dyn Fn(&str) -> Claim| -> Vec<(String, Claim)> {
+        metrics.iter().map(|k| (k.to_string(), f(k))).collect()
+    };
+    let summary = ["R@1", "mAP@R"];
     vec![
-        Claim::greater(
-            "Larger batches help: M = 256 beats M = 96 (poster, SOP R@1)",
-            (
-                "M=256 (ours: base batch)",
-                m.value(TABLE_MAIN, "FastAP", SETTING_256, "R@1"),
-            ),
-            (
-                "M=96 (scaled)",
-                m.value(TABLE_MAIN, "FastAP", SETTING_96, "R@1"),
-            ),
+        Claim::all_of(
+            "Larger batches help: M = 256 beats M = 96 at every R@K (poster, SOP R@1, 10, 100, \
+             1000; ours: the base batch vs 96/256 of it)",
+            per_metric(&["R@1", "R@10", "R@100", "R@1000"], &|k| {
+                Claim::greater(
+                    "",
+                    row("M=256", m.sample(TABLE_MAIN, "FastAP", SETTING_256, k)),
+                    row("M=96", m.sample(TABLE_MAIN, "FastAP", SETTING_96, k)),
+                )
+            }),
         ),
-        Claim::increasing("R@1 grows with the batch size", &sweep),
-        Claim::greater(
-            "Sampling pairs of meta-classes beats m-per-class batches (R@1)",
-            (
-                "meta-class pairs",
-                m.value(TABLE_SAMPLER, "FastAP", "sampler=meta_class_pairs", "R@1"),
-            ),
-            (
-                "m-per-class",
-                m.value(TABLE_SAMPLER, "FastAP", "sampler=m_per_class", "R@1"),
-            ),
+        Claim::all_of(
+            "Retrieval improves with every increase of the batch size (poster: larger batches \
+             give longer lists; ours: ¼, ½, 1, 2× the base batch, R@1 and mAP@R)",
+            per_metric(&summary, &|k| Claim::increasing("", &sweep(k))),
+        ),
+        Claim::all_of(
+            "Batches of meta-class pairs (the authors' sampler) beat m-per-class batches \
+             (poster: use meta-class side information; R@1 and mAP@R)",
+            per_metric(&summary, &|k| {
+                Claim::greater(
+                    "",
+                    row(
+                        "meta-class pairs",
+                        m.sample(TABLE_SAMPLER, "FastAP", "sampler=meta_class_pairs", k),
+                    ),
+                    row(
+                        "m-per-class",
+                        m.sample(TABLE_SAMPLER, "FastAP", "sampler=m_per_class", k),
+                    ),
+                )
+            }),
         ),
     ]
 }
@@ -177,20 +193,26 @@ pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<super::table::Claim> 
 pub fn figures(m: &Measurements, _tables: &[super::ReproducedTable]) -> Result<Vec<super::Figure>> {
     use super::publish::training_curves;
     use crate::report::{sweep, Sweep};
-    let mut points: Vec<(f64, f64)> = m
+    let mut points: Vec<(f64, f64, f64)> = m
         .cells
         .iter()
         .filter(|c| c.table == TABLE_BATCH && c.metric == "R@1")
         .filter_map(|c| {
             let b = crate::report::published::setting_value(&c.setting, "batch")?;
-            Some((b.parse::<f64>().ok()?, c.value))
+            Some((b.parse::<f64>().ok()?, c.value, c.sample().ci95()))
         })
         .collect();
     points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let with_ci = points.iter().all(|p| p.2.is_finite());
     let ours = Sweep {
         name: "R@1".into(),
         paper: Vec::new(),
-        ours: points,
+        ours: points.iter().map(|p| (p.0, p.1)).collect(),
+        ours_ci: if with_ci {
+            points.iter().map(|p| p.2).collect()
+        } else {
+            Vec::new()
+        },
     };
     Ok(vec![
         super::Figure {

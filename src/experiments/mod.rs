@@ -9,26 +9,31 @@
 //! the batch size, …) is code, mirroring the paper's table; everything else comes from the
 //! recipe.
 
+pub mod claim;
+pub mod convergence;
 pub mod experiment;
 pub mod notebook;
 pub mod publish;
 pub mod recipe;
 pub mod runs;
 pub mod stats;
+pub mod summary;
 pub mod table;
 
 pub mod fastap;
 pub mod happier;
+pub mod minibatch_ap;
 pub mod rambo;
 pub mod smooth_ap;
 pub mod ssr;
 pub mod ssr_features;
 
+pub use claim::{Claim, Verdict};
 pub use experiment::{find, keys, Context, Experiment, TrainedPaper, REGISTRY};
 pub use publish::{write_paper, Figure, PaperResults, ReproducedTable};
-pub use recipe::{scale_from_env, ExperimentRecipe, Scale};
+pub use recipe::{scale_from_env, ExperimentRecipe, Scale, SeedCounts};
 pub use runs::{MetricValue, RunResult, RunSpec, Runner};
-pub use table::{Claim, Degenerate, Measurements, Variant};
+pub use table::{Degenerate, Measurements, Variant};
 
 use crate::report::Published;
 
@@ -81,12 +86,14 @@ pub fn reproduce_paper(
         claims,
         tables,
         figures,
+        commit: crate::report::git_commit(root),
     })
 }
 
-/// Writes our cells as CSV (`table,method,dataset,metric,setting,value,unit,our_data,scale,detail`:
-/// the key of the paper's value it stands beside, then ours and where it comes from) and the
-/// claims as Markdown, atomically: `<dir>/<paper>_<scale>.csv` and
+/// Writes our cells as CSV (`table,method,dataset,metric,setting,value,ci95,n,samples,unit,
+/// our_data,scale,seeds,device,run_code,detail`: the key of the paper's value it stands beside,
+/// then ours — the mean, its 95% half-width (empty for one value), how many values and, for
+/// seeded runs, each one (`;`-separated) — and where it comes from) and the claims as Markdown, atomically: `<dir>/<paper>_<scale>.csv` and
 /// `<dir>/<paper>_<scale>_claims.md`.
 pub fn write_measurements(
     dir: &Path,
@@ -100,10 +107,12 @@ pub fn write_measurements(
     crate::io::write_atomically(&csv_path, |w| {
         let mut out = csv::Writer::from_writer(w);
         out.write_record([
-            "table", "method", "dataset", "metric", "setting", "value", "unit", "our_data",
-            "scale", "detail",
+            "table", "method", "dataset", "metric", "setting", "value", "ci95", "n", "samples",
+            "unit", "our_data", "scale", "seeds", "device", "run_code", "detail",
         ])?;
+        let joined = |v: Vec<String>| v.join(";");
         for c in &m.cells {
+            let ci = c.sample().ci95();
             out.write_record([
                 c.table.as_str(),
                 &c.method,
@@ -111,18 +120,34 @@ pub fn write_measurements(
                 &c.metric,
                 &c.setting,
                 &format!("{}", c.value),
+                &if ci.is_finite() {
+                    format!("{ci}")
+                } else {
+                    String::new()
+                },
+                &c.samples.len().to_string(),
+                // Each seed's value; not the thousands of SSR's per-episode or per-query ones.
+                &if c.provenance.seeds.is_empty() {
+                    String::new()
+                } else {
+                    joined(c.samples.iter().map(|v| format!("{v}")).collect())
+                },
                 c.unit.as_str(),
                 &c.provenance.dataset,
                 c.provenance.scale.as_str(),
+                &joined(c.provenance.seeds.iter().map(u64::to_string).collect()),
+                &c.provenance.device,
+                &c.provenance.code,
                 &c.provenance.detail,
             ])?;
         }
         out.flush()
     })?;
+    summary::write_claims_csv(&dir.join(format!("{paper}_{scale}_claims.csv")), claims)?;
     let md_path = dir.join(format!("{paper}_{scale}_claims.md"));
     let md = format!(
         "# {paper}: the paper's claims at the `{scale}` scale\n\n{}",
-        table::claims_markdown(claims, &m.degenerate)
+        claim::claims_markdown(claims, m)
     );
     crate::io::write_atomically(&md_path, |w| w.write_all(md.as_bytes()))
 }
@@ -166,7 +191,8 @@ impl ReproduceDirs {
 
 /// Regenerates the tables and figures of `papers` (all of [`REGISTRY`] when empty) at `scale`:
 /// [`reproduce_paper`] then [`write_paper`] for each, printing the claims and the files written
-/// to `out`. What `rankwise reproduce` and `examples/reproduce.rs` run.
+/// to `out`; then the README's verdict table of `scale` ([`summary::update_readme`]) when the
+/// tables went to `paper_tables/`. What `rankwise reproduce` and `examples/reproduce.rs` run.
 pub fn reproduce(
     papers: &[String],
     scale: Scale,
@@ -205,6 +231,15 @@ pub fn reproduce(
         for f in figures {
             writeln!(out, "  figure: {}", f.display()).map_err(io)?;
         }
+    }
+    // The README's verdict table reads the claims just written (only the committed tables'
+    // folder feeds it, never a scratch one).
+    let readme = dirs.root.join("README.md");
+    if dirs.tables == dirs.root.join("paper_tables")
+        && readme.exists()
+        && summary::update_readme(&readme, &dirs.tables, scale)?
+    {
+        writeln!(out, "  README: the `{scale}` verdict table rewritten").map_err(io)?;
     }
     Ok(())
 }

@@ -122,6 +122,101 @@ pub fn show_claims(results: &PaperResults) {
     ));
 }
 
+/// The notebook's reading of the results, generated from the verdicts (never typed): what the
+/// runs were (data, scale, seeds, device, run code, commit), then the claims that hold, those
+/// contradicted, those inside the noise and those not measured, each with its numbers, and the
+/// degenerate runs left out.
+pub fn reading(results: &PaperResults) -> String {
+    use super::claim::Verdict;
+    let mut out = String::from("### Reading (generated from the verdicts)\n\n");
+    let cells = &results.measurements.cells;
+    let seeded = cells.iter().find(|c| !c.provenance.seeds.is_empty());
+    let runs = match seeded.or(cells.first()) {
+        Some(c) => {
+            let p = &c.provenance;
+            let seeds = match p.seeds.len() {
+                0 => "one run of each row (the noise is that of its test episodes or queries)"
+                    .to_string(),
+                1 => "one seed per row (no noise estimate: no claim can be decided)".to_string(),
+                n => format!("{n} seeds per row"),
+            };
+            let device = if p.device.is_empty() {
+                "cpu"
+            } else {
+                &p.device
+            };
+            format!(
+                "Our runs: {} at the `{}` scale, {seeds}, device {device}{}; tables written at \
+                 commit `{}`.",
+                p.dataset,
+                results.scale,
+                if p.code.is_empty() {
+                    String::new()
+                } else {
+                    format!(", run code `{}`", p.code)
+                },
+                results.commit.as_deref().unwrap_or("unknown"),
+            )
+        }
+        None => "Nothing of ours was measured.".to_string(),
+    };
+    out.push_str(&runs);
+    out.push_str(match results.scale {
+        super::Scale::Tiny => {
+            " At the `tiny` scale the runs last seconds: the verdicts only show that the \
+             pipeline works, they say nothing of the paper.\n\n"
+        }
+        super::Scale::Quick => {
+            " The data are not the paper's: a verdict is about the ordering or effect the paper \
+             states, not its values.\n\n"
+        }
+        super::Scale::Paper => "\n\n",
+    });
+    let groups = [
+        (Verdict::Holds, "Holds beyond the noise"),
+        (Verdict::Contradicted, "Contradicted beyond the noise"),
+        (
+            Verdict::Inconclusive,
+            "Inconclusive: the gaps are inside the noise",
+        ),
+        (Verdict::NotMeasured, "Not measured"),
+    ];
+    for (verdict, title) in groups {
+        let claims: Vec<_> = results
+            .claims
+            .iter()
+            .filter(|c| c.verdict == verdict)
+            .collect();
+        if claims.is_empty() {
+            continue;
+        }
+        out.push_str(&format!(
+            "**{title}** ({} of {}):\n\n",
+            claims.len(),
+            results.claims.len()
+        ));
+        for c in claims {
+            out.push_str(&format!("- {} — {}\n", c.claim, c.evidence));
+        }
+        out.push('\n');
+    }
+    if let Some(c) = super::convergence::describe(&results.measurements) {
+        out.push_str(&format!("{c}\n\n"));
+    }
+    if !results.measurements.degenerate.is_empty() {
+        out.push_str("**Degenerate runs** (left out of every claim):\n\n");
+        for d in &results.measurements.degenerate {
+            out.push_str(&format!("- {}\n", d.describe()));
+        }
+    }
+    out
+}
+
+/// Shows [`reading`] inline.
+pub fn show_reading(results: &PaperResults) {
+    display_markdown(&reading(results));
+}
+
 /// Shows the figure with file stem `stem` inline (SVG); an error naming the figures that exist
 /// otherwise.
 pub fn show_figure(results: &PaperResults, stem: &str) -> Result<()> {

@@ -66,12 +66,63 @@ pub fn scale_from_env(default: Scale) -> Result<Scale> {
     }
 }
 
+/// How many seeds every table row runs at each scale (`[seeds]` of a recipe). Seed `i` of a
+/// row is the base recipe's `seed + i`: it changes the initial weights and the batches, not
+/// the data, so the spread over seeds is the run-to-run noise a claim must rise above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SeedCounts {
+    /// CI scale (2 by default: the smallest count that has a spread, so CI runs the interval
+    /// and test code on every table).
+    pub tiny: usize,
+    /// CPU scale (3 by default).
+    pub quick: usize,
+    /// The paper's scale (3 by default).
+    pub paper: usize,
+}
+
+impl Default for SeedCounts {
+    fn default() -> Self {
+        SeedCounts {
+            tiny: 2,
+            quick: 3,
+            paper: 3,
+        }
+    }
+}
+
+impl SeedCounts {
+    /// The count of `scale`.
+    pub fn count(&self, scale: Scale) -> usize {
+        match scale {
+            Scale::Tiny => self.tiny,
+            Scale::Quick => self.quick,
+            Scale::Paper => self.paper,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        for scale in [Scale::Tiny, Scale::Quick, Scale::Paper] {
+            if self.count(scale) == 0 {
+                return Err(Error::invalid(
+                    "seeds",
+                    format!("`{scale} = 0`: every row needs at least one seed"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The base recipes of an experiment, one per scale (each a full [`TrainConfig`]; omitted
-/// fields take their defaults). `paper` is absent where the paper's data cannot be described
-/// yet.
+/// fields take their defaults), and how many seeds each row runs. `paper` is absent where the
+/// paper's data cannot be described yet.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentRecipe {
+    /// Seeds per row at each scale (`[seeds]`; defaults [`SeedCounts::default`]).
+    #[serde(default)]
+    pub seeds: SeedCounts,
     /// CI scale.
     pub tiny: TrainConfig,
     /// CPU scale.
@@ -84,11 +135,25 @@ pub struct ExperimentRecipe {
 impl ExperimentRecipe {
     /// Reads a recipe; errors name the file, line and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
-        read_per_scale(
-            path.as_ref(),
+        let path = path.as_ref();
+        let recipe: Self = read_per_scale(
+            path,
             |r: &ExperimentRecipe| [Some(&r.tiny), Some(&r.quick), r.paper.as_ref()],
             TrainConfig::validate,
-        )
+        )?;
+        recipe
+            .seeds
+            .validate()
+            .map_err(|e| Error::file(path, format!("[seeds]: {e}")))?;
+        Ok(recipe)
+    }
+
+    /// The seeds every row runs at `scale`: the base recipe's seed and the next ones.
+    pub fn seeds(&self, scale: Scale) -> Result<Vec<u64>> {
+        let first = self.base(scale)?.seed;
+        Ok((0..self.seeds.count(scale) as u64)
+            .map(|i| first + i)
+            .collect())
     }
 
     /// The recipe of `configs/experiments/<paper>.toml` under the repository root `root`.
@@ -157,5 +222,31 @@ mod tests {
         }
         let e = "huge".parse::<Scale>().unwrap_err().to_string();
         assert!(e.contains("scale") && e.contains("huge"), "{e}");
+    }
+
+    #[test]
+    fn seeds_follow_the_base_seed_and_zero_seeds_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let write = |seeds: &str| {
+            std::fs::write(
+                &path,
+                format!("{seeds}\n[tiny]\nseed = 7\nepochs = 1\n[quick]\nepochs = 1\n"),
+            )
+            .unwrap()
+        };
+        write("[seeds]\nquick = 4");
+        let r = ExperimentRecipe::from_toml_file(&path).unwrap();
+        assert_eq!(r.seeds(Scale::Tiny).unwrap(), [7, 8]);
+        assert_eq!(r.seeds(Scale::Quick).unwrap(), [0, 1, 2, 3]);
+        assert!(r.seeds(Scale::Paper).is_err());
+        write("[seeds]\ntiny = 0");
+        let e = ExperimentRecipe::from_toml_file(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("p.toml") && e.contains("[seeds]") && e.contains("tiny = 0"),
+            "{e}"
+        );
     }
 }

@@ -15,12 +15,26 @@ pub const ALPHA: f64 = 0.05;
 pub struct Sample {
     /// The value of each seed, in seed order.
     pub values: Vec<f64>,
+    /// The value is known exactly (a quantity computed, not estimated: e.g. a dataset-wide
+    /// metric on fixed scores): one value, no noise.
+    pub exact: bool,
 }
 
 impl Sample {
     /// The values of the seeds.
     pub fn new(values: Vec<f64>) -> Self {
-        Sample { values }
+        Sample {
+            values,
+            exact: false,
+        }
+    }
+
+    /// A quantity known exactly: tests treat it as a constant (no variance).
+    pub fn exact(value: f64) -> Self {
+        Sample {
+            values: vec![value],
+            exact: true,
+        }
     }
 
     /// Number of seeds.
@@ -77,22 +91,33 @@ impl Comparison {
 
 /// Welch's t-test of `mean(a) = mean(b)`, two-sided: `t = (x̄_a − x̄_b) / √(s_a²/n_a + s_b²/n_b)`
 /// with the Welch–Satterthwaite degrees of freedom. Needs at least 2 seeds on each side (else
-/// `p = 1`: one seed says nothing about the noise). When both sides are constant, a
-/// difference is certain (`p = 0`) and equality is `p = 1`.
+/// `p = 1`: one seed says nothing about the noise) unless it is [`Sample::exact`], which counts
+/// as a constant (the test becomes the one-sample t-test of the other side). When both sides
+/// are constant, a difference is certain (`p = 0`) and equality is `p = 1`.
 pub fn welch(a: &Sample, b: &Sample) -> Comparison {
     let difference = a.mean() - b.mean();
     let (na, nb) = (a.n() as f64, b.n() as f64);
-    if a.n() < 2 || b.n() < 2 || !difference.is_finite() {
+    let too_few = |s: &Sample| !s.exact && s.n() < 2;
+    if too_few(a) || too_few(b) || !difference.is_finite() {
         return Comparison { difference, p: 1.0 };
     }
-    let (va, vb) = (a.sd().powi(2) / na, b.sd().powi(2) / nb);
+    // A side's variance of the mean, and its share of the Welch–Satterthwaite denominator.
+    let part = |s: &Sample, n: f64| -> (f64, f64) {
+        if s.exact {
+            (0.0, 0.0)
+        } else {
+            let v = s.sd().powi(2) / n;
+            (v, v * v / (n - 1.0))
+        }
+    };
+    let ((va, da), (vb, db)) = (part(a, na), part(b, nb));
     let se2 = va + vb;
     if se2 == 0.0 {
         let p = if difference == 0.0 { 1.0 } else { 0.0 };
         return Comparison { difference, p };
     }
     let t = difference / se2.sqrt();
-    let df = se2 * se2 / (va * va / (na - 1.0) + vb * vb / (nb - 1.0));
+    let df = se2 * se2 / (da + db);
     Comparison {
         difference,
         p: two_sided_p(t, df),
@@ -285,5 +310,14 @@ mod tests {
         let lo = Sample::new(vec![0.2, 0.2]);
         assert!(welch(&hi, &lo).a_larger());
         assert_eq!(welch(&hi, &hi).p, 1.0);
+        // Against an exact value: the one-sample t-test with n − 1 degrees of freedom.
+        let exact = Sample::exact(20.0);
+        let e = welch(&a, &exact);
+        let t = (a.mean() - 20.0) / (a.sd() / 6f64.sqrt());
+        assert!((e.p - two_sided_p(t, 5.0)).abs() < 1e-15, "{e:?}");
+        // 19.17 against 20 with a spread of 0.9 over 6 values: p ≈ 0.084, not significant.
+        assert!(!e.b_larger() && (e.p - 0.0839).abs() < 1e-3, "{e:?}");
+        assert_eq!(welch(&exact, &Sample::exact(20.0)).p, 1.0);
+        assert_eq!(welch(&Sample::exact(21.0), &exact).p, 0.0);
     }
 }

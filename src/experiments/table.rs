@@ -1,11 +1,12 @@
 //! The pieces every experiment shares: a [`Variant`] (one row of a paper's table: a method or
 //! a parameter value, as a change to the base recipe), a [`TableSpec`] (rows × columns, keyed
 //! like `paper_tables/published/<paper>.csv`), the [`Measured`] cells of ours that
-//! [`crate::report::Comparison`] puts beside the paper's, and the paper's qualitative
-//! [`Claim`]s checked on them.
+//! [`crate::report::Comparison`] puts beside the paper's (each the mean over the seeds of its
+//! row), and the degenerate rows no claim may count ([`find_degenerate`]).
 
-use super::runs::{RunResult, RunSpec};
-use super::Scale;
+use super::runs::{RunResult, RunSpec, Runner};
+use super::stats::Sample;
+use super::{ExperimentRecipe, Scale};
 use crate::error::Result;
 use crate::report::{Measured, Provenance, Unit};
 use crate::train::TrainConfig;
@@ -67,7 +68,7 @@ impl Variant {
         self
     }
 
-    /// The run of this row on top of `base`.
+    /// The run of this row on top of `base` (with `base`'s seed).
     pub fn spec(&self, base: &TrainConfig) -> RunSpec {
         let mut config = base.clone();
         (self.apply)(&mut config);
@@ -77,6 +78,14 @@ impl Variant {
             format!("{} ({})", self.method, self.setting)
         };
         RunSpec { label, config }
+    }
+
+    /// The run of this row on top of `base` with `seed` instead of `base`'s.
+    pub fn spec_seeded(&self, base: &TrainConfig, seed: u64) -> RunSpec {
+        let mut spec = self.spec(base);
+        spec.config.seed = seed;
+        spec.label = format!("{} seed {seed}", spec.label);
+        spec
     }
 }
 
@@ -118,7 +127,7 @@ pub struct TableSpec {
     pub columns: Vec<Column>,
 }
 
-/// A run of one row of one table.
+/// The runs of one row of one table, one per seed.
 #[derive(Debug, Clone)]
 pub struct TableRun {
     /// The table.
@@ -127,8 +136,8 @@ pub struct TableRun {
     pub method: String,
     /// The row's setting.
     pub setting: String,
-    /// What the run measured.
-    pub run: RunResult,
+    /// What each seed's run measured, in seed order.
+    pub runs: Vec<RunResult>,
 }
 
 /// Everything an experiment measured.
@@ -137,7 +146,7 @@ pub struct Measurements {
     /// Every cell of ours, keyed like the paper's published values (our metrics are fractions,
     /// [`Unit::Fraction`]; the comparison converts them to the paper's unit).
     pub cells: Vec<Measured>,
-    /// Every run, by table row (a run shared by several rows appears once per row).
+    /// Every row's runs (a run shared by several rows appears once per row).
     pub runs: Vec<TableRun>,
     /// The rows the claims leave out ([`Measurements::flag_degenerate`]).
     pub degenerate: Vec<Degenerate>,
@@ -222,59 +231,99 @@ pub fn find_degenerate(cells: &[Measured]) -> Vec<Degenerate> {
 }
 
 impl Measurements {
-    /// The run of `table`'s row `method` / `setting`.
-    pub fn run(&self, table: &str, method: &str, setting: &str) -> Option<&RunResult> {
+    /// The runs (one per seed) of `table`'s row `method` / `setting`.
+    pub fn runs_of(&self, table: &str, method: &str, setting: &str) -> Option<&[RunResult]> {
         self.runs
             .iter()
             .find(|r| r.table == table && r.method == method && r.setting == setting)
-            .map(|r| &r.run)
+            .map(|r| r.runs.as_slice())
     }
 }
 
-/// Trains (or fetches from the cache) every row of every table on top of `base` and collects
-/// the cells, each with its provenance: the data of `base`, `scale`, and the recipe in words
-/// (plus the row's note on how it differs from the paper's row).
+/// Trains (or fetches from the cache) every row of every table of `tables(base)` on the
+/// `scale` base recipe of `recipe`, once per seed of [`ExperimentRecipe::seeds`], and collects
+/// the cells (the mean over the seeds, each seed's value kept), each with its provenance: the
+/// data of the base, `scale`, the recipe in words (plus the row's note on how it differs from
+/// the paper's row), the seeds, the device and the code of the runs.
+///
+/// Runs start seed by seed — every row at the first seed, then every row at the next — so that
+/// an interrupted reproduction has cached the tables' first seed before any second; up to
+/// [`super::runs::default_jobs`] train side by side ([`Runner::run_many`]).
 pub fn run_tables(
-    runner: &super::Runner,
-    base: &TrainConfig,
+    runner: &Runner,
+    recipe: &ExperimentRecipe,
     scale: Scale,
-    tables: &[TableSpec],
+    tables: impl FnOnce(&TrainConfig) -> Vec<TableSpec>,
 ) -> Result<Measurements> {
-    let data = data_name(base);
-    let recipe = describe_recipe(base);
+    let base = recipe.base(scale)?;
+    let seeds = recipe.seeds(scale)?;
+    let tables = tables(&base);
+    let variants: Vec<&Variant> = tables.iter().flat_map(|t| &t.variants).collect();
+    let base_ref = &base;
+    let specs: Vec<RunSpec> = seeds
+        .iter()
+        .flat_map(|&seed| variants.iter().map(move |v| v.spec_seeded(base_ref, seed)))
+        .collect();
+    let results = runner.run_many(&specs, super::runs::default_jobs()?)?;
+    // `results` is seed-major: row `i` of seed `s` is at `s · rows + i`.
+    let mut runs: Vec<Vec<RunResult>> = vec![Vec::with_capacity(seeds.len()); variants.len()];
+    for (k, r) in results.into_iter().enumerate() {
+        runs[k % variants.len()].push(r);
+    }
+    let data = data_name(&base);
+    let described = describe_recipe(&base);
     let mut out = Measurements::default();
-    for table in tables {
-        for variant in &table.variants {
-            let run = runner.run(&variant.spec(base))?;
-            let detail = if variant.note.is_empty() {
-                recipe.clone()
-            } else {
-                format!("{recipe}; {}", variant.note)
-            };
-            let provenance = Provenance::new(data.clone(), scale, detail);
-            for c in &table.columns {
-                out.cells.push(
-                    Measured::new(
-                        table.name.clone(),
-                        variant.method.clone(),
-                        table.dataset.clone(),
-                        c.paper,
-                        run.metric(c.ours, c.level)?,
-                        Unit::Fraction,
-                        provenance.clone(),
-                    )
-                    .with_setting(variant.setting.clone()),
-                );
-            }
-            out.runs.push(TableRun {
-                table: table.name.clone(),
-                method: variant.method.clone(),
-                setting: variant.setting.clone(),
-                run,
-            });
+    let rows = tables
+        .iter()
+        .flat_map(|t| t.variants.iter().map(move |v| (t, v)));
+    for ((table, variant), row_runs) in rows.zip(runs) {
+        let detail = if variant.note.is_empty() {
+            described.clone()
+        } else {
+            format!("{described}; {}", variant.note)
+        };
+        let provenance = Provenance::new(data.clone(), scale, detail).with_runs(
+            seeds.clone(),
+            distinct(row_runs.iter().map(|r| r.device.as_str())),
+            &distinct(row_runs.iter().map(|r| r.code.as_str())),
+        );
+        for c in &table.columns {
+            let values = row_runs
+                .iter()
+                .map(|r| r.metric(c.ours, c.level))
+                .collect::<Result<Vec<f64>>>()?;
+            out.cells.push(
+                Measured::over_seeds(
+                    table.name.clone(),
+                    variant.method.clone(),
+                    table.dataset.clone(),
+                    c.paper,
+                    values,
+                    Unit::Fraction,
+                    provenance.clone(),
+                )
+                .with_setting(variant.setting.clone()),
+            );
         }
+        out.runs.push(TableRun {
+            table: table.name.clone(),
+            method: variant.method.clone(),
+            setting: variant.setting.clone(),
+            runs: row_runs,
+        });
     }
     Ok(out)
+}
+
+/// The distinct values, in first-seen order, joined with `+` (one value in the usual case).
+fn distinct<'a>(values: impl Iterator<Item = &'a str>) -> String {
+    let mut seen: Vec<&str> = Vec::new();
+    for v in values {
+        if !seen.contains(&v) {
+            seen.push(v);
+        }
+    }
+    seen.join("+")
 }
 
 /// The data a recipe trains and tests on, in words (`embedded shapes`, `sop`, …).
@@ -342,8 +391,7 @@ pub fn set_samples_per_class(config: &mut TrainConfig, m: usize) {
 }
 
 /// The signature of every paper module's `measure`.
-pub type MeasureFn =
-    fn(&super::Runner, &super::ExperimentRecipe, super::Scale) -> Result<Measurements>;
+pub type MeasureFn = fn(&Runner, &ExperimentRecipe, Scale) -> Result<Measurements>;
 
 impl Measurements {
     /// Flags the degenerate rows ([`find_degenerate`]): [`Measurements::value`] then leaves
@@ -359,147 +407,33 @@ impl Measurements {
             .any(|d| d.table == table && d.method == method && d.setting == setting)
     }
 
-    /// Our value of `metric` in `table`'s row `method` / `setting`; `None` if not measured or
-    /// if the row is degenerate.
+    /// Our value (the mean over seeds) of `metric` in `table`'s row `method` / `setting`;
+    /// `None` if not measured or if the row is degenerate.
     pub fn value(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<f64> {
+        self.cell(table, method, setting, metric).map(|c| c.value)
+    }
+
+    /// Our values of `metric` in `table`'s row `method` / `setting`, one per seed, for a
+    /// claim; `None` if not measured or if the row is degenerate.
+    pub fn sample(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<Sample> {
+        self.cell(table, method, setting, metric)
+            .map(Measured::sample)
+    }
+
+    fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {
         if self.is_degenerate(table, method, setting) {
             return None;
         }
-        self.cells
-            .iter()
-            .find(|c| {
-                c.table == table && c.method == method && c.setting == setting && c.metric == metric
-            })
-            .map(|c| c.value)
-    }
-}
-
-/// The claims as a Markdown table (claim, verdict, our numbers), then the degenerate rows
-/// that no claim counts, if any.
-pub fn claims_markdown(claims: &[Claim], degenerate: &[Degenerate]) -> String {
-    // A `|` inside a cell (e.g. "|P|") would end it.
-    let cell = |t: &str| t.replace('|', "\\|");
-    let mut out = String::from("| claim | verdict | our numbers |\n|---|---|---|\n");
-    for c in claims {
-        out.push_str(&format!(
-            "| {} | {} | {} |\n",
-            cell(&c.claim),
-            c.verdict(),
-            cell(&c.evidence)
-        ));
-    }
-    if !degenerate.is_empty() {
-        out.push_str(
-            "\nDegenerate runs, left out of the claims (their cells stay in the tables):\n\n",
-        );
-        for d in degenerate {
-            out.push_str(&format!("- {}\n", d.describe()));
-        }
-    }
-    out
-}
-
-/// A value for a claim's evidence: 2 decimals for percentages, 4 for fractions (values below
-/// 1.5), so that close fractions stay distinguishable.
-fn num(v: f64) -> String {
-    if v.abs() < 1.5 {
-        format!("{v:.4}")
-    } else {
-        format!("{v:.2}")
-    }
-}
-
-/// One of a paper's qualitative claims, checked on our measurements.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    /// The claim, in the paper's words or close to them.
-    pub claim: String,
-    /// Whether our numbers agree (`None`: not measurable at this scale, e.g. a row is missing).
-    pub holds: Option<bool>,
-    /// The numbers the verdict rests on.
-    pub evidence: String,
-}
-
-impl Claim {
-    /// A claim that `a` beats `b` (higher is better), with both values shown.
-    pub fn greater(claim: &str, a: (&str, Option<f64>), b: (&str, Option<f64>)) -> Self {
-        let (holds, evidence) = match (a.1, b.1) {
-            (Some(x), Some(y)) => (
-                Some(x > y),
-                format!("{} {} vs {} {}", a.0, num(x), b.0, num(y)),
-            ),
-            _ => (None, format!("{} or {} not measured", a.0, b.0)),
-        };
-        Claim {
-            claim: claim.into(),
-            holds,
-            evidence,
-        }
-    }
-
-    /// A claim that the entry named `best` has the largest value among `entries`.
-    pub fn best_of(claim: &str, best: &str, entries: &[(String, Option<f64>)]) -> Self {
-        let measured: Vec<(&String, f64)> = entries
-            .iter()
-            .filter_map(|(n, v)| v.map(|v| (n, v)))
-            .collect();
-        let evidence = entries
-            .iter()
-            .map(|(n, v)| match v {
-                Some(v) => format!("{n} {}", num(*v)),
-                None => format!("{n} –"),
-            })
-            .collect::<Vec<_>>()
-            .join(", ");
-        let top = measured
-            .iter()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .map(|(n, _)| n.as_str());
-        let holds = if measured.len() == entries.len() && !entries.is_empty() {
-            Some(top == Some(best))
-        } else {
-            None
-        };
-        Claim {
-            claim: claim.into(),
-            holds,
-            evidence,
-        }
-    }
-
-    /// A claim that the values increase along `entries` (a monotone effect).
-    pub fn increasing(claim: &str, entries: &[(String, Option<f64>)]) -> Self {
-        let values: Vec<f64> = entries.iter().filter_map(|(_, v)| *v).collect();
-        let evidence = entries
-            .iter()
-            .map(|(n, v)| match v {
-                Some(v) => format!("{n}: {}", num(*v)),
-                None => format!("{n}: –"),
-            })
-            .collect::<Vec<_>>()
-            .join(" → ");
-        let holds = (values.len() == entries.len() && values.len() >= 2)
-            .then(|| values.windows(2).all(|w| w[1] > w[0]));
-        Claim {
-            claim: claim.into(),
-            holds,
-            evidence,
-        }
-    }
-
-    /// `holds` / `does not hold` / `not measured`.
-    pub fn verdict(&self) -> &'static str {
-        match self.holds {
-            Some(true) => "holds",
-            Some(false) => "does not hold",
-            None => "not measured",
-        }
+        self.cells.iter().find(|c| {
+            c.table == table && c.method == method && c.setting == setting && c.metric == metric
+        })
     }
 }
 
 #[cfg(test)]
-mod claim_tests {
+mod degenerate_tests {
     use super::*;
+    use crate::experiments::claim::{Claim, Verdict};
 
     #[test]
     fn diverged_and_unchanged_rows_are_flagged_and_left_out_of_the_claims() {
@@ -546,32 +480,31 @@ mod claim_tests {
         assert_eq!(m.value("U", "Baseline", "", "acc"), Some(0.5));
         let c = Claim::greater(
             "a=1 beats a=2",
-            ("a=1", m.value("T", "SSR", "a=1", "acc")),
-            ("a=2", m.value("T", "SSR", "a=2", "acc")),
+            crate::experiments::claim::row("a=1", m.sample("T", "SSR", "a=1", "acc")),
+            crate::experiments::claim::row("a=2", m.sample("T", "SSR", "a=2", "acc")),
         );
-        assert_eq!(c.verdict(), "not measured");
+        assert_eq!(c.verdict, Verdict::NotMeasured);
     }
 
     #[test]
-    fn claims_compare_and_report_missing_values() {
-        let c = Claim::greater("a beats b", ("a", Some(2.0)), ("b", Some(1.0)));
-        assert_eq!(c.holds, Some(true));
-        assert_eq!(c.evidence, "a 2.00 vs b 1.0000");
+    fn cells_average_the_seeds_and_keep_each_one() {
+        let prov = Provenance::new("embedded shapes", Scale::Tiny, "");
+        let m = Measurements {
+            cells: vec![Measured::over_seeds(
+                "T",
+                "A",
+                "D",
+                "R@1",
+                vec![0.1, 0.2, 0.3],
+                Unit::Fraction,
+                prov,
+            )],
+            ..Measurements::default()
+        };
+        assert!((m.value("T", "A", "", "R@1").unwrap() - 0.2).abs() < 1e-15);
         assert_eq!(
-            Claim::greater("x", ("a", None), ("b", Some(1.0))).holds,
-            None
+            m.sample("T", "A", "", "R@1").unwrap().values,
+            [0.1, 0.2, 0.3]
         );
-        let e = |n: &str, v: Option<f64>| (n.to_string(), v);
-        let best = Claim::best_of("b best", "b", &[e("a", Some(1.0)), e("b", Some(3.0))]);
-        assert_eq!(best.holds, Some(true));
-        let not = Claim::best_of("a best", "a", &[e("a", Some(1.0)), e("b", Some(3.0))]);
-        assert_eq!(not.holds, Some(false));
-        assert_eq!(not.verdict(), "does not hold");
-        let inc = Claim::increasing(
-            "up",
-            &[e("1", Some(1.0)), e("2", Some(1.5)), e("3", Some(1.4))],
-        );
-        assert_eq!(inc.holds, Some(false));
-        assert_eq!(inc.evidence, "1: 1.0000 → 2: 1.50 → 3: 1.4000");
     }
 }

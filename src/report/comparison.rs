@@ -34,8 +34,10 @@ pub struct Measured {
     pub metric: String,
     /// Swept/ablated parameters, `key=value;…`, as in the published CSV, or empty.
     pub setting: String,
-    /// Our value.
+    /// Our value: the mean of [`Measured::samples`].
     pub value: f64,
+    /// The value of each seed (one entry for a single run), in `unit`.
+    pub samples: Vec<f64>,
     /// Its unit (our metrics are fractions; the comparison converts to the paper's unit).
     pub unit: Unit,
     /// The data, scale and run that produced it.
@@ -60,9 +62,33 @@ impl Measured {
             metric: metric.into(),
             setting: String::new(),
             value,
+            samples: vec![value],
             unit,
             provenance,
         }
+    }
+
+    /// A value measured over several seeds: `value` is their mean, and tables show the 95%
+    /// interval of the mean beside it ([`crate::experiments::stats::Sample`]).
+    pub fn over_seeds(
+        table: impl Into<String>,
+        method: impl Into<String>,
+        dataset: impl Into<String>,
+        metric: impl Into<String>,
+        samples: Vec<f64>,
+        unit: Unit,
+        provenance: Provenance,
+    ) -> Self {
+        let value = samples.iter().sum::<f64>() / samples.len() as f64;
+        Measured {
+            samples,
+            ..Measured::new(table, method, dataset, metric, value, unit, provenance)
+        }
+    }
+
+    /// The seeds as a sample (mean, spread, 95% interval).
+    pub fn sample(&self) -> crate::experiments::stats::Sample {
+        crate::experiments::stats::Sample::new(self.samples.clone())
     }
 
     /// The same value with `setting` (`key=value;…`).
@@ -144,8 +170,13 @@ pub struct ComparisonRow {
     pub paper_printed: Option<String>,
     /// The paper's dataset column (the join key; set on both sides).
     pub paper_dataset: String,
-    /// Our value, in `unit`.
+    /// Our value, in `unit` (the mean over seeds).
     pub ours: Option<f64>,
+    /// The half-width of the 95% interval of our mean, in `unit` (`None` with one seed).
+    pub ours_ci95: Option<f64>,
+    /// How many values `ours` averages — seeds, or the test episodes of a few-shot row
+    /// (0 when not measured).
+    pub ours_n: usize,
     /// Where ours comes from.
     pub provenance: Option<Provenance>,
     /// The published row's source (and doubts).
@@ -212,7 +243,7 @@ impl Comparison {
                 &measured[i]
             });
             let value = match ours {
-                Some(m) => Some(m.unit.convert(m.value, p.unit).ok_or_else(|| {
+                Some(m) => Some(convert(m, m.value, p.unit).ok_or_else(|| {
                     Error::invalid(
                         "measured unit",
                         format!(
@@ -237,6 +268,8 @@ impl Comparison {
                 paper_printed: Some(p.printed.clone()),
                 paper_dataset: p.dataset.clone(),
                 ours: value,
+                ours_ci95: ours.and_then(|m| interval(m, p.unit)),
+                ours_n: ours.map_or(0, |m| m.samples.len()),
                 provenance: ours.map(|m| m.provenance.clone()),
                 source: Some(p.source.clone()),
                 status: if ours.is_some() {
@@ -259,7 +292,7 @@ impl Comparison {
             units.all(|u| u == first).then_some(first)
         };
         for (m, _) in measured.iter().zip(&used).filter(|(_, &u)| !u) {
-            let in_unit = |u: Unit| m.unit.convert(m.value, u).map(|v| (u, v));
+            let in_unit = |u: Unit| convert(m, m.value, u).map(|v| (u, v));
             let (unit, value) = match common_unit(Some(&m.metric))
                 .and_then(in_unit)
                 .or_else(|| common_unit(None).and_then(in_unit))
@@ -277,6 +310,8 @@ impl Comparison {
                 paper_printed: None,
                 paper_dataset: m.dataset.clone(),
                 ours: Some(value),
+                ours_ci95: interval(m, unit),
+                ours_n: m.samples.len(),
                 provenance: Some(m.provenance.clone()),
                 source: None,
                 status: Status::OursOnly,
@@ -305,7 +340,8 @@ impl Comparison {
     }
 
     /// One row per value: `table | method | setting | metric | unit | paper | paper_dataset |
-    /// ours | our_dataset | scale | our_detail | source | status` (nulls where a side is
+    /// ours | ours_ci95 | ours_n | our_dataset | scale | our_detail | source | status` (nulls
+    /// where a side is
     /// missing).
     pub fn to_dataframe(&self) -> Result<DataFrame> {
         let r = &self.rows;
@@ -330,6 +366,14 @@ impl Comparison {
             ),
             Column::new("paper_dataset".into(), text(&|x| x.paper_dataset.clone())),
             Column::new("ours".into(), r.iter().map(|x| x.ours).collect::<Vec<_>>()),
+            Column::new(
+                "ours_ci95".into(),
+                r.iter().map(|x| x.ours_ci95).collect::<Vec<_>>(),
+            ),
+            Column::new(
+                "ours_n".into(),
+                r.iter().map(|x| x.ours_n as u32).collect::<Vec<_>>(),
+            ),
             Column::new("our_dataset".into(), prov(&|p| p.dataset.clone())),
             Column::new("scale".into(), prov(&|p| p.scale.to_string())),
             Column::new("our_detail".into(), prov(&|p| p.detail.clone())),
@@ -411,7 +455,15 @@ impl Comparison {
         if let [unit] = units.as_slice() {
             out.push_str(&format!(" ({unit})"));
         }
-        out.push_str(". `?` marks a published value the digests call uncertain or garbled.\n");
+        out.push_str(". `?` marks a published value the digests call uncertain or garbled.");
+        if self.rows.iter().any(|r| r.ours_n >= 2) {
+            out.push_str(
+                " Ours: a mean ± the half-width of its 95% interval (Student's t, n − 1 degrees \
+                 of freedom) over its samples: the seeds named below, or SSR's test episodes or \
+                 queries; a value without ± is one run.",
+            );
+        }
+        out.push('\n');
         let provs = self.provenances();
         if provs.is_empty() {
             out.push_str("\nOurs: not measured yet.\n");
@@ -440,6 +492,18 @@ impl Comparison {
         let md = markdown_table(&self.paper_shaped(placement)?, &self.caption())?;
         write_text_pair(dir, stem, &csv, &md)
     }
+}
+
+/// `value` of `m` in unit `to`.
+fn convert(m: &Measured, value: f64, to: Unit) -> Option<f64> {
+    m.unit.convert(value, to)
+}
+
+/// The 95% half-width of `m`'s mean in unit `to` (every conversion is a scale factor), `None`
+/// with fewer than two seeds.
+fn interval(m: &Measured, to: Unit) -> Option<f64> {
+    let ci = m.sample().ci95();
+    ci.is_finite().then(|| convert(m, ci, to)).flatten()
 }
 
 fn index_of<T: PartialEq>(keys: &mut Vec<T>, key: T) -> usize {
@@ -484,9 +548,11 @@ fn cell_text(r: &ComparisonRow) -> String {
         Some(p) => p.clone(),
         None => "–".to_string(),
     };
-    let ours = r
-        .ours
-        .map_or_else(|| "–".to_string(), |v| format!("{v:.decimals$}"));
+    let ours = match (r.ours, r.ours_ci95) {
+        (None, _) => "–".to_string(),
+        (Some(v), None) => format!("{v:.decimals$}"),
+        (Some(v), Some(ci)) => format!("{v:.decimals$} ± {ci:.decimals$}"),
+    };
     format!("{paper} / {ours}")
 }
 
@@ -554,7 +620,8 @@ mod tests {
         assert!((extra.ours.unwrap() - 15.0).abs() < 1e-12);
 
         let df = c.to_dataframe().unwrap();
-        assert_eq!(df.shape(), (4, 13));
+        assert_eq!(df.shape(), (4, 15));
+        assert_eq!(df.column("ours_n").unwrap().null_count(), 0);
         let paper = df.column("paper").unwrap();
         assert_eq!(paper.null_count(), 1);
         assert_eq!(df.column("ours").unwrap().null_count(), 2);
@@ -642,6 +709,43 @@ mod tests {
     }
 
     #[test]
+    fn means_over_seeds_carry_their_interval_in_the_papers_unit() {
+        let p = published();
+        let rows = p.table("Table 2");
+        let seeds = Measured::over_seeds(
+            "Table 2",
+            "Smooth-AP",
+            "SOP",
+            "R@1",
+            vec![0.16, 0.17, 0.18],
+            Unit::Fraction,
+            quick().with_runs(vec![0, 1, 2], "cpu", "abc"),
+        )
+        .with_setting("batch=224");
+        let c = Comparison::build("T2", &rows, &[seeds]).unwrap();
+        let r = &c.rows()[1];
+        assert!((r.ours.unwrap() - 17.0).abs() < 1e-12);
+        // t_{0.975, 2} · 1 / √3 percent.
+        let ci = r.ours_ci95.unwrap();
+        assert!(
+            (ci - 4.302_652_729_749_462 / 3f64.sqrt()).abs() < 1e-9,
+            "{ci}"
+        );
+        assert_eq!(r.ours_n, 3);
+        let df = c.paper_shaped(SettingPlacement::Rows).unwrap();
+        let md = markdown_table(&df, &c.caption()).unwrap();
+        assert!(md.contains("79.2 / 17.0 ± 2.5"), "{md}");
+        assert!(
+            md.contains("95% interval") && md.contains("3 seeds (0, 1, 2)"),
+            "{md}"
+        );
+        // A single run has no interval.
+        let one = Comparison::build("T2", &rows, &[measured("Smooth-AP", "R@1", 0.17)]).unwrap();
+        assert_eq!((one.rows()[1].ours_ci95, one.rows()[1].ours_n), (None, 1));
+        assert!(!one.caption().contains("95% interval"));
+    }
+
+    #[test]
     fn written_files_hold_long_csv_and_paper_shaped_markdown() {
         let p = published();
         let rows = p.table("Table 2");
@@ -652,12 +756,12 @@ mod tests {
             .unwrap();
         let csv = std::fs::read_to_string(&files.csv).unwrap();
         assert!(csv.starts_with(
-            "table,method,setting,metric,unit,paper,paper_dataset,ours,our_dataset,scale,\
-             our_detail,source,status\n"
+            "table,method,setting,metric,unit,paper,paper_dataset,ours,ours_ci95,ours_n,\
+             our_dataset,scale,our_detail,source,status\n"
         ));
         assert!(
             csv.contains(
-                "Table 2,Smooth-AP,batch=224,R@1,percent,79.2,SOP,17,embedded shapes,quick,"
+                "Table 2,Smooth-AP,batch=224,R@1,percent,79.2,SOP,17,,1,embedded shapes,quick,"
             ),
             "{csv}"
         );

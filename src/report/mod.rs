@@ -41,7 +41,7 @@ pub use figures::{
     LineChart, Marker, Series, SeriesStyle, DEFAULT_SIZE,
 };
 pub use fonts::{FONT_ENV, FONT_FAMILY};
-pub use provenance::Provenance;
+pub use provenance::{git_commit, Provenance};
 pub use published::{published_dir, Published, PublishedRow, Unit};
 pub use standard_charts::{
     accuracy_with_intervals, precision_recall, sweep, training_curves, LogCurve, Sweep,

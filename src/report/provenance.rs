@@ -12,6 +12,13 @@ pub struct Provenance {
     pub scale: String,
     /// What a reader needs to compare, e.g. `3,840 test queries, small CNN, 5 epochs`.
     pub detail: String,
+    /// The seeds of the runs (empty: not a seeded training run, e.g. SSR's episodes).
+    pub seeds: Vec<u64>,
+    /// The device of the runs (`cpu`, `cuda:0`), empty if not recorded.
+    pub device: String,
+    /// The hash of the code that trained the runs (`experiments::runs::RUN_CODE`), empty if not
+    /// recorded.
+    pub code: String,
 }
 
 impl Provenance {
@@ -25,17 +32,76 @@ impl Provenance {
             dataset: dataset.into(),
             scale: scale.to_string(),
             detail: detail.into(),
+            seeds: Vec::new(),
+            device: String::new(),
+            code: String::new(),
         }
+    }
+
+    /// The same provenance with the runs' seeds, device and code hash.
+    pub fn with_runs(mut self, seeds: Vec<u64>, device: impl Into<String>, code: &str) -> Self {
+        self.seeds = seeds;
+        self.device = device.into();
+        self.code = code.to_string();
+        self
     }
 
     /// One line for a table caption: `` `quick` scale, embedded shapes: 3,840 test queries ``.
     pub fn describe(&self) -> String {
-        if self.detail.is_empty() {
+        let mut out = if self.detail.is_empty() {
             format!("`{}` scale, {}", self.scale, self.dataset)
         } else {
             format!("`{}` scale, {}: {}", self.scale, self.dataset, self.detail)
+        };
+        let mut runs = Vec::new();
+        match self.seeds.as_slice() {
+            [] => {}
+            [s] => runs.push(format!("seed {s}")),
+            seeds => runs.push(format!(
+                "{} seeds ({})",
+                seeds.len(),
+                seeds
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
         }
+        if !self.device.is_empty() {
+            runs.push(format!("device {}", self.device));
+        }
+        if !self.code.is_empty() {
+            runs.push(format!("run code {}", self.code));
+        }
+        if !runs.is_empty() {
+            out.push_str(&format!("; {}", runs.join(", ")));
+        }
+        out
     }
+}
+
+/// The commit checked out in the git repository at `root` (12 hex digits), with `-dirty` when
+/// tracked files differ from it; `None` when `root` is not a git checkout or git is missing.
+/// Tables name it so that a reader can find the code behind them.
+pub fn git_commit(root: &std::path::Path) -> Option<String> {
+    let git = |args: &[&str]| -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(root)
+            .args(args)
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let head = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])?;
+    Some(if dirty.is_empty() {
+        head
+    } else {
+        format!("{head}-dirty")
+    })
 }
 
 #[cfg(test)]
@@ -51,5 +117,16 @@ mod tests {
         );
         let p = Provenance::new("SOP", "paper", "");
         assert_eq!(p.describe(), "`paper` scale, SOP");
+        let p = p.with_runs(vec![0, 1, 2], "cuda:0", "00ff");
+        assert_eq!(
+            p.describe(),
+            "`paper` scale, SOP; 3 seeds (0, 1, 2), device cuda:0, run code 00ff"
+        );
+    }
+
+    #[test]
+    fn a_folder_outside_git_has_no_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(git_commit(dir.path()), None);
     }
 }

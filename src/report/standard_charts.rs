@@ -98,8 +98,9 @@ pub fn precision_recall(
     chart
 }
 
-/// One swept quantity: the paper's values (markers) and ours (a line), in one colour.
-#[derive(Debug, Clone, PartialEq)]
+/// One swept quantity: the paper's values (markers) and ours (a line, with error bars when
+/// ours are means over seeds), in one colour.
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Sweep {
     /// Legend stem, e.g. `SOP R@1`; the entries read `… (paper)` and `… (ours)`.
     pub name: String,
@@ -107,12 +108,15 @@ pub struct Sweep {
     pub paper: Vec<(f64, f64)>,
     /// `(parameter, value)` we measured; may be empty (not run yet).
     pub ours: Vec<(f64, f64)>,
+    /// The 95% half-width of each of `ours` (empty: single runs, no bars).
+    pub ours_ci: Vec<f64>,
 }
 
 impl Sweep {
     /// The sweep over setting `key` (e.g. `batch`, `tau`, `alpha`) of comparison rows: each row
     /// whose setting holds `key` gives a paper point and/or an our point at that parameter
-    /// value, sorted by parameter.
+    /// value, sorted by parameter; ours carry error bars when every one of them has an
+    /// interval (a mean over seeds).
     ///
     /// Errors when a value of `key` is not a number (naming the row).
     pub fn from_rows<'a>(
@@ -122,6 +126,7 @@ impl Sweep {
     ) -> Result<Self> {
         let mut paper = Vec::new();
         let mut ours = Vec::new();
+        let mut ci = Vec::new();
         for r in rows {
             let Some(v) = setting_value(&r.setting, key) else {
                 continue;
@@ -140,15 +145,23 @@ impl Sweep {
             }
             if let Some(o) = r.ours {
                 ours.push((x, o));
+                ci.push(r.ours_ci95);
             }
         }
         let by_x = |a: &(f64, f64), b: &(f64, f64)| a.0.total_cmp(&b.0);
         paper.sort_by(by_x);
-        ours.sort_by(by_x);
+        let mut order: Vec<usize> = (0..ours.len()).collect();
+        order.sort_by(|&i, &j| by_x(&ours[i], &ours[j]));
+        let ours_ci = if ci.iter().all(Option::is_some) {
+            order.iter().filter_map(|&i| ci[i]).collect()
+        } else {
+            Vec::new()
+        };
         Ok(Sweep {
             name: name.into(),
             paper,
-            ours,
+            ours: order.iter().map(|&i| ours[i]).collect(),
+            ours_ci,
         })
     }
 }
@@ -175,11 +188,13 @@ pub fn sweep(
             );
         }
         if !s.ours.is_empty() {
-            series.push(
-                Series::line(format!("{} (ours)", s.name), s.ours.clone())
-                    .styled(SeriesStyle::LineAndMarkers(Marker::Circle))
-                    .colored(i),
-            );
+            let mut ours = Series::line(format!("{} (ours)", s.name), s.ours.clone())
+                .styled(SeriesStyle::LineAndMarkers(Marker::Circle))
+                .colored(i);
+            if s.ours_ci.len() == s.ours.len() {
+                ours = ours.with_intervals(s.ours_ci.clone(), IntervalStyle::Bars);
+            }
+            series.push(ours);
         }
     }
     if series.is_empty() {

@@ -1,0 +1,514 @@
+//! The papers' claims, decided on our measurements by a stated statistical rule.
+//!
+//! Every row that enters a claim is measured over several seeds ([`super::SeedCounts`]); a
+//! claim compares rows with Welch's two-sided t-test at the 5% level ([`stats::welch`]) and
+//! ends in one of three verdicts ([`Verdict`]):
+//!
+//! - **holds**: every comparison the statement makes goes the paper's way beyond the noise;
+//! - **contradicted**: some comparison goes significantly the other way;
+//! - **inconclusive**: neither — a gap inside the run-to-run noise never "holds".
+//!
+//! A statement made of several comparisons (a best row among many, a monotone trend) holds only
+//! if each comparison is significant at 5%: an intersection–union test, whose level is 5%
+//! without a correction. It is contradicted when one comparison is significant the other way at
+//! `5% / m` for its `m` comparisons (Bonferroni), so that a claim with many parts is not
+//! contradicted by chance more often than a claim with one. A row measured once has no noise
+//! estimate, so any claim resting on it is inconclusive.
+
+use super::stats::{self, Sample};
+use super::table::Measurements;
+
+/// The outcome of checking a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Every comparison goes the paper's way, each significant at 5%.
+    Holds,
+    /// Some comparison goes significantly the other way (Bonferroni over the comparisons).
+    Contradicted,
+    /// The gaps are inside the noise (or a row has a single seed).
+    Inconclusive,
+    /// A row is missing or degenerate.
+    NotMeasured,
+}
+
+impl Verdict {
+    /// `holds`, `contradicted`, `inconclusive`, `not measured`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Holds => "holds",
+            Verdict::Contradicted => "contradicted",
+            Verdict::Inconclusive => "inconclusive",
+            Verdict::NotMeasured => "not measured",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One of a paper's claims, checked on our measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Claim {
+    /// The claim, in the paper's words or close to them, with where the paper makes it.
+    pub claim: String,
+    /// What our numbers say.
+    pub verdict: Verdict,
+    /// The numbers the verdict rests on: each row's mean ± 95% interval (seeds) and the p-value
+    /// of each comparison.
+    pub evidence: String,
+}
+
+/// One row of a claim: its name and its per-seed values (`None`: not measured or degenerate).
+pub type Row = (String, Option<Sample>);
+
+/// A [`Row`].
+pub fn row(name: impl Into<String>, values: Option<Sample>) -> Row {
+    (name.into(), values)
+}
+
+/// The outcome of one comparison `a > b`: `Some(true)` if significant that way at `alpha`,
+/// `Some(false)` if significant the other way at `alpha_against`, `None` otherwise, with the
+/// p-value.
+fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, f64) {
+    let c = stats::welch(a, b);
+    let outcome = if c.a_larger() {
+        Some(true)
+    } else if c.difference < 0.0 && c.p < alpha_against {
+        Some(false)
+    } else {
+        None
+    };
+    (outcome, c.p)
+}
+
+/// The verdict of a statement made of several comparisons, from each one's outcome.
+fn combine(outcomes: &[Option<bool>]) -> Verdict {
+    if outcomes.iter().all(|o| *o == Some(true)) {
+        Verdict::Holds
+    } else if outcomes.contains(&Some(false)) {
+        Verdict::Contradicted
+    } else {
+        Verdict::Inconclusive
+    }
+}
+
+/// A value for the evidence: 2 decimals for percentages, 4 for fractions (values below 1.5), so
+/// that close fractions stay distinguishable.
+fn num(v: f64) -> String {
+    if v.abs() < 1.5 {
+        format!("{v:.4}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// `name mean ± ci (n)`, `name mean (1 seed)` or `name –`.
+fn describe(name: &str, s: Option<&Sample>) -> String {
+    match s {
+        None => format!("{name} –"),
+        Some(s) if s.exact => format!("{name} {} (exact)", num(s.mean())),
+        Some(s) if s.n() < 2 => format!("{name} {} (1 seed)", num(s.mean())),
+        Some(s) => {
+            // The interval at the mean's precision.
+            let d = if s.mean().abs() < 1.5 { 4 } else { 2 };
+            format!("{name} {:.d$} ± {:.d$} (n={})", s.mean(), s.ci95(), s.n())
+        }
+    }
+}
+
+/// `p=0.012`, with 3 significant digits.
+fn p_text(p: f64) -> String {
+    if p < 1e-4 {
+        "p<1e-4".into()
+    } else {
+        format!("p={p:.3}")
+    }
+}
+
+/// The rows' samples, or the evidence that some are missing.
+fn all_measured(rows: &[Row]) -> Result<Vec<&Sample>, String> {
+    let missing: Vec<&str> = rows
+        .iter()
+        .filter(|(_, s)| s.is_none())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if missing.is_empty() && !rows.is_empty() {
+        Ok(rows.iter().filter_map(|(_, s)| s.as_ref()).collect())
+    } else {
+        Err(format!("not measured: {}", missing.join(", ")))
+    }
+}
+
+impl Claim {
+    fn new(claim: &str, verdict: Verdict, evidence: String) -> Self {
+        Claim {
+            claim: claim.into(),
+            verdict,
+            evidence,
+        }
+    }
+
+    fn not_measured(claim: &str, rows: &[Row], why: String) -> Self {
+        let shown: Vec<String> = rows.iter().map(|(n, s)| describe(n, s.as_ref())).collect();
+        Claim::new(
+            claim,
+            Verdict::NotMeasured,
+            format!("{}; {why}", shown.join(", ")),
+        )
+    }
+
+    /// A claim that `a` beats `b` (higher is better).
+    pub fn greater(claim: &str, a: Row, b: Row) -> Self {
+        Claim::greater_all(claim, a, &[b])
+    }
+
+    /// A claim that `a` beats every row of `others` (higher is better): holds if `a` is
+    /// significantly above each, contradicted if one is significantly above `a` (Bonferroni).
+    pub fn greater_all(claim: &str, a: Row, others: &[Row]) -> Self {
+        let rows: Vec<Row> = std::iter::once(a.clone())
+            .chain(others.iter().cloned())
+            .collect();
+        let samples = match all_measured(&rows) {
+            Ok(s) => s,
+            Err(why) => return Claim::not_measured(claim, &rows, why),
+        };
+        let alpha_against = stats::ALPHA / others.len() as f64;
+        let mut outcomes = Vec::new();
+        let mut parts = Vec::new();
+        for (other, s) in others.iter().zip(&samples[1..]) {
+            let (o, p) = compare(samples[0], s, alpha_against);
+            outcomes.push(o);
+            parts.push(format!(
+                "{} vs {}: {}",
+                describe(&a.0, Some(samples[0])),
+                describe(&other.0, Some(s)),
+                p_text(p)
+            ));
+        }
+        Claim::new(claim, combine(&outcomes), parts.join("; "))
+    }
+
+    /// A claim that the row named `best` is above every other row of `rows`.
+    pub fn best_of(claim: &str, best: &str, rows: &[Row]) -> Self {
+        let Some(top) = rows.iter().find(|(n, _)| n == best) else {
+            return Claim::not_measured(claim, rows, format!("no row {best}"));
+        };
+        let others: Vec<Row> = rows.iter().filter(|(n, _)| n != best).cloned().collect();
+        Claim::greater_all(claim, top.clone(), &others)
+    }
+
+    /// A claim that the values increase along `rows` (a monotone effect): every step up
+    /// significantly; contradicted if a step goes significantly down (Bonferroni over steps).
+    pub fn increasing(claim: &str, rows: &[Row]) -> Self {
+        Claim::monotone(claim, rows, true)
+    }
+
+    /// A claim that the values decrease along `rows`: every step down significantly;
+    /// contradicted if a step goes significantly up (Bonferroni over steps).
+    pub fn decreasing(claim: &str, rows: &[Row]) -> Self {
+        Claim::monotone(claim, rows, false)
+    }
+
+    fn monotone(claim: &str, rows: &[Row], up: bool) -> Self {
+        let samples = match all_measured(rows) {
+            Ok(s) if s.len() >= 2 => s,
+            Ok(_) => return Claim::not_measured(claim, rows, "fewer than two rows".into()),
+            Err(why) => return Claim::not_measured(claim, rows, why),
+        };
+        let alpha_against = stats::ALPHA / (samples.len() - 1) as f64;
+        let mut outcomes = Vec::new();
+        let mut steps = Vec::new();
+        for (i, w) in samples.windows(2).enumerate() {
+            let (o, p) = if up {
+                compare(w[1], w[0], alpha_against)
+            } else {
+                compare(w[0], w[1], alpha_against)
+            };
+            outcomes.push(o);
+            steps.push(format!(
+                "→ {} ({})",
+                describe(&rows[i + 1].0, Some(w[1])),
+                p_text(p)
+            ));
+        }
+        Claim::new(
+            claim,
+            combine(&outcomes),
+            format!(
+                "{} {}",
+                describe(&rows[0].0, Some(samples[0])),
+                steps.join(" ")
+            ),
+        )
+    }
+
+    /// A claim that `x` is closer to `near` than to `far` (e.g. an ablation that brings a
+    /// method back to its baseline): holds if it is closer to `near` and significantly different
+    /// from `far`; contradicted if it is closer to `far` and significantly different from
+    /// `near`; inconclusive otherwise.
+    pub fn closer(claim: &str, x: Row, near: Row, far: Row) -> Self {
+        let rows = [x.clone(), near.clone(), far.clone()];
+        let s = match all_measured(&rows) {
+            Ok(s) => s,
+            Err(why) => return Claim::not_measured(claim, &rows, why),
+        };
+        let (to_near, to_far) = (
+            (s[0].mean() - s[1].mean()).abs(),
+            (s[0].mean() - s[2].mean()).abs(),
+        );
+        let (p_near, p_far) = (stats::welch(s[0], s[1]).p, stats::welch(s[0], s[2]).p);
+        let verdict = if to_near < to_far && p_far < stats::ALPHA {
+            Verdict::Holds
+        } else if to_far < to_near && p_near < stats::ALPHA {
+            Verdict::Contradicted
+        } else {
+            Verdict::Inconclusive
+        };
+        Claim::new(
+            claim,
+            verdict,
+            format!(
+                "{}: {} from {} ({}), {} from {} ({})",
+                describe(&x.0, Some(s[0])),
+                num(to_near),
+                describe(&near.0, Some(s[1])),
+                p_text(p_near),
+                num(to_far),
+                describe(&far.0, Some(s[2])),
+                p_text(p_far),
+            ),
+        )
+    }
+
+    /// A claim made of several parts (the same comparison on each metric the paper names):
+    /// holds if every part holds, contradicted if one is, not measured if one is not measured,
+    /// inconclusive otherwise. Each part's evidence is shown after its label.
+    pub fn all_of(claim: &str, parts: Vec<(String, Claim)>) -> Self {
+        let verdicts: Vec<Verdict> = parts.iter().map(|(_, c)| c.verdict).collect();
+        let verdict = if verdicts.is_empty() || verdicts.contains(&Verdict::NotMeasured) {
+            Verdict::NotMeasured
+        } else if verdicts.iter().all(|v| *v == Verdict::Holds) {
+            Verdict::Holds
+        } else if verdicts.contains(&Verdict::Contradicted) {
+            Verdict::Contradicted
+        } else {
+            Verdict::Inconclusive
+        };
+        let evidence = parts
+            .iter()
+            .map(|(label, c)| format!("{label} ({}): {}", c.verdict, c.evidence))
+            .collect::<Vec<_>>()
+            .join(" | ");
+        Claim::new(claim, verdict, evidence)
+    }
+
+    /// A claim this reproduction cannot test (the data or the model it needs is not here),
+    /// with why.
+    pub fn cannot_test(claim: &str, why: &str) -> Self {
+        Claim::new(claim, Verdict::NotMeasured, why.into())
+    }
+
+    /// [`Verdict::as_str`] of the verdict.
+    pub fn verdict(&self) -> &'static str {
+        self.verdict.as_str()
+    }
+}
+
+/// How many claims have each verdict: `(holds, contradicted, inconclusive, not measured)`.
+pub fn tally(claims: &[Claim]) -> [usize; 4] {
+    let mut t = [0; 4];
+    for c in claims {
+        t[match c.verdict {
+            Verdict::Holds => 0,
+            Verdict::Contradicted => 1,
+            Verdict::Inconclusive => 2,
+            Verdict::NotMeasured => 3,
+        }] += 1;
+    }
+    t
+}
+
+/// The claims as a Markdown table (claim, verdict, our numbers) after the rule that decides
+/// them, then whether the runs had converged ([`super::convergence::describe`]) and the
+/// degenerate rows that no claim counts, if any.
+pub fn claims_markdown(claims: &[Claim], m: &Measurements) -> String {
+    let degenerate = &m.degenerate;
+    // A `|` inside a cell (e.g. "|P|") would end it.
+    let cell = |t: &str| t.replace('|', "\\|");
+    let [holds, contradicted, inconclusive, missing] = tally(claims);
+    let mut out = format!(
+        "Verdicts: {holds} hold, {contradicted} contradicted, {inconclusive} inconclusive, \
+         {missing} not measured. Rule: Welch's two-sided t-test over the seeds at 5% for each \
+         comparison a claim makes; it holds when every comparison goes the paper's way \
+         significantly, is contradicted when one goes significantly the other way (5% / number \
+         of comparisons), and is inconclusive otherwise. Values: mean ± 95% interval (n = \
+         seeds).\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+    );
+    for c in claims {
+        out.push_str(&format!(
+            "| {} | {} | {} |\n",
+            cell(&c.claim),
+            c.verdict(),
+            cell(&c.evidence)
+        ));
+    }
+    if let Some(c) = super::convergence::describe(m) {
+        out.push_str(&format!("\n{c}\n"));
+    }
+    if !degenerate.is_empty() {
+        out.push_str(
+            "\nDegenerate runs, left out of the claims (their cells stay in the tables):\n\n",
+        );
+        for d in degenerate {
+            out.push_str(&format!("- {}\n", d.describe()));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(values: &[f64]) -> Option<Sample> {
+        Some(Sample::new(values.to_vec()))
+    }
+
+    #[test]
+    fn a_gap_inside_the_noise_is_inconclusive_and_one_outside_decides() {
+        let clear = Claim::greater(
+            "a > b",
+            row("a", s(&[2.0, 2.1, 2.2])),
+            row("b", s(&[1.0, 1.1, 1.2])),
+        );
+        assert_eq!(clear.verdict, Verdict::Holds);
+        assert!(
+            clear.evidence.contains("a 2.10 ± 0.25 (n=3)"),
+            "{}",
+            clear.evidence
+        );
+        let against = Claim::greater(
+            "b > a",
+            row("b", s(&[1.0, 1.1, 1.2])),
+            row("a", s(&[2.0, 2.1, 2.2])),
+        );
+        assert_eq!(against.verdict, Verdict::Contradicted);
+        // 91.52 vs 91.46 with a spread of ±0.5: inside the noise.
+        let noisy = Claim::greater(
+            "a > b",
+            row("a", s(&[91.0, 91.52, 92.04])),
+            row("b", s(&[90.9, 91.46, 92.02])),
+        );
+        assert_eq!(noisy.verdict, Verdict::Inconclusive);
+        // One seed says nothing about the noise, however large the gap.
+        let single = Claim::greater("a > b", row("a", s(&[9.0])), row("b", s(&[1.0])));
+        assert_eq!(single.verdict, Verdict::Inconclusive);
+        assert!(single.evidence.contains("(1 seed)"));
+        let missing = Claim::greater("a > b", row("a", None), row("b", s(&[1.0, 2.0])));
+        assert_eq!(missing.verdict, Verdict::NotMeasured);
+        assert!(
+            missing.evidence.contains("not measured: a"),
+            "{}",
+            missing.evidence
+        );
+    }
+
+    #[test]
+    fn best_of_needs_every_comparison_and_increasing_every_step() {
+        let rows = [
+            row("x", s(&[1.0, 1.1, 1.2])),
+            row("y", s(&[3.0, 3.1, 3.2])),
+            row("z", s(&[2.0, 2.1, 2.2])),
+        ];
+        assert_eq!(Claim::best_of("y best", "y", &rows).verdict, Verdict::Holds);
+        assert_eq!(
+            Claim::best_of("x best", "x", &rows).verdict,
+            Verdict::Contradicted
+        );
+        // z beats x but not y beyond the noise if y is noisy: not every comparison decides.
+        let noisy_y = [
+            row("x", s(&[1.0, 1.1, 1.2])),
+            row("y", s(&[0.0, 3.0, 6.0])),
+            row("z", s(&[2.0, 2.1, 2.2])),
+        ];
+        assert_eq!(
+            Claim::best_of("z best", "z", &noisy_y).verdict,
+            Verdict::Inconclusive
+        );
+        assert_eq!(
+            Claim::best_of("w best", "w", &rows).verdict,
+            Verdict::NotMeasured
+        );
+        let up = [
+            row("1", s(&[1.0, 1.1, 1.2])),
+            row("2", s(&[2.0, 2.1, 2.2])),
+            row("3", s(&[3.0, 3.1, 3.2])),
+        ];
+        let inc = Claim::increasing("up", &up);
+        assert_eq!(inc.verdict, Verdict::Holds);
+        assert!(inc.evidence.starts_with("1 1.1000 ± "), "{}", inc.evidence);
+        let reversed: Vec<Row> = up.iter().rev().cloned().collect();
+        assert_eq!(Claim::decreasing("down", &reversed).verdict, Verdict::Holds);
+        assert_eq!(
+            Claim::decreasing("down", &up).verdict,
+            Verdict::Contradicted
+        );
+        let down = [up[0].clone(), up[2].clone(), up[1].clone()];
+        assert_eq!(
+            Claim::increasing("up", &down).verdict,
+            Verdict::Contradicted
+        );
+        let flat = [up[0].clone(), up[1].clone(), row("2b", s(&[1.9, 2.1, 2.3]))];
+        assert_eq!(
+            Claim::increasing("up", &flat).verdict,
+            Verdict::Inconclusive
+        );
+        assert_eq!(
+            tally(&[
+                Claim::increasing("up", &up),
+                Claim::increasing("up", &down),
+                Claim::increasing("up", &flat),
+                Claim::cannot_test("needs SOP", "not here"),
+            ]),
+            [1, 1, 1, 1]
+        );
+    }
+
+    #[test]
+    fn closer_decides_only_against_a_significant_other_side() {
+        let base = row("base", s(&[1.0, 1.1, 1.2]));
+        let full = row("full", s(&[2.0, 2.1, 2.2]));
+        let near_base = Claim::closer(
+            "x ≈ base",
+            row("x", s(&[1.1, 1.2, 1.3])),
+            base.clone(),
+            full.clone(),
+        );
+        assert_eq!(near_base.verdict, Verdict::Holds);
+        let near_full = Claim::closer(
+            "x ≈ base",
+            row("x", s(&[1.9, 2.0, 2.1])),
+            base.clone(),
+            full.clone(),
+        );
+        assert_eq!(near_full.verdict, Verdict::Contradicted);
+        let between = Claim::closer("x ≈ base", row("x", s(&[0.5, 1.5, 2.5])), base, full);
+        assert_eq!(between.verdict, Verdict::Inconclusive);
+    }
+
+    #[test]
+    fn the_markdown_states_the_rule_and_escapes_bars() {
+        let c = Claim::greater(
+            "|P| = 4 beats 8",
+            row("a", s(&[2.0, 2.1])),
+            row("b", s(&[1.0, 1.1])),
+        );
+        let md = claims_markdown(&[c], &Measurements::default());
+        assert!(md.contains("Welch's two-sided t-test"), "{md}");
+        assert!(md.contains("| \\|P\\| = 4 beats 8 |"), "{md}");
+        assert!(md.starts_with("Verdicts: "), "{md}");
+    }
+}

@@ -1,0 +1,102 @@
+//! Whether the runs behind a table had converged: a claim measured on still-rising curves says
+//! something about the first epochs, not about the method.
+//!
+//! The criterion (issue #21's `standard` scale): over the last 20% of the epochs (at least the
+//! last two evaluations), the test metric moves by less than half a point (0.005 as a
+//! fraction). The metric is each run's test R@1 at the finest level, which every recipe
+//! evaluates after each epoch; the embedded data has no separate validation split, so the test
+//! curve stands in for the validation curve.
+
+use super::runs::RunResult;
+use super::table::Measurements;
+
+/// The fraction of the epochs the criterion looks at.
+pub const TAIL: f64 = 0.2;
+/// The largest move (max − min, as a fraction) allowed over the tail.
+pub const TOLERANCE: f64 = 0.005;
+
+/// How far `curve` (`(epoch, value)`, in epoch order) moved over its last [`TAIL`] of epochs
+/// (at least its last two points): `max − min` there; `None` with fewer than two points.
+pub fn tail_move(curve: &[(u64, f64)]) -> Option<f64> {
+    if curve.len() < 2 {
+        return None;
+    }
+    let last = curve.last()?.0;
+    let from = last as f64 - TAIL * last as f64;
+    let mut tail: Vec<f64> = curve
+        .iter()
+        .filter(|(e, _)| *e as f64 >= from)
+        .map(|p| p.1)
+        .collect();
+    if tail.len() < 2 {
+        tail = curve[curve.len() - 2..].iter().map(|p| p.1).collect();
+    }
+    let max = tail.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let min = tail.iter().copied().fold(f64::INFINITY, f64::min);
+    Some(max - min)
+}
+
+/// Whether one run converged by the criterion (`None`: too few evaluations to tell).
+pub fn converged(run: &RunResult) -> Option<bool> {
+    tail_move(&run.curve("R@1", Some(0))).map(|m| m < TOLERANCE)
+}
+
+/// One sentence on the convergence of every distinct run of `m` (shared runs counted once);
+/// `None` when `m` has no training runs.
+pub fn describe(m: &Measurements) -> Option<String> {
+    let mut seen: Vec<&str> = Vec::new();
+    let (mut done, mut total, mut worst) = (0usize, 0usize, 0.0f64);
+    for run in m.runs.iter().flat_map(|r| &r.runs) {
+        if seen.contains(&run.recipe.as_str()) {
+            continue;
+        }
+        seen.push(&run.recipe);
+        let Some(moved) = tail_move(&run.curve("R@1", Some(0))) else {
+            continue;
+        };
+        total += 1;
+        if moved < TOLERANCE {
+            done += 1;
+        }
+        worst = worst.max(moved);
+    }
+    (total > 0).then(|| {
+        format!(
+            "Convergence: {done} of {total} runs converged (test R@1 moved by less than 0.5 point \
+             over the last 20% of the epochs); the largest move was {:.1} points{}.",
+            100.0 * worst,
+            if done < total {
+                ": the verdicts describe training that had not converged"
+            } else {
+                ""
+            }
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tail_is_the_last_fifth_or_the_last_two_points() {
+        let rising: Vec<(u64, f64)> = (0..=4).map(|e| (e, 0.1 + 0.02 * e as f64)).collect();
+        // 4 epochs: the tail is epochs ≥ 3.2, one point, so the last two: 0.16 → 0.18.
+        assert!((tail_move(&rising).unwrap() - 0.02).abs() < 1e-12);
+        let flat: Vec<(u64, f64)> = (0..=20)
+            .map(|e| {
+                (
+                    e,
+                    if e < 15 {
+                        0.01 * e as f64
+                    } else {
+                        0.3 + 0.001 * (e % 2) as f64
+                    },
+                )
+            })
+            .collect();
+        // Epochs 16–20 move by 0.001: converged.
+        assert!(tail_move(&flat).unwrap() < TOLERANCE);
+        assert_eq!(tail_move(&[(0, 0.1)]), None);
+    }
+}
