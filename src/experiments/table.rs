@@ -68,6 +68,16 @@ impl Variant {
         self
     }
 
+    /// The same row with `more` added to its note (after `; `).
+    pub fn and_note(mut self, more: &str) -> Self {
+        if self.note.is_empty() {
+            self.note = more.to_string();
+        } else {
+            self.note = format!("{}; {more}", self.note);
+        }
+        self
+    }
+
     /// The run of this row on top of `base` (with `base`'s seed).
     pub fn spec(&self, base: &TrainConfig) -> RunSpec {
         let mut config = base.clone();
