@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Executes the evcxr notebooks in notebooks/ headless, installing what is missing first.
 #
-#   scripts/run_notebooks.sh [--scale tiny|quick|paper] [--out-dir DIR] [--cell-timeout S] [NOTEBOOK...]
+#   scripts/run_notebooks.sh [--scale tiny|quick|standard|paper] [--out-dir DIR] [--cell-timeout S] [NOTEBOOK...]
 #
 # --scale      passed to the notebooks as RANKWISE_SCALE (default: quick).
 # --out-dir    write the executed notebooks to DIR/notebooks/ and let the notebooks write their
@@ -48,7 +48,7 @@ while [[ $# -gt 0 ]]; do
     *) notebooks+=("$1"); shift ;;
   esac
 done
-case "$scale" in tiny|quick|paper) ;; *) die "--scale must be tiny, quick or paper, got '$scale'" ;; esac
+case "$scale" in tiny|quick|standard|paper) ;; *) die "--scale must be tiny, quick, standard or paper, got '$scale'" ;; esac
 if [[ ${#notebooks[@]} -eq 0 ]]; then
   notebooks=("$ROOT"/notebooks/*.ipynb)
   [[ -e "${notebooks[0]}" ]] || die "no notebooks in $ROOT/notebooks"

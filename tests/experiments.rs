@@ -94,6 +94,17 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     for paper in ["smooth_ap", "fastap", "rambo", "happier"] {
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
+        // The standard scale is the quick recipe trained 4x longer with a cosine decay.
+        let standard = recipe.base(Scale::Standard).unwrap();
+        let mut quick = recipe.base(Scale::Quick).unwrap();
+        assert_eq!(standard.epochs, 16, "{paper}");
+        quick.epochs = 16;
+        quick.schedule = standard.schedule.clone();
+        assert_eq!(
+            quick, standard,
+            "{paper}: standard differs from quick beyond its schedule"
+        );
+        assert_eq!(recipe.seeds(Scale::Standard).unwrap(), [0, 1, 2]);
         if recipe.paper.is_none() {
             let e = recipe.base(Scale::Paper).unwrap_err().to_string();
             assert!(e.contains("[paper]"), "{e}");
@@ -104,6 +115,15 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         .to_string();
     assert!(e.contains("no_such_paper.toml"), "{e}");
     assert!("medium".parse::<Scale>().is_err());
+    assert_eq!("standard".parse::<Scale>().unwrap(), Scale::Standard);
+    let e = experiments::ssr::SsrRecipe::for_root(root())
+        .unwrap()
+        .at(Scale::Standard)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("standard"), "{e}");
+    let dirs = experiments::ReproduceDirs::defaults(root(), Scale::Standard);
+    assert!(dirs.tables.ends_with("paper_tables/standard"), "{dirs:?}");
     assert_eq!("Quick".parse::<Scale>().unwrap(), Scale::Quick);
 }
 

@@ -40,7 +40,7 @@ pub struct MinibatchApConfig {
 }
 
 impl MinibatchApConfig {
-    /// `tiny`: the 600-item synthetic set, 4 batch sizes, 20 batches each; `quick` and `paper`:
+    /// `tiny`: the 600-item synthetic set, 4 batch sizes, 20 batches each; the other scales:
     /// 6,000 items in 128 dimensions (1,100 classes), batch sizes 8 to 1,024, 50 batches each.
     pub fn for_scale(scale: Scale) -> Self {
         match scale {
@@ -50,7 +50,7 @@ impl MinibatchApConfig {
                 batches: 20,
                 samples_per_class: 2,
             },
-            Scale::Quick | Scale::Paper => MinibatchApConfig {
+            Scale::Quick | Scale::Standard | Scale::Paper => MinibatchApConfig {
                 spec: SyntheticSpec {
                     num_items: 6_000,
                     num_fine_classes: 1_100,

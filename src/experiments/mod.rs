@@ -166,15 +166,22 @@ pub struct ReproduceDirs {
 }
 
 impl ReproduceDirs {
-    /// The default folders under `root` for `scale`: `paper_tables/` and `figures/`, or, at the
-    /// `tiny` scale (numbers meaningless), `target/reproduce-tiny/{paper_tables,figures}` so the
-    /// committed tables are never overwritten; runs cached in `target/rankwise-runs/<scale>/`.
+    /// The default folders under `root` for `scale`: `paper_tables/` and `figures/` at the
+    /// quick and paper scales, `paper_tables/standard/` and `figures/standard/` at the standard
+    /// scale (its tables sit beside the quick ones, never over them), or, at the `tiny` scale
+    /// (numbers meaningless), `target/reproduce-tiny/{paper_tables,figures}` so the committed
+    /// tables are never overwritten; runs cached in `target/rankwise-runs/<scale>/`.
     pub fn defaults(root: &Path, scale: Scale) -> Self {
-        let (tables, figures) = if scale == Scale::Tiny {
-            let base = root.join("target").join("reproduce-tiny");
-            (base.join("paper_tables"), base.join("figures"))
-        } else {
-            (root.join("paper_tables"), root.join("figures"))
+        let (tables, figures) = match scale {
+            Scale::Tiny => {
+                let base = root.join("target").join("reproduce-tiny");
+                (base.join("paper_tables"), base.join("figures"))
+            }
+            Scale::Standard => (
+                root.join("paper_tables").join("standard"),
+                root.join("figures").join("standard"),
+            ),
+            Scale::Quick | Scale::Paper => (root.join("paper_tables"), root.join("figures")),
         };
         ReproduceDirs {
             root: root.to_path_buf(),
@@ -233,11 +240,16 @@ pub fn reproduce(
         }
     }
     // The README's verdict table reads the claims just written (only the committed tables'
-    // folder feeds it, never a scratch one).
+    // folders feed it, never a scratch one).
     let readme = dirs.root.join("README.md");
-    if dirs.tables == dirs.root.join("paper_tables")
-        && readme.exists()
-        && summary::update_readme(&readme, &dirs.tables, scale)?
+    let committed =
+        dirs.tables == ReproduceDirs::defaults(&dirs.root, scale).tables && scale != Scale::Tiny;
+    let link = dirs
+        .tables
+        .strip_prefix(&dirs.root)
+        .map(|p| p.to_string_lossy().replace('\\', "/"))
+        .unwrap_or_default();
+    if committed && readme.exists() && summary::update_readme(&readme, &dirs.tables, scale, &link)?
     {
         writeln!(out, "  README: the `{scale}` verdict table rewritten").map_err(io)?;
     }

@@ -53,18 +53,25 @@ impl NotebookPaths {
 /// Runs `paper`'s experiments at `scale` (cached runs are reused, the others train now, one
 /// progress line each; the allocator is tuned first, [`crate::alloc::tune_allocator`]) and
 /// writes `paper_tables/<paper>.md`, the per-table CSV/Markdown and the figures under
-/// `paths.output`. Returns the results for the notebook to show.
+/// `paths.output` (`paper_tables/standard/` and `figures/standard/` at the standard scale).
+/// Returns the results for the notebook to show.
 pub fn run_paper(paper: &str, scale: Scale, paths: &NotebookPaths) -> Result<PaperResults> {
     // The notebooks train on the CPU like `rankwise reproduce`: keep freed tensor buffers for
     // reuse (×1.74 on the small CNN, benches/train_throughput_vs_torch.md).
     crate::alloc::tune_allocator();
     let runner = Runner::new(Some(paths.cache.clone()), true);
     let results = super::reproduce_paper(paper, &paths.root, &runner, scale)?;
-    let (page, figures) = write_paper(
-        &paths.output.join("paper_tables"),
-        &paths.output.join("figures"),
-        &results,
-    )?;
+    // Where `rankwise reproduce` writes the same scale (the standard tables sit beside the
+    // quick ones).
+    let (mut tables, mut figures_dir) = (
+        paths.output.join("paper_tables"),
+        paths.output.join("figures"),
+    );
+    if scale == Scale::Standard {
+        tables.push("standard");
+        figures_dir.push("standard");
+    }
+    let (page, figures) = write_paper(&tables, &figures_dir, &results)?;
     println!("wrote {}", page.display());
     for f in figures {
         println!("wrote {}", f.display());
@@ -166,7 +173,7 @@ pub fn reading(results: &PaperResults) -> String {
             " At the `tiny` scale the runs last seconds: the verdicts only show that the \
              pipeline works, they say nothing of the paper.\n\n"
         }
-        super::Scale::Quick => {
+        super::Scale::Quick | super::Scale::Standard => {
             " The data are not the paper's: a verdict is about the ordering or effect the paper \
              states, not its values.\n\n"
         }

@@ -17,19 +17,27 @@ pub enum Scale {
     Tiny,
     /// Minutes on a CPU: the embedded dataset, a small CNN.
     Quick,
+    /// The `quick` data and network trained to convergence (the test metric moves by less than
+    /// half a point over the last 20% of the epochs, `experiments::convergence`): a few hours on
+    /// a CPU, meant for a GPU.
+    Standard,
     /// The paper's data and models (a GPU).
     Paper,
 }
 
 impl Scale {
-    /// `tiny`, `quick`, `paper`.
+    /// `tiny`, `quick`, `standard`, `paper`.
     pub fn as_str(self) -> &'static str {
         match self {
             Scale::Tiny => "tiny",
             Scale::Quick => "quick",
+            Scale::Standard => "standard",
             Scale::Paper => "paper",
         }
     }
+
+    /// Every scale, smallest first.
+    pub const ALL: [Scale; 4] = [Scale::Tiny, Scale::Quick, Scale::Standard, Scale::Paper];
 }
 
 impl fmt::Display for Scale {
@@ -45,16 +53,18 @@ impl FromStr for Scale {
         match s.to_ascii_lowercase().as_str() {
             "tiny" => Ok(Scale::Tiny),
             "quick" => Ok(Scale::Quick),
+            "standard" => Ok(Scale::Standard),
             "paper" => Ok(Scale::Paper),
             _ => Err(Error::invalid(
                 "scale",
-                format!("unknown scale {s:?}; expected tiny, quick or paper"),
+                format!("unknown scale {s:?}; expected tiny, quick, standard or paper"),
             )),
         }
     }
 }
 
-/// The scale named by the `RANKWISE_SCALE` environment variable (`tiny`, `quick` or `paper`),
+/// The scale named by the `RANKWISE_SCALE` environment variable (`tiny`, `quick`, `standard` or
+/// `paper`),
 /// `default` if unset; an error naming the variable for any other value.
 pub fn scale_from_env(default: Scale) -> Result<Scale> {
     match std::env::var("RANKWISE_SCALE") {
@@ -77,6 +87,8 @@ pub struct SeedCounts {
     pub tiny: usize,
     /// CPU scale (3 by default).
     pub quick: usize,
+    /// Converged runs (3 by default).
+    pub standard: usize,
     /// The paper's scale (3 by default).
     pub paper: usize,
 }
@@ -86,6 +98,7 @@ impl Default for SeedCounts {
         SeedCounts {
             tiny: 2,
             quick: 3,
+            standard: 3,
             paper: 3,
         }
     }
@@ -97,12 +110,13 @@ impl SeedCounts {
         match scale {
             Scale::Tiny => self.tiny,
             Scale::Quick => self.quick,
+            Scale::Standard => self.standard,
             Scale::Paper => self.paper,
         }
     }
 
     fn validate(&self) -> Result<()> {
-        for scale in [Scale::Tiny, Scale::Quick, Scale::Paper] {
+        for scale in Scale::ALL {
             if self.count(scale) == 0 {
                 return Err(Error::invalid(
                     "seeds",
@@ -127,6 +141,9 @@ pub struct ExperimentRecipe {
     pub tiny: TrainConfig,
     /// CPU scale.
     pub quick: TrainConfig,
+    /// Trained to convergence (absent: not defined for this experiment yet).
+    #[serde(default)]
+    pub standard: Option<TrainConfig>,
     /// The paper's scale.
     #[serde(default)]
     pub paper: Option<TrainConfig>,
@@ -138,7 +155,14 @@ impl ExperimentRecipe {
         let path = path.as_ref();
         let recipe: Self = read_per_scale(
             path,
-            |r: &ExperimentRecipe| [Some(&r.tiny), Some(&r.quick), r.paper.as_ref()],
+            |r: &ExperimentRecipe| {
+                [
+                    Some(&r.tiny),
+                    Some(&r.quick),
+                    r.standard.as_ref(),
+                    r.paper.as_ref(),
+                ]
+            },
             TrainConfig::validate,
         )?;
         recipe
@@ -161,11 +185,19 @@ impl ExperimentRecipe {
         Self::from_toml_file(recipe_path(root, paper))
     }
 
-    /// The base recipe of `scale`; an error if the file has none for the paper scale.
+    /// The base recipe of `scale`; an error if the file has none for the standard or paper
+    /// scale.
     pub fn base(&self, scale: Scale) -> Result<TrainConfig> {
         match scale {
             Scale::Tiny => Ok(self.tiny.clone()),
             Scale::Quick => Ok(self.quick.clone()),
+            Scale::Standard => self.standard.clone().ok_or_else(|| {
+                Error::invalid(
+                    "scale",
+                    "this experiment's recipe has no [standard] section yet; run the tiny or \
+                     quick scale",
+                )
+            }),
             Scale::Paper => self.paper.clone().ok_or_else(|| {
                 Error::invalid(
                     "scale",
@@ -177,12 +209,12 @@ impl ExperimentRecipe {
     }
 }
 
-/// Reads a recipe file with one section per scale (`[tiny]`, `[quick]`, optional `[paper]`,
-/// listed by `scales` in that order) and validates each section present with `validate`; errors
-/// name the file, and the section for a validation error.
+/// Reads a recipe file with one section per scale (`[tiny]`, `[quick]`, optional `[standard]`
+/// and `[paper]`, listed by `scales` in the order of [`Scale::ALL`]) and validates each section
+/// present with `validate`; errors name the file, and the section for a validation error.
 pub(crate) fn read_per_scale<R, C>(
     path: &Path,
-    scales: impl for<'a> Fn(&'a R) -> [Option<&'a C>; 3],
+    scales: impl for<'a> Fn(&'a R) -> [Option<&'a C>; 4],
     validate: impl Fn(&C) -> Result<()>,
 ) -> Result<R>
 where
@@ -190,10 +222,7 @@ where
 {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let recipe: R = toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
-    for (scale, section) in [Scale::Tiny, Scale::Quick, Scale::Paper]
-        .into_iter()
-        .zip(scales(&recipe))
-    {
+    for (scale, section) in Scale::ALL.into_iter().zip(scales(&recipe)) {
         if let Some(c) = section {
             validate(c).map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
         }
@@ -214,7 +243,7 @@ mod tests {
 
     #[test]
     fn scale_round_trips_through_text_and_serde() {
-        for s in [Scale::Tiny, Scale::Quick, Scale::Paper] {
+        for s in Scale::ALL {
             assert_eq!(s.to_string().parse::<Scale>().unwrap(), s);
             let json = serde_json::to_string(&s).unwrap();
             assert_eq!(json, format!("\"{s}\""));

@@ -291,7 +291,7 @@ impl SsrRecipe {
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
         super::recipe::read_per_scale(
             path.as_ref(),
-            |r: &SsrRecipe| [Some(&r.tiny), Some(&r.quick), r.paper.as_ref()],
+            |r: &SsrRecipe| [Some(&r.tiny), Some(&r.quick), None, r.paper.as_ref()],
             SsrScaleRecipe::validate,
         )
     }
@@ -306,6 +306,11 @@ impl SsrRecipe {
         match scale {
             Scale::Tiny => Ok(self.tiny.clone()),
             Scale::Quick => Ok(self.quick.clone()),
+            Scale::Standard => Err(Error::invalid(
+                "scale",
+                "SSR has no standard scale: it trains no network through the run cache, and its \
+                 quick recipe already meta-trains to its validation optimum; run quick",
+            )),
             Scale::Paper => self.paper.clone().ok_or_else(|| {
                 Error::invalid(
                     "scale",

@@ -68,8 +68,10 @@ pub fn claims_csv_path(tables_dir: &Path, paper: &str, scale: Scale) -> PathBuf 
 
 /// A Markdown table of the verdicts of every paper of [`super::REGISTRY`] reproduced at `scale`
 /// under `tables_dir` (`paper | holds | contradicted | inconclusive | not measured`, then the
-/// claims that hold and those contradicted); `None` when no paper has been.
-pub fn summary_markdown(tables_dir: &Path, scale: Scale) -> Result<Option<String>> {
+/// claims that hold and those contradicted), each paper linking to its claims page under
+/// `link_dir` (the tables' folder as the reader's page reaches it, e.g. `paper_tables`); `None`
+/// when no paper has been.
+pub fn summary_markdown(tables_dir: &Path, scale: Scale, link_dir: &str) -> Result<Option<String>> {
     let mut out = String::from(
         "| paper | holds | contradicted | inconclusive | not measured | holds | contradicted |\n\
          |---|---|---|---|---|---|---|\n",
@@ -98,7 +100,7 @@ pub fn summary_markdown(tables_dir: &Path, scale: Scale) -> Result<Option<String
         out.push_str(&format!(
             "| [{}]({}) | {} | {} | {} | {} | {} | {} |\n",
             e.name(),
-            format_args!("paper_tables/measured/{}_{scale}_claims.md", e.key()),
+            format_args!("{link_dir}/measured/{}_{scale}_claims.md", e.key()),
             count(Verdict::Holds),
             count(Verdict::Contradicted),
             count(Verdict::Inconclusive),
@@ -132,9 +134,15 @@ pub fn replace_section(text: &str, (start, end): (&str, &str), body: &str) -> Op
 }
 
 /// Rewrites the verdict table of `scale` in `readme` (between [`markers`]) from the claims
-/// under `tables_dir`; `Ok(false)` when the README has no markers or nothing was reproduced.
-pub fn update_readme(readme: &Path, tables_dir: &Path, scale: Scale) -> Result<bool> {
-    let Some(table) = summary_markdown(tables_dir, scale)? else {
+/// under `tables_dir` (linked as `link_dir`, relative to the README); `Ok(false)` when the
+/// README has no markers or nothing was reproduced.
+pub fn update_readme(
+    readme: &Path,
+    tables_dir: &Path,
+    scale: Scale,
+    link_dir: &str,
+) -> Result<bool> {
+    let Some(table) = summary_markdown(tables_dir, scale, link_dir)? else {
         return Ok(false);
     };
     let text = std::fs::read_to_string(readme).map_err(|e| Error::io(readme, e))?;
@@ -171,17 +179,22 @@ mod tests {
             back.iter().map(|c| c.verdict).collect::<Vec<_>>(),
             [Verdict::Holds, Verdict::Contradicted, Verdict::NotMeasured]
         );
-        let md = summary_markdown(dir.path(), Scale::Quick).unwrap().unwrap();
+        let md = summary_markdown(dir.path(), Scale::Quick, "paper_tables")
+            .unwrap()
+            .unwrap();
         assert!(
             md.contains("| [FastAP](paper_tables/measured/fastap_quick_claims.md) | 1 | 1 | 0 | 1 | a \\| b | b > a |"),
             "{md}"
         );
-        assert_eq!(summary_markdown(dir.path(), Scale::Tiny).unwrap(), None);
+        assert_eq!(
+            summary_markdown(dir.path(), Scale::Tiny, "paper_tables").unwrap(),
+            None
+        );
 
         let readme = dir.path().join("README.md");
         let (start, end) = markers(Scale::Quick);
         std::fs::write(&readme, format!("# x\n{start}\nold\n{end}\nafter\n")).unwrap();
-        assert!(update_readme(&readme, dir.path(), Scale::Quick).unwrap());
+        assert!(update_readme(&readme, dir.path(), Scale::Quick, "paper_tables").unwrap());
         let text = std::fs::read_to_string(&readme).unwrap();
         assert!(text.contains(&format!("{start}\n\n| paper |")), "{text}");
         assert!(
@@ -191,7 +204,7 @@ mod tests {
         assert!(!text.contains("\nold\n"));
         // Without markers nothing is written.
         std::fs::write(&readme, "# no markers\n").unwrap();
-        assert!(!update_readme(&readme, dir.path(), Scale::Quick).unwrap());
+        assert!(!update_readme(&readme, dir.path(), Scale::Quick, "paper_tables").unwrap());
 
         std::fs::write(&path, "claim,verdict,evidence\nx,maybe,y\n").unwrap();
         let e = read_claims_csv(&path).unwrap_err().to_string();
