@@ -129,9 +129,8 @@ enum SplitArg {
 #[derive(Args, Debug)]
 struct ReproduceArgs {
     /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
-    /// embedded dataset on the CPU, minutes), standard (the quick data trained to convergence,
-    /// hours on a CPU; tables under paper_tables/standard/) or paper (the papers' data and
-    /// recipes; needs the data and a GPU). Default: $RANKWISE_SCALE, else quick.
+    /// embedded dataset on the CPU, minutes) or paper (the papers' data and recipes; needs the
+    /// data and a GPU). Default: $RANKWISE_SCALE, else quick.
     #[arg(long, value_name = "SCALE")]
     scale: Option<String>,
     /// Papers to reproduce (default: all): smooth_ap, fastap, rambo, happier.
