@@ -171,6 +171,10 @@ impl Claim {
         let rows: Vec<Row> = std::iter::once(a.clone())
             .chain(others.iter().cloned())
             .collect();
+        if others.is_empty() {
+            // Nothing to beat is no evidence of beating anything.
+            return Claim::not_measured(claim, &rows, "no row to compare with".into());
+        }
         let samples = match all_measured(&rows) {
             Ok(s) => s,
             Err(why) => return Claim::not_measured(claim, &rows, why),
@@ -440,6 +444,11 @@ mod tests {
         );
         assert_eq!(
             Claim::best_of("w best", "w", &rows).verdict,
+            Verdict::NotMeasured
+        );
+        // A best of one row beats nothing.
+        assert_eq!(
+            Claim::best_of("x best", "x", &rows[..1]).verdict,
             Verdict::NotMeasured
         );
         let up = [
