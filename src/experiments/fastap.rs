@@ -157,16 +157,13 @@ pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<Claim> {
     };
     let summary = ["R@1", "mAP@R"];
     vec![
-        Claim::all_of(
-            "Larger batches help: M = 256 beats M = 96 at every R@K (poster, SOP R@1, 10, 100, \
-             1000; ours: the base batch vs 96/256 of it)",
-            per_metric(&["R@1", "R@10", "R@100", "R@1000"], &|k| {
-                Claim::greater(
-                    "",
-                    row("M=256", m.sample(TABLE_MAIN, "FastAP", SETTING_256, k)),
-                    row("M=96", m.sample(TABLE_MAIN, "FastAP", SETTING_96, k)),
-                )
-            }),
+        // The poster's own rows: M = 256 is ahead at R@1 only (76.4 vs 75.8); at R@10, 100
+        // and 1000 M = 96 is as good or better (89.1 / 95.4 / 98.5 vs 89.0 / 95.1 / 98.2).
+        Claim::greater(
+            "A larger batch helps: M = 256 beats M = 96 at R@1 (poster, SOP: 76.4 vs 75.8; ours: \
+             the base batch vs 96/256 of it)",
+            row("M=256", m.sample(TABLE_MAIN, "FastAP", SETTING_256, "R@1")),
+            row("M=96", m.sample(TABLE_MAIN, "FastAP", SETTING_96, "R@1")),
         ),
         Claim::all_of(
             "Retrieval improves with every increase of the batch size (poster: larger batches \
