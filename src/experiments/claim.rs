@@ -95,14 +95,19 @@ fn combine(outcomes: &[Option<bool>]) -> Verdict {
     }
 }
 
-/// A value for the evidence: 2 decimals for percentages, 4 for fractions (values below 1.5), so
-/// that close fractions stay distinguishable.
-fn num(v: f64) -> String {
+/// The decimals of a value in the evidence: 2 for percentages, 4 for fractions (values below
+/// 1.5), so that close fractions stay distinguishable.
+fn decimals(v: f64) -> usize {
     if v.abs() < 1.5 {
-        format!("{v:.4}")
+        4
     } else {
-        format!("{v:.2}")
+        2
     }
+}
+
+/// A value for the evidence, at [`decimals`].
+fn num(v: f64) -> String {
+    format!("{v:.*}", decimals(v))
 }
 
 /// `name mean ± ci (n)`, `name mean (1 seed)` or `name –`.
@@ -113,7 +118,7 @@ fn describe(name: &str, s: Option<&Sample>) -> String {
         Some(s) if s.n() < 2 => format!("{name} {} (1 seed)", num(s.mean())),
         Some(s) => {
             // The interval at the mean's precision.
-            let d = if s.mean().abs() < 1.5 { 4 } else { 2 };
+            let d = decimals(s.mean());
             format!("{name} {:.d$} ± {:.d$} (n={})", s.mean(), s.ci95(), s.n())
         }
     }
@@ -307,6 +312,18 @@ impl Claim {
             .collect::<Vec<_>>()
             .join(" | ");
         Claim::new(claim, verdict, evidence)
+    }
+
+    /// The same statement on each of `labels` (each metric or method the paper names):
+    /// [`Claim::all_of`] over `part(label)`, each part shown after its label.
+    pub fn on_each<L: AsRef<str>>(claim: &str, labels: &[L], part: impl Fn(&str) -> Claim) -> Self {
+        Claim::all_of(
+            claim,
+            labels
+                .iter()
+                .map(|l| (l.as_ref().to_string(), part(l.as_ref())))
+                .collect(),
+        )
     }
 
     /// A claim this reproduction cannot test (the data or the model it needs is not here),

@@ -211,20 +211,17 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
              (Table 2, SOP: R@1, 10, 100, 1000)",
             beats_baselines,
         ),
-        Claim::all_of(
+        Claim::on_each(
             "The log log weighting beats log at R@1, 10 and 100 (Table 2, SOP; the two tie at \
              R@1000, 98.7)",
-            ["R@1", "R@10", "R@100"]
-                .iter()
-                .map(|k| {
-                    let c = Claim::greater(
-                        "",
-                        row("log log", main("RaMBO log log", R50, k)),
-                        row("log", main("RaMBO log", R50, k)),
-                    );
-                    (k.to_string(), c)
-                })
-                .collect(),
+            &["R@1", "R@10", "R@100"],
+            |k| {
+                Claim::greater(
+                    "",
+                    row("log log", main("RaMBO log log", R50, k)),
+                    row("log", main("RaMBO log", R50, k)),
+                )
+            },
         ),
         Claim::greater(
             "The batch memory helps: full RaMBO beats no batch memory (Table 7, R@1; SOP 78.6 \
@@ -238,19 +235,16 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
             row("with margin", t7("memory=on;margin=on")),
             row("without margin", t7("margin=off")),
         ),
-        Claim::all_of(
+        Claim::on_each(
             "Optimising recall (either weighting) beats optimising AP for R@1 (Sec. 5)",
-            ["RaMBO log log", "RaMBO log"]
-                .iter()
-                .map(|v| {
-                    let c = Claim::greater(
-                        "",
-                        row(*v, loss(v, margin)),
-                        row("AP loss", loss("RaMBO AP loss", margin)),
-                    );
-                    (v.to_string(), c)
-                })
-                .collect(),
+            &["RaMBO log log", "RaMBO log"],
+            |v| {
+                Claim::greater(
+                    "",
+                    row(v, loss(v, margin)),
+                    row("AP loss", loss("RaMBO AP loss", margin)),
+                )
+            },
         ),
     ]
 }

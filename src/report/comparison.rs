@@ -243,7 +243,7 @@ impl Comparison {
                 &measured[i]
             });
             let value = match ours {
-                Some(m) => Some(convert(m, m.value, p.unit).ok_or_else(|| {
+                Some(m) => Some(m.unit.convert(m.value, p.unit).ok_or_else(|| {
                     Error::invalid(
                         "measured unit",
                         format!(
@@ -292,7 +292,7 @@ impl Comparison {
             units.all(|u| u == first).then_some(first)
         };
         for (m, _) in measured.iter().zip(&used).filter(|(_, &u)| !u) {
-            let in_unit = |u: Unit| convert(m, m.value, u).map(|v| (u, v));
+            let in_unit = |u: Unit| m.unit.convert(m.value, u).map(|v| (u, v));
             let (unit, value) = match common_unit(Some(&m.metric))
                 .and_then(in_unit)
                 .or_else(|| common_unit(None).and_then(in_unit))
@@ -494,16 +494,11 @@ impl Comparison {
     }
 }
 
-/// `value` of `m` in unit `to`.
-fn convert(m: &Measured, value: f64, to: Unit) -> Option<f64> {
-    m.unit.convert(value, to)
-}
-
 /// The 95% half-width of `m`'s mean in unit `to` (every conversion is a scale factor), `None`
 /// with fewer than two seeds.
 fn interval(m: &Measured, to: Unit) -> Option<f64> {
     let ci = m.sample().ci95();
-    ci.is_finite().then(|| convert(m, ci, to)).flatten()
+    ci.is_finite().then(|| m.unit.convert(ci, to)).flatten()
 }
 
 fn index_of<T: PartialEq>(keys: &mut Vec<T>, key: T) -> usize {
