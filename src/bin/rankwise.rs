@@ -9,6 +9,9 @@
 //! rankwise reproduce --scale quick smooth_ap
 //! rankwise eval --example                        # a synthetic SOP-like set, in memory
 //! rankwise gen-embeddings --preset small --out-dir demo
+//! rankwise synth-data --config configs/paper/happier_sop.toml --root /tmp/synthetic/sop
+//! rankwise train --config configs/paper/happier_sop.toml --set dataset.root=/tmp/synthetic/sop \
+//!                --set pretrained= --set epochs=1 --out runs/smoke
 //! rankwise eval --embeddings demo/embeddings.npy --labels demo/labels.csv --out results.json
 //! rankwise eval --queries q.npy --references r.npy \
 //!               --query-labels q.csv --reference-labels r.csv
@@ -20,6 +23,9 @@
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use rankwise::data::synthetic_on_disk::{
+    check_recipe, remove_synthetic, with_dataset_root, write_dataset, OnDiskSpec, SyntheticKind,
+};
 use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
     check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
@@ -64,6 +70,62 @@ enum Command {
     Embed(EmbedArgs),
     /// Regenerate the papers' tables and figures (Smooth-AP, FastAP, RaMBO, HAPPIER) at a scale.
     Reproduce(ReproduceArgs),
+    /// Write a synthetic dataset in a real dataset's on-disk format (JPEG images, list files,
+    /// folder names), sized so that a recipe's sampler forms full batches: runs a paper recipe
+    /// end to end without its data (train with --set dataset.root=<root>).
+    SynthData(SynthDataArgs),
+}
+
+#[derive(Args, Debug)]
+struct SynthDataArgs {
+    /// The recipe to serve: its `[dataset] kind` gives the format, its sampler the size.
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "kind",
+        conflicts_with = "kind"
+    )]
+    config: Option<PathBuf>,
+    /// Override a key of the recipe (as for `rankwise train`): pass the same --set as to train,
+    /// so that the size follows the sampler trained with. Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE", requires = "config")]
+    set: Vec<String>,
+    /// The format, without a recipe: sop, inshop, inat_base, inat_full, dyml_vehicle,
+    /// dyml_animal, dyml_product, cub or vehicleid (default size: 16 + 16 classes of 4 images).
+    #[arg(long, value_name = "KIND")]
+    kind: Option<String>,
+    /// The dataset root to create (a recipe's `dataset.root`); must not exist, or be empty.
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+    /// Batches per epoch of an m-per-class sampler (the other samplers' epochs have a fixed
+    /// number of batches: batches_per_super_pair or batches_per_meta_pair per pair).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    batches: usize,
+    /// Training classes (overrides the size derived from the recipe).
+    #[arg(long, value_name = "N")]
+    train_classes: Option<usize>,
+    /// Images per training class.
+    #[arg(long, value_name = "N")]
+    images_per_class: Option<usize>,
+    /// Test classes.
+    #[arg(long, value_name = "N")]
+    test_classes: Option<usize>,
+    /// Images per test class (≥ 2).
+    #[arg(long, value_name = "N")]
+    test_images_per_class: Option<usize>,
+    /// Super-classes (label level 1).
+    #[arg(long, value_name = "N")]
+    super_classes: Option<usize>,
+    /// Image height in pixels (the recipes' pipelines resize and crop to 224).
+    #[arg(long, value_name = "PX", default_value_t = 64)]
+    image_size: u32,
+    /// Seed of the colours and noise.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Replace an earlier synthetic dataset at --root (only a folder holding
+    /// rankwise_synthetic.json is ever removed).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Args, Debug)]
@@ -305,6 +367,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train(&args),
         Command::Embed(args) => embed(&args),
         Command::Reproduce(args) => reproduce(&args),
+        Command::SynthData(args) => synth_data(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -772,6 +835,74 @@ fn reproduce(args: &ReproduceArgs) -> Result<()> {
     }
     experiments::reproduce(&args.papers, scale, &dirs, true, &mut std::io::stdout())?;
     println!("done in {:.0} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn synth_data(args: &SynthDataArgs) -> Result<()> {
+    let started = Instant::now();
+    let (recipe, kind, mut spec) = match (&args.config, &args.kind) {
+        (Some(path), _) => {
+            let config = load_with_overrides(path, &args.set)?;
+            let (kind, spec) = OnDiskSpec::for_config(&config, args.batches)
+                .with_context(|| format!("sizing a synthetic dataset for {}", path.display()))?;
+            (Some((path, config)), kind, spec)
+        }
+        (None, Some(kind)) => (None, kind.parse::<SyntheticKind>()?, OnDiskSpec::default()),
+        (None, None) => bail!("give --config (a recipe) or --kind (a dataset format)"),
+    };
+    for (value, field) in [
+        (args.train_classes, &mut spec.train_classes),
+        (args.images_per_class, &mut spec.train_images_per_class),
+        (args.test_classes, &mut spec.test_classes),
+        (args.test_images_per_class, &mut spec.test_images_per_class),
+        (args.super_classes, &mut spec.super_classes),
+    ] {
+        if let Some(v) = value {
+            *field = v;
+        }
+    }
+    spec.image_size = args.image_size;
+    spec.seed = args.seed;
+    if args.force {
+        remove_synthetic(&args.root)?;
+    }
+    let written = write_dataset(kind, &args.root, &spec)?;
+    println!(
+        "wrote a synthetic {kind} dataset to {}: {} training images ({} classes × {}), {} test \
+         images ({} classes × {}), {} super-classes, {} files, {:.1} MB, in {:.1} s",
+        written.root.display(),
+        written.train_images,
+        spec.train_classes,
+        spec.train_images_per_class,
+        written.test_images,
+        spec.test_classes,
+        spec.test_images_per_class,
+        spec.super_classes,
+        written.files,
+        written.bytes as f64 / 1e6,
+        started.elapsed().as_secs_f64()
+    );
+    if let Some((path, config)) = recipe {
+        // Read it back as the recipe will: its loader, the file check and its sampler.
+        let check = check_recipe(&with_dataset_root(&config, &args.root)?)
+            .with_context(|| format!("the dataset written does not serve {}", path.display()))?;
+        let tests: Vec<String> = check
+            .test_sets
+            .iter()
+            .map(|(split, q, g)| match g {
+                Some(g) => format!("{split} {q} queries vs {g}"),
+                None => format!("{split} {q} images"),
+            })
+            .collect();
+        println!(
+            "{}: epoch 0 has {} batches ({} full); test: {}",
+            path.display(),
+            check.batches,
+            check.full_batches,
+            tests.join(", ")
+        );
+    }
+    println!("train with: --set dataset.root={}", quote(&args.root));
     Ok(())
 }
 

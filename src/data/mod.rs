@@ -1,7 +1,8 @@
 //! Datasets: in-memory images with hierarchical labels, class-disjoint splits, the embedded
 //! procedurally generated default dataset, loaders for the papers' real datasets, and the image
-//! pipeline that decodes and augments their files into batches, and the [`ImageSource`]s that
-//! serve either kind to the trainer.
+//! pipeline that decodes and augments their files into batches, the [`ImageSource`]s that
+//! serve either kind to the trainer, and synthetic datasets written in the real datasets'
+//! on-disk formats ([`synthetic_on_disk`]) for running the paper recipes without the data.
 
 pub mod image_set;
 pub mod loaders;
@@ -9,6 +10,7 @@ pub mod pipeline;
 pub mod shapes;
 pub mod source;
 pub mod splits;
+pub mod synthetic_on_disk;
 
 pub use image_set::ImageSet;
 pub use shapes::{Nuisance, ShapesConfig};

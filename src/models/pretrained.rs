@@ -178,6 +178,15 @@ fn download(file: &HubFile, cache: &Path) -> Result<PathBuf> {
 /// tensor ([`ParamStore::load_safetensors`]).
 pub fn load_backbone(params: &ParamStore, spec: &Path) -> Result<Vec<String>> {
     let path = resolve(spec)?;
+    if !path.is_file() {
+        // The recipes name weights that must be prepared by hand; the bare I/O error would not
+        // say what the file is for or how to do without it.
+        return Err(Error::file(
+            &path,
+            "pretrained weights not found: prepare them as the recipe's `# Needs:` says, or \
+             train from random initialisation with `--set pretrained=`",
+        ));
+    }
     params.load_safetensors(&path, BACKBONE_PREFIX)
 }
 

@@ -385,7 +385,8 @@ pub struct TrainConfig {
     /// The network.
     pub model: EmbeddingNetConfig,
     /// Pretrained backbone weights (`.safetensors` with torchvision names), if any: a local path
-    /// or `hf:<owner>/<repo>[@revision]/<file>` ([`crate::models::pretrained`]).
+    /// or `hf:<owner>/<repo>[@revision]/<file>` ([`crate::models::pretrained`]). `None`: random
+    /// initialisation (`--set pretrained=` removes a recipe's weights).
     pub pretrained: Option<PathBuf>,
     /// The batch sampler.
     pub sampler: SamplerConfig,
@@ -466,6 +467,19 @@ impl TrainConfig {
         if self.eval.batch_size == 0 {
             return Err(Error::invalid("eval.batch_size", "must be ≥ 1"));
         }
+        if self
+            .pretrained
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            // An empty path would only fail later as an unreadable file; say how to train from
+            // random initialisation instead.
+            return Err(Error::invalid(
+                "pretrained",
+                "empty path: leave the key out (or `--set pretrained=`) to train from random \
+                 initialisation",
+            ));
+        }
         if self.large_batch_chunk == Some(0) {
             return Err(Error::invalid("large_batch_chunk", "must be ≥ 1"));
         }
@@ -507,6 +521,12 @@ mod toml_tests {
         std::fs::write(&path, "epochs = 2\nepochz = 3\n").unwrap();
         let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
         assert!(e.contains("recipe.toml") && e.contains("epochz"), "{e}");
+        std::fs::write(&path, "pretrained = \"\"\n").unwrap();
+        let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("pretrained") && e.contains("random initialisation"),
+            "{e}"
+        );
         std::fs::write(&path, "epochs = 0\n").unwrap();
         let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
         assert!(e.contains("recipe.toml") && e.contains("epochs"), "{e}");

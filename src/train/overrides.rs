@@ -4,10 +4,12 @@
 //! Overrides apply to the resolved recipe (the file with every default written out). Setting
 //! the `kind` of a tagged table (`--set loss.kind=fast_ap`) starts that table afresh with the new
 //! kind's defaults. A value that is not a TOML value but a bare word (`--set loss.kind=fast_ap`,
-//! `--set device=cpu`) is taken as a string, so the shell does not need TOML's quotes. An
-//! override whose key is unknown, whose value has the wrong type, or that makes the recipe
-//! invalid is an error naming that exact override (`--set optimizer.lr=1e-4: unknown field
-//! `lr`, expected one of `backbone`, `head`, `loss``).
+//! `--set device=cpu`) is taken as a string, so the shell does not need TOML's quotes. An empty
+//! value (`--set pretrained=`) removes the key, so that the field takes its default: TOML has no
+//! null, and this is how an optional field is unset (`pretrained`: no weights, the backbone
+//! starts from random initialisation). An override whose key is unknown, whose value has the
+//! wrong type, or that makes the recipe invalid is an error naming that exact override
+//! (`--set optimizer.lr=1e-4: unknown field `lr`, expected one of `backbone`, `head`, `loss``).
 
 use super::config::TrainConfig;
 use crate::error::{Error, Result};
@@ -21,12 +23,13 @@ pub struct Override {
     pub text: String,
     /// The dotted key, split (`["optimizer", "backbone", "lr"]`).
     pub path: Vec<String>,
-    /// The value.
-    pub value: Value,
+    /// The value; `None` (an empty value, `pretrained=`) removes the key, so that the field
+    /// takes its default.
+    pub value: Option<Value>,
 }
 
 impl Override {
-    /// Parses `key=value`. Errors name the override.
+    /// Parses `key=value` (or `key=`, which removes the key). Errors name the override.
     pub fn parse(text: &str) -> Result<Self> {
         let bad = |why: &str| Error::invalid(format!("--set {text}"), why.to_string());
         let (key, value) = text
@@ -37,7 +40,10 @@ impl Override {
         if key.is_empty() || path.iter().any(String::is_empty) {
             return Err(bad("empty key or key part"));
         }
-        let value = parse_value(value.trim()).map_err(|e| bad(&e))?;
+        let value = match value.trim() {
+            "" => None,
+            text => Some(parse_value(text).map_err(|e| bad(&e))?),
+        };
         Ok(Override {
             text: text.to_string(),
             path,
@@ -71,22 +77,25 @@ impl Override {
                 }
             };
         }
+        let Some(value) = &self.value else {
+            // Removing a key the recipe does not have is not an error: the field already takes
+            // its default.
+            current.remove(last);
+            return Ok(());
+        };
         // A new `kind` of a tagged table (`loss.kind`, `sampler.kind`, `model.backbone.kind`,
         // …) starts that table afresh: the old kind's fields would be unknown to the new one,
         // which takes its defaults (set its fields with later overrides).
-        if last == "kind" && current.get("kind") != Some(&self.value) {
+        if last == "kind" && current.get("kind") != Some(value) {
             current.clear();
         }
-        current.insert(last.clone(), self.value.clone());
+        current.insert(last.clone(), value.clone());
         Ok(())
     }
 }
 
 /// A TOML value, or a bare word taken as a string.
 fn parse_value(text: &str) -> std::result::Result<Value, String> {
-    if text.is_empty() {
-        return Err("empty value".into());
-    }
     let doc = format!("v = {text}");
     match doc.parse::<Table>() {
         Ok(mut t) => Ok(t.remove("v").expect("the key just written")),
@@ -186,6 +195,8 @@ mod tests {
         assert_eq!(parse_value("\"a b\"").unwrap(), Value::String("a b".into()));
         assert!(parse_value("[1, 2").is_err());
         assert!(parse_value("1e-").is_err());
+        assert_eq!(Override::parse("pretrained=").unwrap().value, None);
+        assert_eq!(Override::parse("pretrained = ").unwrap().value, None);
         assert!(Override::parse("epochs").is_err());
         assert!(Override::parse("a..b=1").is_err());
     }
@@ -240,5 +251,37 @@ mod tests {
         .unwrap();
         assert!(c.loss.validate().is_ok());
         assert!(c.to_toml_string().unwrap().contains("kind = \"fast_ap\""));
+    }
+
+    #[test]
+    fn an_empty_value_removes_the_key_so_the_field_takes_its_default() {
+        let base = TrainConfig {
+            pretrained: Some("weights/resnet50.safetensors".into()),
+            epochs: 7,
+            ..TrainConfig::default()
+        };
+        let table = Table::try_from(&base).unwrap();
+        let c = apply_overrides(table.clone(), &["pretrained=".into()]).unwrap();
+        assert_eq!(c.pretrained, None);
+        assert_eq!(c.epochs, 7);
+        // A key the recipe leaves out is already at its default.
+        let c = apply_overrides(table.clone(), &["pretrained=".into(), "pretrained=".into()]);
+        assert_eq!(c.unwrap().pretrained, None);
+        let c = apply_overrides(table.clone(), &["epochs=".into()]).unwrap();
+        assert_eq!(c.epochs, TrainConfig::default().epochs);
+        // A field without a default cannot be removed: the error names the override.
+        let mut sop = base;
+        sop.input_norm = crate::train::InputNorm::Imagenet;
+        sop.dataset = crate::train::DatasetConfig::Sop {
+            root: "/data/sop".into(),
+            images: Default::default(),
+        };
+        let e = apply_overrides(Table::try_from(&sop).unwrap(), &["dataset.root=".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--set dataset.root=") && e.contains("root"),
+            "{e}"
+        );
     }
 }

@@ -1,0 +1,1034 @@
+//! The GPU check of issue 20: every loss, the metrics engine, the models, the optimizers and a
+//! checkpoint resume run on the chosen device and are compared with the CPU; then the GPU
+//! benchmarks of our side (losses up to the largest batch that fits, SOP-scale evaluation,
+//! training throughput). `scripts/gpu_check.sh` runs it on the GPU machine together with the
+//! PyTorch anchors and writes everything into one output folder.
+//!
+//! ```text
+//! gpu_check --device cuda --out OUT [--budget-s 300] [--only correctness,losses,eval,train]
+//!           [--models small_cnn,resnet18,resnet50] [--cap 16384]
+//! cargo run --release --example gpu_check -- --device cpu --out target/gpu_check --small
+//! ```
+//!
+//! The report, `OUT/gpu_check.json`, is rewritten atomically after every item, so a run cut
+//! short by its time budget (or killed) still leaves every finished check. Each check has a
+//! `status`: `pass` (within its tolerance), `fail` (outside it: the numbers are in the entry) or
+//! `error` (it did not run: the message says why). With `--device cpu` the "device" side is the
+//! CPU too, which tests this program without a GPU (CI builds it; `--small` runs it in seconds).
+//!
+//! Tolerances (relative to the CPU reference's largest magnitude): `f32` 1e-4, `f64` 1e-9. The
+//! CPU reference and the device compute the same formulas, but their matrix products add in a
+//! different order; rank-based losses can then see a near-tie swap (RaMBO's exact ranks, the
+//! triplet miner's semi-hard window), which the entry reports as such rather than hiding it.
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device, Tensor, Var};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use rankwise::losses::cluster::ClusterLoss;
+use rankwise::losses::config::{
+    ContrastiveConfig, FastApConfig, HappierConfig, LossConfig, LossContext, MiningKind,
+    NormSoftmaxConfig, RamboConfig, RamboMetric, RelevanceKind, RoadmapConfig, SmoothApConfig,
+    SummedConfig, TripletConfig,
+};
+use rankwise::losses::contrastive::Contrastive;
+use rankwise::losses::fastap::FastAp;
+use rankwise::losses::happier::{HapLoss, Happier};
+use rankwise::losses::rambo::{Rambo, RecallWeight};
+use rankwise::losses::roadmap::Roadmap;
+use rankwise::losses::smooth_ap::SmoothAp;
+use rankwise::losses::triplet::{Triplet, TripletMining};
+use rankwise::losses::RankLoss;
+use rankwise::models::{
+    BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
+    ResNetConfig, ResNetDepth, SmallCnnConfig, BACKBONE_PREFIX, HEAD_PREFIX,
+};
+use rankwise::retrieval::{self, EvalOptions, SelfMatch, Similarity};
+use rankwise::train::large_batch::direct_gradients;
+use rankwise::train::{
+    AdamConfig, Algorithm, DeviceChoice, Optimizer, OutputConfig, ParamGroup, SgdConfig,
+    TrainConfig, Trainer,
+};
+use rankwise::Labels;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+struct Args {
+    device: String,
+    out: PathBuf,
+    budget_s: f64,
+    only: Vec<String>,
+    small: bool,
+    cap: usize,
+    models: Vec<String>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        device: "cuda".into(),
+        out: PathBuf::from("target/gpu_check"),
+        budget_s: 300.0,
+        only: Vec::new(),
+        small: false,
+        cap: 16_384,
+        models: vec!["small_cnn".into(), "resnet18".into(), "resnet50".into()],
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--device" => args.device = value()?,
+            "--out" => args.out = value()?.into(),
+            "--budget-s" => args.budget_s = value()?.parse().context("--budget-s")?,
+            "--only" => args.only = value()?.split(',').map(str::to_owned).collect(),
+            "--cap" => args.cap = value()?.parse().context("--cap")?,
+            "--models" => args.models = value()?.split(',').map(str::to_owned).collect(),
+            "--small" => args.small = true,
+            "-h" | "--help" => {
+                println!(
+                    "gpu_check [--device cuda|cpu] [--out DIR] [--budget-s S] [--cap B] \
+                     [--only correctness,losses,eval,train] [--models small_cnn,resnet18,resnet50] \
+                     [--small]"
+                );
+                std::process::exit(0);
+            }
+            other => bail!("unknown argument {other} (see --help)"),
+        }
+    }
+    Ok(args)
+}
+
+/// The report, written atomically after every entry.
+struct Report {
+    path: PathBuf,
+    doc: Value,
+    start: Instant,
+    budget_s: f64,
+}
+
+impl Report {
+    fn new(out: &Path, device: &str, budget_s: f64) -> Result<Self> {
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let path = out.join("gpu_check.json");
+        // Several invocations (one per section, each under its own `timeout`) share one report:
+        // a later one appends to what the earlier ones wrote.
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            let doc: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not a gpu_check report", path.display()))?;
+            return Ok(Report {
+                path,
+                doc,
+                start: Instant::now(),
+                budget_s,
+            });
+        }
+        let doc = json!({
+            "device": device,
+            "build": { "cuda_feature": cfg!(feature = "cuda"), "version": env!("CARGO_PKG_VERSION") },
+            "rayon_threads": rayon::current_num_threads(),
+            "checks": [],
+            "benchmarks": [],
+        });
+        Ok(Report {
+            path,
+            doc,
+            start: Instant::now(),
+            budget_s,
+        })
+    }
+
+    fn elapsed(&self) -> f64 {
+        self.start.elapsed().as_secs_f64()
+    }
+
+    fn over_budget(&self) -> bool {
+        self.elapsed() > self.budget_s
+    }
+
+    fn push(&mut self, list: &str, mut entry: Value) -> Result<()> {
+        entry["t_end_s"] = json!(round(self.elapsed(), 3));
+        entry["unix_end_ms"] = json!(unix_ms());
+        eprintln!("[gpu_check] {entry}");
+        self.doc[list]
+            .as_array_mut()
+            .expect("lists are arrays")
+            .push(entry);
+        self.save()
+    }
+
+    fn save(&self) -> Result<()> {
+        let tmp = self.path.with_extension("json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(&self.doc)?)?;
+        std::fs::rename(&tmp, &self.path)?;
+        Ok(())
+    }
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+fn round(x: f64, digits: i32) -> f64 {
+    let p = 10f64.powi(digits);
+    (x * p).round() / p
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F64 {
+        1e-9
+    } else {
+        1e-4
+    }
+}
+
+/// `max |a − b| / max(max |b|, tiny)`: the error relative to the reference's scale, so that
+/// entries near zero in a large gradient do not dominate.
+fn rel_error(a: &[f64], b: &[f64]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let scale = b.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
+    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs())) / scale
+}
+
+fn host(t: &Tensor) -> Result<Vec<f64>> {
+    Ok(t.to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?)
+}
+
+fn normal(n: usize, seed: u64) -> Vec<f64> {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..n).map(|_| StandardNormal.sample(&mut rng)).collect()
+}
+
+/// Two levels: 4 images per fine class, fine classes spread over `coarse` super-classes.
+fn batch_labels(b: usize, coarse: i64) -> Result<Labels> {
+    Ok(Labels::new(
+        (0..b as i64)
+            .map(|i| {
+                let fine = i / 4;
+                vec![fine, 1_000_000 + fine % coarse]
+            })
+            .collect(),
+    )?)
+}
+
+fn embeddings(data: &[f64], b: usize, d: usize, dtype: DType, dev: &Device) -> Result<Var> {
+    let t = Tensor::from_vec(data.to_vec(), (b, d), &Device::Cpu)?.to_dtype(dtype)?;
+    Ok(Var::from_tensor(&t.to_device(dev)?)?)
+}
+
+/// Every loss and every option that takes another code path.
+fn loss_variants() -> Vec<(String, LossConfig)> {
+    let mut v: Vec<(String, LossConfig)> = vec![
+        (
+            "smooth_ap".into(),
+            LossConfig::SmoothAp(SmoothApConfig::default()),
+        ),
+        (
+            "smooth_ap include_self".into(),
+            LossConfig::SmoothAp(SmoothApConfig {
+                include_self: true,
+                ..SmoothApConfig::default()
+            }),
+        ),
+        ("fastap".into(), LossConfig::FastAp(FastApConfig::default())),
+        (
+            "fastap authors_gradient bins=20".into(),
+            LossConfig::FastAp(FastApConfig {
+                num_bins: 20,
+                authors_gradient: true,
+            }),
+        ),
+    ];
+    for (metric, name) in [
+        (RamboMetric::Ap, "ap"),
+        (RamboMetric::RecallLog, "recall_log"),
+        (RamboMetric::RecallLogLog, "recall_log_log"),
+    ] {
+        v.push((
+            format!("rambo {name}"),
+            LossConfig::Rambo(RamboConfig {
+                metric,
+                ..RamboConfig::default()
+            }),
+        ));
+    }
+    v.push((
+        "rambo recall_log_log margin=0".into(),
+        LossConfig::Rambo(RamboConfig {
+            margin: 0.0,
+            ..RamboConfig::default()
+        }),
+    ));
+    v.push((
+        "rambo ap half_normal_margin".into(),
+        LossConfig::Rambo(RamboConfig {
+            metric: RamboMetric::Ap,
+            half_normal_margin: true,
+            ..RamboConfig::default()
+        }),
+    ));
+    v.push((
+        "rambo recall_log_log memory=3".into(),
+        LossConfig::Rambo(RamboConfig {
+            memory: 3,
+            ..RamboConfig::default()
+        }),
+    ));
+    v.push((
+        "happier".into(),
+        LossConfig::Happier(HappierConfig::default()),
+    ));
+    v.push((
+        "happier lambda=0 (H-AP alone)".into(),
+        LossConfig::Happier(HappierConfig {
+            lambda: 0.0,
+            ..HappierConfig::default()
+        }),
+    ));
+    v.push((
+        "happier weighted_ap alpha=5 no_hrank include_self".into(),
+        LossConfig::Happier(HappierConfig {
+            alpha: 5.0,
+            relevance: RelevanceKind::WeightedAp,
+            with_hrank: false,
+            include_self: true,
+            ..HappierConfig::default()
+        }),
+    ));
+    v.push((
+        "roadmap".into(),
+        LossConfig::Roadmap(RoadmapConfig::default()),
+    ));
+    v.push((
+        "supap (roadmap calibration=0)".into(),
+        LossConfig::Roadmap(RoadmapConfig {
+            calibration_weight: 0.0,
+            ..RoadmapConfig::default()
+        }),
+    ));
+    v.push((
+        "contrastive".into(),
+        LossConfig::Contrastive(ContrastiveConfig::default()),
+    ));
+    for (mining, name) in [
+        (
+            MiningKind::EasyPositiveSemiHardNegative,
+            "easy_pos_semi_hard_neg",
+        ),
+        (MiningKind::SemiHard, "semi_hard"),
+        (MiningKind::All, "all"),
+    ] {
+        v.push((
+            format!("triplet {name}"),
+            LossConfig::Triplet(TripletConfig {
+                mining,
+                ..TripletConfig::default()
+            }),
+        ));
+    }
+    v.push((
+        "norm_softmax".into(),
+        LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
+    ));
+    v.push((
+        "summed(triplet)".into(),
+        LossConfig::Summed(SummedConfig {
+            base: Box::new(LossConfig::Triplet(TripletConfig::default())),
+            levels: None,
+        }),
+    ));
+    v.push((
+        "summed(norm_softmax)".into(),
+        LossConfig::Summed(SummedConfig {
+            base: Box::new(LossConfig::NormSoftmax(NormSoftmaxConfig::default())),
+            levels: None,
+        }),
+    ));
+    v
+}
+
+/// One loss comparison: the batch (`b × d`, row-major) and its labels, and the batches fed
+/// before it to a loss with state.
+struct LossCase<'a> {
+    labels: &'a Labels,
+    data: &'a [f64],
+    warmup: &'a [Vec<f64>],
+    b: usize,
+    d: usize,
+    dtype: DType,
+}
+
+/// Value and input gradient of one loss on one device; a loss with state (RaMBO's memory) is
+/// first fed `warmup` batches so that the compared step uses its memory.
+fn loss_run(config: &LossConfig, case: &LossCase, dev: &Device) -> Result<(f64, Vec<f64>)> {
+    let LossCase {
+        labels,
+        data,
+        warmup,
+        b,
+        d,
+        dtype,
+    } = *case;
+    let ctx = LossContext {
+        train_labels: labels,
+        dim: d,
+        seed: 7,
+        device: dev,
+    };
+    // Proxies (HAPPIER's clustering term, the normalised softmax) are f32 on either device and
+    // cast to the embeddings' dtype inside the loss.
+    let loss = config.build(&ctx)?;
+    for w in warmup {
+        let e = embeddings(w, b, d, dtype, dev)?;
+        loss.forward(e.as_tensor(), labels)?;
+    }
+    let e = embeddings(data, b, d, dtype, dev)?;
+    let value = loss.forward(e.as_tensor(), labels)?;
+    let grads = value.backward()?;
+    let g = grads.get(&e).context("no gradient for the embeddings")?;
+    Ok((host(&value)?[0], host(g)?))
+}
+
+fn check_losses(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+    let d = 128;
+    let batches: &[usize] = if small { &[64] } else { &[64, 1024] };
+    for &b in batches {
+        let labels = batch_labels(b, 4)?;
+        let data = normal(b * d, b as u64);
+        let warmup = vec![
+            normal(b * d, 1000 + b as u64),
+            normal(b * d, 2000 + b as u64),
+        ];
+        for dtype in [DType::F32, DType::F64] {
+            for (name, config) in loss_variants() {
+                if report.over_budget() {
+                    return Ok(());
+                }
+                let start = Instant::now();
+                let warm: &[Vec<f64>] = if matches!(&config, LossConfig::Rambo(c) if c.memory > 0) {
+                    &warmup
+                } else {
+                    &[]
+                };
+                let case = LossCase {
+                    labels: &labels,
+                    data: &data,
+                    warmup: warm,
+                    b,
+                    d,
+                    dtype,
+                };
+                let cpu = loss_run(&config, &case, &Device::Cpu);
+                let gpu = loss_run(&config, &case, dev);
+                let entry = match (cpu, gpu) {
+                    (Ok((vc, gc)), Ok((vg, gg))) => {
+                        let ev = rel_error(&[vg], &[vc]);
+                        let eg = rel_error(&gg, &gc);
+                        let tol = tolerance(dtype);
+                        json!({
+                            "kind": "loss", "name": name, "B": b, "D": d,
+                            "dtype": format!("{dtype:?}"),
+                            "status": if ev <= tol && eg <= tol { "pass" } else { "fail" },
+                            "value_cpu": vc, "value_device": vg,
+                            "value_rel_err": ev, "grad_rel_err": eg, "tolerance": tol,
+                            "seconds": round(start.elapsed().as_secs_f64(), 3),
+                        })
+                    }
+                    (cpu, gpu) => json!({
+                        "kind": "loss", "name": name, "B": b, "dtype": format!("{dtype:?}"),
+                        "status": "error",
+                        "error": format!("cpu: {:?}; device: {:?}",
+                            cpu.err().map(|e| e.to_string()), gpu.err().map(|e| e.to_string())),
+                    }),
+                };
+                report.push("checks", entry)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_metrics(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+    let (n, d) = if small { (600, 32) } else { (6000, 128) };
+    let data = normal(n * d, 11);
+    let x = Tensor::from_vec(data, (n, d), &Device::Cpu)?.to_dtype(DType::F32)?;
+    let labels = Labels::new(
+        (0..n as i64)
+            .map(|i| vec![i / 5, 1_000_000 + i / 40, 2_000_000 + i / 400])
+            .collect(),
+    )?;
+    let options = |device: &Device| EvalOptions {
+        recall_ks: vec![1, 10, 100],
+        device: device.clone(),
+        ..EvalOptions::default()
+    };
+    let start = Instant::now();
+    let entry = match (
+        retrieval::evaluate(&x, &labels, None, &options(&Device::Cpu)),
+        retrieval::evaluate(&x, &labels, None, &options(dev)),
+    ) {
+        (Ok(c), Ok(g)) => {
+            let vc: Vec<f64> = c.rows.iter().map(|r| r.value).collect();
+            let vg: Vec<f64> = g.rows.iter().map(|r| r.value).collect();
+            let err = rel_error(&vg, &vc);
+            let names: Vec<String> = c
+                .rows
+                .iter()
+                .map(|r| format!("{}@{:?}", r.metric, r.level))
+                .collect();
+            json!({
+                "kind": "metrics", "name": "retrieval::evaluate (every metric, 3 levels)",
+                "N": n, "D": d,
+                "status": if err <= 1e-4 && vc.len() == vg.len() { "pass" } else { "fail" },
+                "rel_err": err, "tolerance": 1e-4, "metrics": names, "cpu": vc, "device": vg,
+                "seconds": round(start.elapsed().as_secs_f64(), 3),
+            })
+        }
+        (c, g) => json!({"kind": "metrics", "name": "retrieval::evaluate", "status": "error",
+            "error": format!("cpu: {:?}; device: {:?}", c.err().map(|e| e.to_string()),
+                g.err().map(|e| e.to_string()))}),
+    };
+    report.push("checks", entry)?;
+
+    let k = 50;
+    let run = |device: &Device| {
+        retrieval::knn_with(
+            &x,
+            &x,
+            k,
+            SelfMatch::SameIndex,
+            128,
+            Similarity::Cosine,
+            device,
+            false,
+        )
+    };
+    let entry = match (run(&Device::Cpu), run(dev)) {
+        (Ok(c), Ok(g)) => {
+            let (mut same, mut total, mut score_err) = (0usize, 0usize, 0f64);
+            for i in 0..c.num_queries() {
+                let (a, b) = (c.neighbours(i), g.neighbours(i));
+                total += a.len();
+                same += a.iter().zip(b).filter(|(p, q)| p == q).count();
+                for (p, q) in c.row_scores(i).iter().zip(g.row_scores(i)) {
+                    score_err = score_err.max((p - q).abs() as f64);
+                }
+            }
+            // A neighbour may differ only where two scores tie to within rounding.
+            let agree = same as f64 / total as f64;
+            json!({
+                "kind": "metrics", "name": "knn top-50", "N": n, "D": d,
+                "status": if score_err <= 1e-5 && agree >= 0.999 { "pass" } else { "fail" },
+                "same_neighbour_fraction": agree, "max_score_abs_err": score_err,
+            })
+        }
+        (c, g) => json!({"kind": "metrics", "name": "knn", "status": "error",
+            "error": format!("cpu: {:?}; device: {:?}", c.err().map(|e| e.to_string()),
+                g.err().map(|e| e.to_string()))}),
+    };
+    report.push("checks", entry)
+}
+
+fn model_config(name: &str, frozen_bn: bool) -> Result<EmbeddingNetConfig> {
+    let backbone = match name {
+        "small_cnn" => BackboneConfig::SmallCnn(SmallCnnConfig {
+            frozen_bn,
+            ..SmallCnnConfig::default()
+        }),
+        "resnet18" => BackboneConfig::Resnet(ResNetConfig::new(ResNetDepth::Resnet18, frozen_bn)),
+        "resnet34" => BackboneConfig::Resnet(ResNetConfig::new(ResNetDepth::Resnet34, frozen_bn)),
+        "resnet50" => BackboneConfig::Resnet(ResNetConfig::new(ResNetDepth::Resnet50, frozen_bn)),
+        other => bail!("unknown model {other}"),
+    };
+    Ok(EmbeddingNetConfig {
+        backbone,
+        head: EmbeddingHeadConfig::default(),
+    })
+}
+
+/// Forward + backward of a model with the same seeded weights on both devices, then a few
+/// optimizer steps: outputs, every parameter gradient and the updated weights compared.
+fn model_run(
+    name: &str,
+    algorithm: Algorithm,
+    x: &[f64],
+    shape: (usize, usize, usize, usize),
+    steps: usize,
+    dev: &Device,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>)> {
+    let config = model_config(name, false)?;
+    let params = ParamStore::new(3);
+    let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
+    let input = Tensor::from_vec(x.to_vec(), shape, &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .to_device(dev)?;
+    let out = model.forward_t(&input, true)?;
+    let w = Tensor::from_vec(normal(out.elem_count(), 5), out.shape(), &Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .to_device(dev)?;
+    let grads = (out.clone() * w)?.sum_all()?.backward()?;
+    let mut grad_values = Vec::new();
+    for (_, var) in params.all() {
+        if let Some(g) = grads.get(&var) {
+            grad_values.extend(host(g)?);
+        }
+    }
+    let mut opt = Optimizer::new(vec![
+        ParamGroup {
+            name: "backbone".into(),
+            algorithm,
+            lr: 1e-3,
+            params: params.trainable(BACKBONE_PREFIX),
+        },
+        ParamGroup {
+            name: "head".into(),
+            algorithm,
+            lr: 1e-3,
+            params: params.trainable(HEAD_PREFIX),
+        },
+    ])?;
+    let labels = Labels::from_fine(&(0..shape.0).map(|i| (i / 2) as i64).collect::<Vec<_>>())?;
+    let loss = Contrastive::default();
+    let forward = |x: &Tensor| model.forward_t(x, true);
+    for _ in 0..steps {
+        let (_, g) = direct_gradients(&forward, &input, &labels, &loss)?;
+        opt.step(&g)?;
+    }
+    let mut weights = Vec::new();
+    for (_, var) in params.all() {
+        weights.extend(host(var.as_tensor())?);
+    }
+    Ok((host(&out)?, grad_values, weights))
+}
+
+fn check_models(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+    let adam = Algorithm::Adam(AdamConfig::default());
+    let mut cases = vec![
+        ("small_cnn", adam, (8, 3, 32, 32)),
+        (
+            "small_cnn",
+            Algorithm::Sgd(SgdConfig {
+                momentum: 0.9,
+                ..SgdConfig::default()
+            }),
+            (8, 3, 32, 32),
+        ),
+    ];
+    if !small {
+        cases.push(("resnet18", adam, (4, 3, 64, 64)));
+        cases.push(("resnet50", adam, (4, 3, 64, 64)));
+    }
+    for (name, algorithm, shape) in cases {
+        if report.over_budget() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let x = normal(shape.0 * shape.1 * shape.2 * shape.3, 9);
+        let steps = 3;
+        let entry = match (
+            model_run(name, algorithm, &x, shape, steps, &Device::Cpu),
+            model_run(name, algorithm, &x, shape, steps, dev),
+        ) {
+            (Ok((oc, gc, wc)), Ok((og, gg, wg))) => {
+                let (eo, eg, ew) = (
+                    rel_error(&og, &oc),
+                    rel_error(&gg, &gc),
+                    rel_error(&wg, &wc),
+                );
+                // The weights after Adam steps: Adam divides by √v, so a gradient entry near zero
+                // is amplified; compare the weights at the update's own scale (lr = 1e-3).
+                let tol = 1e-4;
+                json!({
+                    "kind": "model", "name": format!("{name} forward+backward, {steps} {algorithm:?} steps"),
+                    "input": [shape.0, shape.1, shape.2, shape.3],
+                    "status": if eo <= tol && eg <= tol && ew <= tol { "pass" } else { "fail" },
+                    "output_rel_err": eo, "grad_rel_err": eg, "weights_rel_err_after_steps": ew,
+                    "tolerance": tol, "seconds": round(start.elapsed().as_secs_f64(), 3),
+                })
+            }
+            (c, g) => json!({"kind": "model", "name": name, "status": "error",
+                "error": format!("cpu: {:?}; device: {:?}", c.err().map(|e| e.to_string()),
+                    g.err().map(|e| e.to_string()))}),
+        };
+        report.push("checks", entry)?;
+    }
+    Ok(())
+}
+
+/// Trains the embedded small-CNN recipe for 2 epochs straight, and 1 epoch + a resume from the
+/// checkpoint written on the device: the weights must be bit-identical.
+fn check_resume(report: &mut Report, device: &str, scratch: &Path) -> Result<()> {
+    let start = Instant::now();
+    let result = (|| -> Result<Value> {
+        let mut config = TrainConfig::from_toml_file("configs/embedded_small_cnn.toml")?;
+        config.device = DeviceChoice::parse(device)?;
+        config.progress = false;
+        config.data.families = 4;
+        config.data.variants_per_family = 2;
+        config.data.fine_per_variant = 4;
+        config.data.images_per_class = 8;
+        config.epochs = 2;
+        let mut straight = Trainer::from_config(config.clone())?;
+        straight.fit()?;
+        let run = scratch.join("resume_run");
+        let _ = std::fs::remove_dir_all(&run);
+        let mut first = config.clone();
+        first.epochs = 1;
+        first.output = OutputConfig {
+            dir: Some(run.clone()),
+            checkpoint_every: 1,
+        };
+        let mut t1 = Trainer::from_config(first)?;
+        t1.fit()?;
+        let ckpt = t1.checkpoint_path().context("no checkpoint written")?;
+        drop(t1);
+        let mut second = config.clone();
+        second.resume = Some(ckpt);
+        let mut t2 = Trainer::from_config(second)?;
+        t2.fit()?;
+        let bits = |t: &Trainer| -> Result<Vec<u32>> {
+            let mut v = Vec::new();
+            for (_, var) in t.params().all() {
+                let x = var
+                    .as_tensor()
+                    .to_device(&Device::Cpu)?
+                    .to_dtype(DType::F32)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                v.extend(x.into_iter().map(f32::to_bits));
+            }
+            Ok(v)
+        };
+        let (a, b) = (bits(&straight)?, bits(&t2)?);
+        let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        let same_loss =
+            straight.log().series("train", "loss", None) == t2.log().series("train", "loss", None);
+        Ok(json!({
+            "kind": "checkpoint", "name": "resume on the device: 2 epochs vs 1 + resume",
+            "status": if differing == 0 && a.len() == b.len() && same_loss { "pass" } else { "fail" },
+            "parameters": a.len(), "differing_parameters": differing,
+            "same_loss_series": same_loss,
+        }))
+    })();
+    let mut entry = result.unwrap_or_else(|e| {
+        json!({"kind": "checkpoint", "name": "resume", "status": "error", "error": format!("{e:#}")})
+    });
+    entry["seconds"] = json!(round(start.elapsed().as_secs_f64(), 3));
+    report.push("checks", entry)
+}
+
+/// The loss formulations of `benches/loss_bench.rs` (the same as `losses_vs_torch.py`'s).
+fn bench_loss(name: &str, d: usize) -> Result<Box<dyn RankLoss>> {
+    Ok(match name {
+        "smooth-ap" => Box::new(SmoothAp::default()),
+        "happier" => Box::new(Happier::new(
+            HapLoss::default(),
+            // Proxies for the fine classes of the largest batch; a batch uses the first ones.
+            ClusterLoss::new(
+                &(0..16_384 / 4).collect::<Vec<i64>>(),
+                d,
+                0,
+                DType::F32,
+                &Device::Cpu,
+            )?,
+        )),
+        "roadmap" => Box::new(Roadmap::default()),
+        "fastap" => Box::new(FastAp::default()),
+        "rambo" => Box::new(Rambo::recall(RecallWeight::LogLog)),
+        "contrastive" => Box::new(Contrastive::default()),
+        "triplet-semihard" => Box::new(Triplet {
+            mining: TripletMining::SemiHard,
+            ..Triplet::default()
+        }),
+        other => bail!("unknown loss {other}"),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Forward + backward of one loss at batch `b` on the device, median over the timed reps.
+fn time_loss(name: &str, b: usize, dev: &Device, reps: usize) -> Result<(f64, f64, usize)> {
+    let d = 512;
+    let labels = Labels::new(
+        (0..b as i64)
+            .map(|i| vec![i / 4, 1_000_000 + (i / 4) % 2])
+            .collect(),
+    )?;
+    let mut loss = bench_loss(name, d)?;
+    if name == "happier" {
+        // The proxies live on the device of the embeddings.
+        let classes: Vec<i64> = (0..b as i64 / 4).collect();
+        let cluster = ClusterLoss::new(&classes, d, 0, DType::F32, dev)?;
+        loss = Box::new(Happier::new(HapLoss::default(), cluster));
+    }
+    let data: Vec<f32> = normal(b * d, 0).into_iter().map(|v| v as f32).collect();
+    let host_data = Tensor::from_vec(data, (b, d), &Device::Cpu)?;
+    let mut times = Vec::new();
+    let mut value = f64::NAN;
+    for rep in 0..=reps {
+        let emb = Var::from_tensor(&host_data.to_device(dev)?)?;
+        dev.synchronize()?;
+        let t0 = Instant::now();
+        let l = loss.forward(emb.as_tensor(), &labels)?;
+        let grads = l.backward()?;
+        let g = grads.get(&emb).context("no gradient")?;
+        // Reading a value back waits for the device.
+        let _ = g.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        let dt = t0.elapsed().as_secs_f64();
+        value = l.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+        if rep > 0 {
+            times.push(dt);
+        }
+    }
+    Ok((median(times), value, reps))
+}
+
+fn bench_losses(report: &mut Report, dev: &Device, small: bool, cap: usize) -> Result<()> {
+    let names = [
+        "contrastive",
+        "rambo",
+        "fastap",
+        "triplet-semihard",
+        "smooth-ap",
+        "roadmap",
+        "happier",
+    ];
+    // Each loss gets an equal share of what is left of the budget for this section.
+    let section_end = report.budget_s;
+    for (i, name) in names.iter().enumerate() {
+        let share = (section_end - report.elapsed()) / (names.len() - i) as f64;
+        let loss_end = report.elapsed() + share;
+        let mut b = if small { 64 } else { 256 };
+        let top = if small { 256 } else { cap };
+        while b <= top {
+            if report.elapsed() > loss_end {
+                report.push(
+                    "benchmarks",
+                    json!({"kind": "loss", "loss": name, "B": b, "status": "budget",
+                        "note": "stopped: this loss's share of the time budget is spent"}),
+                )?;
+                break;
+            }
+            let reps = if b <= 1024 { 10 } else { 3 };
+            let t_start = unix_ms();
+            match time_loss(name, b, dev, reps) {
+                Ok((s, v, reps)) => report.push(
+                    "benchmarks",
+                    json!({"kind": "loss", "loss": name, "B": b, "D": 512, "status": "ok",
+                        "ms_median": round(s * 1e3, 4), "reps": reps, "loss_value": v,
+                        "unix_start_ms": t_start}),
+                )?,
+                Err(e) => {
+                    report.push(
+                        "benchmarks",
+                        json!({"kind": "loss", "loss": name, "B": b, "status": "error",
+                            "error": format!("{e:#}"), "unix_start_ms": t_start}),
+                    )?;
+                    break;
+                }
+            }
+            // B = 256, then 4096, then doubling up to the cap: the largest B that fits.
+            b = if b < 4096 { (b * 16).min(4096) } else { b * 2 };
+        }
+    }
+    Ok(())
+}
+
+/// SOP-scale evaluation: 60,502 × 512 random embeddings in SOP's test shape (11,316 classes,
+/// about 5 images each; 12 super-classes), every metric of `rankwise eval` and the top-1000
+/// kNN, on the device.
+fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+    let (n, d, classes) = if small {
+        (3000, 64, 560)
+    } else {
+        (60_502, 512, 11_316)
+    };
+    let data: Vec<f32> = normal(n * d, 21).into_iter().map(|v| v as f32).collect();
+    let x = Tensor::from_vec(data, (n, d), &Device::Cpu)?;
+    let labels = Labels::new(
+        (0..n)
+            .map(|i| {
+                let c = (i * classes / n) as i64;
+                vec![c, 1_000_000 + c * 12 / classes as i64]
+            })
+            .collect(),
+    )?;
+    for (label, hierarchical, per_level) in [
+        (
+            "full ranking, every metric (H-AP, ASI, NDCG, per-level mAP, mAP@R, R@k)",
+            true,
+            true,
+        ),
+        ("full ranking, fine-level binary metrics only", false, false),
+    ] {
+        if report.over_budget() {
+            return Ok(());
+        }
+        let opts = EvalOptions {
+            device: dev.clone(),
+            hierarchical,
+            per_level,
+            ..EvalOptions::default()
+        };
+        let t_start = unix_ms();
+        let t0 = Instant::now();
+        let entry = match retrieval::evaluate(&x, &labels, None, &opts) {
+            Ok(r) => json!({"kind": "eval", "name": label, "N": n, "D": d, "status": "ok",
+                "seconds": round(t0.elapsed().as_secs_f64(), 3), "unix_start_ms": t_start,
+                "metrics": r.rows.iter().map(|m| json!([m.metric, m.level, m.value])).collect::<Vec<_>>()}),
+            Err(e) => {
+                json!({"kind": "eval", "name": label, "status": "error", "error": format!("{e:#}")})
+            }
+        };
+        report.push("benchmarks", entry)?;
+    }
+    let k = if small { 100 } else { 1000 };
+    let t_start = unix_ms();
+    let t0 = Instant::now();
+    let entry = match retrieval::knn_with(
+        &x,
+        &x,
+        k,
+        SelfMatch::SameIndex,
+        128,
+        Similarity::Cosine,
+        dev,
+        false,
+    ) {
+        Ok(r) => json!({"kind": "eval", "name": format!("top-{k} kNN"), "N": n, "D": d,
+            "status": "ok", "seconds": round(t0.elapsed().as_secs_f64(), 3),
+            "unix_start_ms": t_start, "first_neighbours": r.neighbours(0)[..5].to_vec()}),
+        Err(e) => {
+            json!({"kind": "eval", "name": "kNN", "status": "error", "error": format!("{e:#}")})
+        }
+    };
+    report.push("benchmarks", entry)
+}
+
+/// Training throughput (images/s of forward + backward + Adam step), as
+/// `examples/train_throughput.rs` measures it on the CPU and `train_throughput_vs_torch.py` on
+/// the same GPU.
+fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]) -> Result<()> {
+    for name in models {
+        let name = name.as_str();
+        let (size, batch, steps) = match (name, small) {
+            (_, true) => (32, 16, 2),
+            ("small_cnn", false) => (32, 64, 30),
+            _ => (224, 256, 5),
+        };
+        if report.over_budget() {
+            return Ok(());
+        }
+        let t_start = unix_ms();
+        let result = (|| -> Result<Value> {
+            let config = model_config(name, false)?;
+            let params = ParamStore::new(0);
+            let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
+            let adam = Algorithm::Adam(AdamConfig::default());
+            let mut opt = Optimizer::new(vec![
+                ParamGroup {
+                    name: "backbone".into(),
+                    algorithm: adam,
+                    lr: 1e-4,
+                    params: params.trainable(BACKBONE_PREFIX),
+                },
+                ParamGroup {
+                    name: "head".into(),
+                    algorithm: adam,
+                    lr: 1e-4,
+                    params: params.trainable(HEAD_PREFIX),
+                },
+            ])?;
+            let x = Tensor::from_vec(
+                normal(batch * 3 * size * size, 4)
+                    .into_iter()
+                    .map(|v| v as f32)
+                    .collect::<Vec<_>>(),
+                (batch, 3, size, size),
+                &Device::Cpu,
+            )?
+            .to_device(dev)?;
+            let labels =
+                Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
+            let loss = Contrastive::default();
+            let forward = |x: &Tensor| model.forward_t(x, true);
+            let mut step = || -> Result<f64> {
+                let (l, g) = direct_gradients(&forward, &x, &labels, &loss)?;
+                opt.step(&g)?;
+                Ok(l)
+            };
+            step()?;
+            dev.synchronize()?;
+            let t0 = Instant::now();
+            let mut last = 0.0;
+            for _ in 0..steps {
+                last = step()?;
+            }
+            dev.synchronize()?;
+            let secs = t0.elapsed().as_secs_f64();
+            Ok(
+                json!({"kind": "train", "model": name, "size": size, "batch": batch,
+                "steps": steps, "status": "ok",
+                "images_per_s": round((steps * batch) as f64 / secs, 2),
+                "s_per_step": round(secs / steps as f64, 4), "last_loss": last}),
+            )
+        })();
+        let mut entry = result.unwrap_or_else(|e| {
+            json!({"kind": "train", "model": name, "size": size, "batch": batch,
+                "status": "error", "error": format!("{e:#}")})
+        });
+        entry["unix_start_ms"] = json!(t_start);
+        report.push("benchmarks", entry)?;
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    rankwise::alloc::tune_allocator();
+    let device = DeviceChoice::parse(&args.device)?.device()?;
+    let mut report = Report::new(&args.out, &args.device, args.budget_s)?;
+    let wants = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    let scratch = std::env::temp_dir().join(format!("gpu_check_{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
+    if wants("correctness") {
+        // The few large checks first; the many loss checks stop at the budget.
+        check_metrics(&mut report, &device, args.small)?;
+        check_models(&mut report, &device, args.small)?;
+        check_resume(&mut report, &args.device, &scratch)?;
+        check_losses(&mut report, &device, args.small)?;
+    }
+    if wants("eval") {
+        bench_eval(&mut report, &device, args.small)?;
+    }
+    if wants("train") {
+        bench_train(&mut report, &device, args.small, &args.models)?;
+    }
+    if wants("losses") {
+        bench_losses(&mut report, &device, args.small, args.cap)?;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    let count = |status: &str| {
+        report.doc["checks"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|c| c["status"] == status).count())
+    };
+    let summary = json!({
+        "pass": count("pass"), "fail": count("fail"), "error": count("error"),
+        "seconds": round(report.elapsed(), 1),
+    });
+    report.doc["summary"] = summary.clone();
+    report.save()?;
+    eprintln!("[gpu_check] done: {summary}");
+    Ok(())
+}

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Build rankwise with the `cuda` feature on a machine without a GPU (or with one).
+#
+#   scripts/build_cuda.sh            release build of the `rankwise` binary and the `gpu_check`
+#                                    example, stripped, then xz-compressed into .gpu/ (git-ignored)
+#                                    so that they can travel to a GPU machine without a toolchain
+#   scripts/build_cuda.sh --check    `cargo check --features cuda` of the library, binaries,
+#                                    examples and tests: what CI runs so the GPU path cannot rot
+#
+# The toolkit: if `nvcc` is already on PATH (a user's own CUDA install, CUDA_ROOT set), it is used
+# as is. Otherwise CUDA 13.0 is installed from PyPI into .cuda/venv (about 1.2 GB, once). The wheels
+# are pinned to 13.0.*: unpinned, pip mixes nvvm/crt 13.5 whose PTX 9.5 the 13.0 ptxas rejects.
+#
+# Linking: candle 0.11 asks cudarc for dynamic linking, so a binary links against libcuda, nvrtc,
+# curand, cublas, cublasLt and cudart. The wheels ship only versioned .so files, so .cuda/lib gets
+# unversioned links; libcuda is the driver's own library and has no wheel, so a stub with every
+# `cu*` entry point of cuda.h (soname libcuda.so.1) is generated for the link only. On the GPU
+# machine the real driver's libcuda.so.1 is loaded instead.
+#
+# Environment: CUDA_COMPUTE_CAP (default 90, H100/H200), CARGO_TARGET_DIR (default target/cuda,
+# kept apart from the CPU build so neither rebuilds the other).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+mode=build
+for arg in "$@"; do
+  case "$arg" in
+    --check) mode=check ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    *) echo "scripts/build_cuda.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/cuda}"
+
+if command -v nvcc >/dev/null 2>&1 && [[ -n "${CUDA_ROOT:-}${CUDA_PATH:-}" ]]; then
+  cuda_root="${CUDA_ROOT:-$CUDA_PATH}"
+  echo "[build_cuda] using the CUDA toolkit at $cuda_root ($(command -v nvcc))" >&2
+else
+  venv="$root/.cuda/venv"
+  if [[ ! -x "$venv/bin/python" ]]; then
+    echo "[build_cuda] installing CUDA 13.0 (nvcc, runtime, cuBLAS, nvrtc, cuRAND) from PyPI into $venv" >&2
+    python3 -m venv "$venv"
+  fi
+  "$venv/bin/pip" install --quiet --disable-pip-version-check \
+    "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" \
+    "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*" "nvidia-cublas==13.0.*" \
+    "nvidia-cuda-nvrtc==13.0.*" "nvidia-curand"
+  cuda_root="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
+fi
+export CUDA_ROOT="$cuda_root" CUDA_PATH="$cuda_root" PATH="$cuda_root/bin:$PATH"
+nvcc --version | tail -n 2 >&2
+
+# Unversioned library links and the libcuda stub, for the linker only.
+linkdir="$root/.cuda/lib"
+mkdir -p "$linkdir"
+for lib in cublas cublasLt cudart curand nvrtc; do
+  found=""
+  for dir in "$cuda_root/lib" "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib"; do
+    found="$(ls "$dir"/lib$lib.so "$dir"/lib$lib.so.[0-9]* 2>/dev/null | head -n 1 || true)"
+    [[ -n "$found" ]] && break
+  done
+  if [[ -z "$found" ]]; then
+    echo "[build_cuda] lib$lib.so not found under $cuda_root" >&2
+    exit 1
+  fi
+  ln -sf "$found" "$linkdir/lib$lib.so"
+done
+if [[ ! -e "$linkdir/libcuda.so" ]]; then
+  python3 - "$cuda_root/include/cuda.h" "$linkdir/cuda_stub.c" <<'EOF'
+import re, subprocess, sys
+header, out = sys.argv[1], sys.argv[2]
+# Both the names the header declares after macro expansion (cuMemAlloc_v2, ...) and the names
+# written in it (cuMemAlloc): a binding may link against either.
+expanded = subprocess.run(["cc", "-E", "-P", "-I", header.rsplit("/", 1)[0], header],
+                          check=True, capture_output=True, text=True).stdout
+names = set(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\s*\(", expanded))
+names |= set(re.findall(r"\b(cu[A-Z][A-Za-z0-9_]*)\s*\(", open(header).read()))
+with open(out, "w") as f:
+    f.write("/* Link-time stub of the CUDA driver library: never loaded on a GPU machine. */\n")
+    for name in sorted(names):
+        f.write(f"int {name}(void) {{ return 999; }}\n")
+print(f"[build_cuda] libcuda stub: {len(names)} entry points", file=sys.stderr)
+EOF
+  cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$linkdir/libcuda.so" "$linkdir/cuda_stub.c"
+fi
+export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir"
+
+start=$SECONDS
+if [[ "$mode" == check ]]; then
+  cargo check --locked --features cuda --lib --bins --examples --tests
+  echo "[build_cuda] cargo check --features cuda passed in $((SECONDS - start)) s" >&2
+  exit 0
+fi
+
+cargo build --locked --release --features cuda --bin rankwise ${RANKWISE_CUDA_EXAMPLES:---example gpu_check}
+dist="$root/.gpu"
+mkdir -p "$dist"
+for bin in "$CARGO_TARGET_DIR/release/rankwise" "$CARGO_TARGET_DIR/release/examples/gpu_check"; do
+  name="$(basename "$bin")"
+  strip -o "$dist/$name" "$bin"
+  xz -T0 -6 -f "$dist/$name"
+  echo "[build_cuda] $dist/$name.xz: $(du -h "$dist/$name.xz" | cut -f1)" >&2
+done
+echo "[build_cuda] built in $((SECONDS - start)) s; on the GPU machine: scripts/gpu_check.sh OUT_DIR" >&2
