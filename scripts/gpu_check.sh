@@ -6,7 +6,8 @@
 # It needs the binaries built by scripts/build_cuda.sh (.gpu/rankwise.xz, .gpu/gpu_check.xz),
 # the NVIDIA driver, and a Python 3 with PyTorch (CUDA) for the anchors. Within BUDGET_S seconds
 # (default 480) it runs, each step under its own timeout so that one slow step cannot eat the
-# others' time:
+# others' time (GPU_CHECK_SKIP="recipes torch-eval ..." leaves steps out; the names are in the
+# `run` lines below):
 #   1. gpu_check: every loss, the metrics engine, the models and optimizers on CUDA vs the CPU,
 #      a checkpoint resume on CUDA (OUT_DIR/gpu_check.json, appended to by the later steps);
 #   2. our benchmarks: small-CNN training throughput, each loss up to the largest batch that
@@ -101,15 +102,16 @@ pyb() {  # a PyTorch anchor with a hard timeout of $1 seconds
   step "exit $?"
 }
 
-gc 110 --only correctness
-gc 25 --only train --models small_cnn
-gc 80 --only losses
-gc 60 --only eval
-pyb 70 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
-pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"
-pyb 40 benches/eval_topk_torch.py --device "$device" --out "$out/torch_eval.jsonl"
-gc 60 --only train --models resnet50
-if (( $(left) > 30 )); then
+skip=" ${GPU_CHECK_SKIP:-} "  # steps to leave out, e.g. GPU_CHECK_SKIP="recipes torch-eval"
+run() { [[ "$skip" != *" $1 "* ]]; }
+run correctness && gc 100 --only correctness
+run train && gc 70 --only train
+run losses && gc 150 --only losses
+run eval && gc 50 --only eval
+run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
+run torch-train && pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"
+run torch-eval && pyb 30 benches/eval_topk_torch.py --device "$device" --out "$out/torch_eval.jsonl"
+if run recipes && (( $(left) > 30 )); then
   step "recipe smoke (budget $(( $(left) - 15 ))s)"
   # One recipe of each paper and dataset format first: under the budget, the first ones run.
   order="rambo_cub smooth_ap_sop fastap_inshop happier_dyml_vehicle happier_inat_base"

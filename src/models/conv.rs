@@ -16,7 +16,16 @@
 //! over images. Images are processed in groups so that an unfolded matrix holds at most
 //! [`MAX_COLS_ELEMENTS`] values, and the backward pass unfolds again rather than keeping the
 //! matrix. Values and gradients equal a brute-force convolution to 1e-10 in `f64` (tested).
-//! Other devices use candle's own convolution.
+//!
+//! Other devices (CUDA) run candle's convolution forward, which is already im2col + one GEMM
+//! there, but not its backward: candle differentiates a convolution into `conv_transpose2d`, a
+//! direct loop on CUDA too, which made ResNet-50 training on an H200 20× slower than PyTorch
+//! (benches/gpu/). [`conv2d_device`] keeps candle's forward and its kernel gradient (a
+//! convolution of the input by the output gradient, im2col + GEMM again) and computes the input
+//! gradient as a *forward* convolution too: the output gradient, with `stride − 1` zeros inserted
+//! between its entries, convolved with the kernel flipped in space and transposed in channels,
+//! padded by `K − 1 − padding` (the transposed convolution written as a convolution, Dumoulin &
+//! Visin 2016, §4). The input gradient is skipped for inputs that need none (the images).
 
 use crate::error::{Error, Result};
 use candle_core::{CustomOp2, DType, Layout, Shape, Storage, Tensor, WithDType};
@@ -50,8 +59,11 @@ fn conv2d_grouped(
         )));
     }
     let geometry = Geometry::new(x, kernel, stride, padding, max_cols)?;
-    if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+    if !matches!(x.dtype(), DType::F32 | DType::F64) {
         return Ok(x.conv2d(kernel, padding, stride, 1, 1)?);
+    }
+    if !x.device().is_cpu() {
+        return conv2d_device(x, kernel, stride, padding);
     }
     let value = match x.dtype() {
         DType::F32 => forward::<f32>(&x.detach(), &kernel.detach(), &geometry)?,
@@ -61,6 +73,154 @@ fn conv2d_grouped(
         return Ok(value);
     }
     Ok(x.apply_op2(kernel, ConvOp { geometry, value })?)
+}
+
+/// The convolution of [`conv2d`] on any device through candle's forward convolution (im2col +
+/// GEMM on CUDA), with a backward pass made of forward convolutions (see the module docs); the
+/// path of every device but the CPU, callable on the CPU for tests.
+pub fn conv2d_device(x: &Tensor, kernel: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    let value = x.detach().conv2d(&kernel.detach(), padding, stride, 1, 1)?;
+    if !(x.track_op() || kernel.track_op()) {
+        return Ok(value);
+    }
+    Ok(x.apply_op3(kernel, &value, DeviceConvOp { stride, padding })?)
+}
+
+/// Attaches a convolution computed by [`conv2d_device`] to the graph: the forward pass copies the
+/// precomputed value (so the op runs on any device), the backward pass is [`device_backward`].
+struct DeviceConvOp {
+    stride: usize,
+    padding: usize,
+}
+
+impl candle_core::CustomOp3 for DeviceConvOp {
+    fn name(&self) -> &'static str {
+        "rankwise-conv2d-device"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+        value: &candle_core::CpuStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        Ok((value.try_clone(layout)?, layout.shape().clone()))
+    }
+
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        value: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        Ok((value.try_clone(layout)?, layout.shape().clone()))
+    }
+
+    fn metal_fwd(
+        &self,
+        _: &candle_core::MetalStorage,
+        _: &Layout,
+        _: &candle_core::MetalStorage,
+        _: &Layout,
+        value: &candle_core::MetalStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::MetalStorage, Shape)> {
+        use candle_core::backend::BackendStorage;
+        Ok((value.try_clone(layout)?, layout.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        kernel: &Tensor,
+        _value: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (gx, gk) = device_backward(x, kernel, grad, self.stride, self.padding)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
+        Ok((gx, Some(gk), None))
+    }
+}
+
+/// `(∂x, ∂kernel)` of `y = conv2d(x, kernel, stride, padding)` from `∂y`, with forward
+/// convolutions only; `∂x` is `None` when `x` needs no gradient.
+fn device_backward(
+    x: &Tensor,
+    kernel: &Tensor,
+    grad: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<(Option<Tensor>, Tensor)> {
+    let need_input_grad = x.track_op();
+    let (x, kernel, grad) = (x.detach(), kernel.detach(), grad.detach().contiguous()?);
+    let (_, _, h, w) = x.dims4()?;
+    let (_, _, k, _) = kernel.dims4()?;
+    let (b, c_out, ho, wo) = grad.dims4()?;
+    // ∂kernel[o, i] = Σ_b x[b, i] ⋆ ∂y[b, o] dilated by the stride: a convolution of the
+    // channels-as-batch input by the channels-as-batch gradient (candle's own formulation). Its
+    // result can be one row/column larger than the kernel when the stride skips the last ones.
+    let gk = x
+        .transpose(0, 1)?
+        .conv2d(&grad.transpose(0, 1)?, padding, 1, stride, 1)?
+        .transpose(0, 1)?
+        .narrow(2, 0, k)?
+        .narrow(3, 0, k)?
+        .contiguous()?;
+    if !need_input_grad {
+        return Ok((None, gk));
+    }
+    // ∂x = (∂y with stride − 1 zeros between entries) ⋆ flip(kernel)ᵀ, padded by K − 1 − p.
+    // When the stride does not divide H + 2p − K, the windows also read r = (H + 2p − K) mod s
+    // rows past the last one that starts a window: the dilated gradient gets r zero rows (and
+    // columns) at the end, the "output padding" of a transposed convolution.
+    let (rh, rw) = (
+        (h + 2 * padding - k) % stride,
+        (w + 2 * padding - k) % stride,
+    );
+    let dilated = if stride == 1 {
+        grad
+    } else {
+        // (B, C, Ho, Wo) → (B, C, Ho·s, Wo·s) with the entries at offset 0 of each s × s block,
+        // cut to the (Ho − 1)·s + 1 + r rows and columns the windows read.
+        let zeros = grad.zeros_like()?;
+        let mut rows = vec![grad.unsqueeze(3)?];
+        for _ in 1..stride {
+            rows.push(zeros.unsqueeze(3)?);
+        }
+        let rows = Tensor::cat(&rows, 3)?.reshape((b, c_out, ho * stride, wo))?;
+        let zeros = rows.zeros_like()?;
+        let mut cols = vec![rows.unsqueeze(4)?];
+        for _ in 1..stride {
+            cols.push(zeros.unsqueeze(4)?);
+        }
+        Tensor::cat(&cols, 4)?
+            .reshape((b, c_out, ho * stride, wo * stride))?
+            .narrow(2, 0, (ho - 1) * stride + 1 + rh)?
+            .narrow(3, 0, (wo - 1) * stride + 1 + rw)?
+            .contiguous()?
+    };
+    let reversed = Tensor::from_vec(
+        (0..k as u32).rev().collect::<Vec<u32>>(),
+        k,
+        kernel.device(),
+    )?;
+    let flipped = kernel
+        .index_select(&reversed, 2)?
+        .index_select(&reversed, 3)?
+        .transpose(0, 1)?
+        .contiguous()?;
+    let gx = dilated.conv2d(&flipped, k - 1 - padding, 1, 1, 1)?;
+    debug_assert_eq!(gx.dims4()?, (b, x.dim(1)?, h, w));
+    Ok((Some(gx), gk))
 }
 
 /// Sizes of one convolution.
@@ -406,9 +566,14 @@ mod tests {
             let what = format!("c{ci}→{co} {hw}×{hw} k{k} s{s} p{p}");
             let x = Var::randn(0f64, 1.0, (2, ci, hw, hw), &d).unwrap();
             let w = Var::randn(0f64, 1.0, (co, ci, k, k), &d).unwrap();
-            // One group of images, and one image per group.
-            for max_cols in [MAX_COLS_ELEMENTS, 1] {
-                let y = conv2d_grouped(x.as_tensor(), w.as_tensor(), s, p, max_cols).unwrap();
+            // One group of images, one image per group, and the path of the other devices
+            // (max_cols = 0 below).
+            for max_cols in [MAX_COLS_ELEMENTS, 1, 0] {
+                let y = if max_cols == 0 {
+                    conv2d_device(x.as_tensor(), w.as_tensor(), s, p).unwrap()
+                } else {
+                    conv2d_grouped(x.as_tensor(), w.as_tensor(), s, p, max_cols).unwrap()
+                };
                 let r = Tensor::randn(0f64, 1.0, y.dims(), &d).unwrap();
                 let (ry, rgx, rgw) = reference(
                     &flat(x.as_tensor()),
@@ -432,6 +597,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_device_path_skips_the_input_gradient_of_plain_images_too() {
+        let d = Device::Cpu;
+        let x = Tensor::randn(0f32, 1.0, (2, 3, 9, 9), &d).unwrap();
+        let w = Var::randn(0f32, 1.0, (4, 3, 7, 7), &d).unwrap();
+        let y = conv2d_device(&x, w.as_tensor(), 2, 3).unwrap();
+        let g = y.sum_all().unwrap().backward().unwrap();
+        assert!(g.get(&x).is_none());
+        let reference = conv2d(&x, w.as_tensor(), 2, 3).unwrap();
+        let g_ref = reference.sum_all().unwrap().backward().unwrap();
+        let diff = (g.get(w.as_tensor()).unwrap() - g_ref.get(w.as_tensor()).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-3, "∂w differs by {diff}");
     }
 
     #[test]
