@@ -8,9 +8,9 @@
 #                                   for the cost), outputs under target/notebooks/tiny
 #   scripts/test.sh --no-notebooks  the same without the notebooks (a quick local loop)
 #   scripts/test.sh --no-cuda       without the compile check of the `cuda` feature
-#                                   (scripts/build_cuda.sh --check: installs CUDA 13.0's nvcc from
-#                                   PyPI into .cuda/ once, then `cargo check --features cuda`, so
-#                                   that the GPU path cannot rot on machines without a GPU)
+#                                   (scripts/build_cuda.sh --check: `cargo check --features cuda`
+#                                   with a stub nvcc, no toolkit needed, so that the GPU path
+#                                   cannot rot on machines without a GPU)
 #
 # RANKWISE_TEST_NOTEBOOKS=0 has the same effect as --no-notebooks, RANKWISE_TEST_CUDA=0 as
 # --no-cuda.
