@@ -2,17 +2,18 @@
 //! experiments' run cache (`experiments::runs`) never serves a result produced by other code.
 //!
 //! A run is a resolved recipe handed to the trainer, so its result depends on every source file
-//! under `src/` except the two folders that only read finished runs — `src/experiments/` (which
-//! turns table rows into recipes: the resolved recipe is the rest of the cache key) and
-//! `src/report/` (tables and figures) — and on the exact dependency versions (`Cargo.lock`).
-//! Leaving those two folders out lets a change of a caption or a claim reuse the runs; any
-//! change of a loss, the trainer, a model, the data or the metrics makes every run new.
+//! under `src/` except the folders that never run inside it — `src/experiments/` (which turns
+//! table rows into recipes: the resolved recipe is the rest of the cache key), `src/report/`
+//! (tables and figures) and `src/bin/` (the CLI, which hands recipes to the library) — and on
+//! the exact dependency versions (`Cargo.lock`). Leaving those folders out lets a change of a
+//! caption, a claim or a command-line option reuse the runs; any change of a loss, the trainer,
+//! a model, the data or the metrics makes every run new.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 /// Folders of `src/` whose code never runs inside a training run.
-const DOWNSTREAM: [&str; 2] = ["experiments", "report"];
+const DOWNSTREAM: [&str; 3] = ["experiments", "report", "bin"];
 
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
