@@ -124,4 +124,10 @@ for bin in "$CARGO_TARGET_DIR/release/rankwise" "$CARGO_TARGET_DIR/release/examp
   xz -T0 -6 -f "$dist/$name"
   echo "[build_cuda] $dist/$name.xz: $(du -h "$dist/$name.xz" | cut -f1)" >&2
 done
+# What the binaries were built from, for the GPU report (scripts/gpu_check.sh copies it).
+{
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+  git diff --quiet HEAD -- 2>/dev/null || echo "uncommitted changes: $(git status --porcelain | wc -l) files"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ), CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP, $(nvcc --version | tail -n 2 | head -n 1)"
+} > "$dist/BUILD_INFO"
 echo "[build_cuda] built in $((SECONDS - start)) s; on the GPU machine: scripts/gpu_check.sh OUT_DIR" >&2

@@ -69,6 +69,7 @@ export LD_LIBRARY_PATH="${nvlibs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 step "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv > "$out/device.txt" 2>&1 || true
 nproc >> "$out/device.txt"
+cat .gpu/BUILD_INFO >> "$out/device.txt" 2>/dev/null || echo "binaries: no .gpu/BUILD_INFO" >> "$out/device.txt"
 "$py" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' >> "$out/device.txt" 2>&1
 cat "$out/device.txt" >&2
 
