@@ -623,6 +623,20 @@ fn model_config(name: &str, frozen_bn: bool) -> Result<EmbeddingNetConfig> {
     })
 }
 
+/// One optimizer over the backbone and the head, both at `lr`.
+fn optimizer(params: &ParamStore, algorithm: Algorithm, lr: f64) -> Result<Optimizer> {
+    let group = |name: &str, prefix: &str| ParamGroup {
+        name: name.into(),
+        algorithm,
+        lr,
+        params: params.trainable(prefix),
+    };
+    Ok(Optimizer::new(vec![
+        group("backbone", BACKBONE_PREFIX),
+        group("head", HEAD_PREFIX),
+    ])?)
+}
+
 /// Named vectors: one per parameter (its gradient, or its value after the optimizer steps).
 type PerParam = Vec<(String, Vec<f64>)>;
 
@@ -668,20 +682,7 @@ fn model_run(
             grad_values.push((n, host(g)?));
         }
     }
-    let mut opt = Optimizer::new(vec![
-        ParamGroup {
-            name: "backbone".into(),
-            algorithm,
-            lr: 1e-3,
-            params: params.trainable(BACKBONE_PREFIX),
-        },
-        ParamGroup {
-            name: "head".into(),
-            algorithm,
-            lr: 1e-3,
-            params: params.trainable(HEAD_PREFIX),
-        },
-    ])?;
+    let mut opt = optimizer(&params, algorithm, 1e-3)?;
     let labels = Labels::from_fine(&(0..shape.0).map(|i| (i / 2) as i64).collect::<Vec<_>>())?;
     let loss = Contrastive::default();
     let forward = |x: &Tensor| model.forward_t(x, true);
@@ -849,18 +850,18 @@ fn check_resume(report: &mut Report, device: &str, scratch: &Path) -> Result<()>
 }
 
 /// The loss formulations of `benches/loss_bench.rs` (the same as `losses_vs_torch.py`'s).
-fn bench_loss(name: &str, d: usize) -> Result<Box<dyn RankLoss>> {
+fn bench_loss(name: &str, b: usize, d: usize, dev: &Device) -> Result<Box<dyn RankLoss>> {
     Ok(match name {
         "smooth-ap" => Box::new(SmoothAp::default()),
+        // One proxy per fine class of the batch (4 images each), on the embeddings' device.
         "happier" => Box::new(Happier::new(
             HapLoss::default(),
-            // Proxies for the fine classes of the largest batch; a batch uses the first ones.
             ClusterLoss::new(
-                &(0..16_384 / 4).collect::<Vec<i64>>(),
+                &(0..b as i64 / 4).collect::<Vec<i64>>(),
                 d,
                 0,
                 DType::F32,
-                &Device::Cpu,
+                dev,
             )?,
         )),
         "roadmap" => Box::new(Roadmap::default()),
@@ -888,13 +889,7 @@ fn time_loss(name: &str, b: usize, dev: &Device, reps: usize) -> Result<(f64, f6
             .map(|i| vec![i / 4, 1_000_000 + (i / 4) % 2])
             .collect(),
     )?;
-    let mut loss = bench_loss(name, d)?;
-    if name == "happier" {
-        // The proxies live on the device of the embeddings.
-        let classes: Vec<i64> = (0..b as i64 / 4).collect();
-        let cluster = ClusterLoss::new(&classes, d, 0, DType::F32, dev)?;
-        loss = Box::new(Happier::new(HapLoss::default(), cluster));
-    }
+    let loss = bench_loss(name, b, d, dev)?;
     let data: Vec<f32> = normal(b * d, 0).into_iter().map(|v| v as f32).collect();
     let host_data = Tensor::from_vec(data, (b, d), &Device::Cpu)?;
     let mut times = Vec::new();
@@ -1070,20 +1065,7 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
             let params = ParamStore::new(0);
             let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
             let adam = Algorithm::Adam(AdamConfig::default());
-            let mut opt = Optimizer::new(vec![
-                ParamGroup {
-                    name: "backbone".into(),
-                    algorithm: adam,
-                    lr: 1e-4,
-                    params: params.trainable(BACKBONE_PREFIX),
-                },
-                ParamGroup {
-                    name: "head".into(),
-                    algorithm: adam,
-                    lr: 1e-4,
-                    params: params.trainable(HEAD_PREFIX),
-                },
-            ])?;
+            let mut opt = optimizer(&params, adam, 1e-4)?;
             let x = Tensor::from_vec(
                 normal(batch * 3 * size * size, 4)
                     .into_iter()

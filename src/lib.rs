@@ -10,6 +10,7 @@
 //! against the references exactly, in chunks, and accumulates the metrics.
 
 pub mod alloc;
+pub(crate) mod attach;
 pub mod cpu_threads;
 pub mod data;
 pub mod error;

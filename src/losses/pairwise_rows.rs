@@ -12,8 +12,8 @@
 //! rounding of the final sums). Without chunking (one chunk of `B` rows) the forward pass keeps
 //! `S` for the backward pass, which then needs a single product `(G + Gᵀ) Ê`.
 //!
-//! The value is attached to the autograd graph by a [`CustomOp2`] whose forward is a copy of the
-//! precomputed value, so the op runs on every candle device: the similarity products use the
+//! The value is attached to the autograd graph by [`crate::attach::attach`], whose forward is a
+//! copy of the precomputed value, so the op runs on every candle device: the similarity products use the
 //! device of the embeddings and only the `chunk × B` rows travel to the CPU for the per-row
 //! logic (in `f64`, in parallel over rows with rayon).
 //!
@@ -24,11 +24,7 @@ use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};
 use crate::work_phases::Slot;
-use candle_core::backend::BackendStorage;
-use candle_core::{
-    CpuStorage, CudaStorage, CustomOp2, DType, Device, Layout, MetalStorage, Shape, Tensor,
-    WithDType,
-};
+use candle_core::{DType, Device, Tensor, WithDType};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -668,7 +664,18 @@ fn attach<R: RowLoss>(
         cached,
         unit,
     };
-    let out = embeddings.apply_op2_arc(&value, Arc::new(Box::new(op)))?;
+    let out = crate::attach::attach(embeddings, &value, move |embeddings, _value, grad| {
+        let upstream = grad
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()?
+            .first()
+            .copied()
+            .unwrap_or(0.0);
+        op.gradient(&embeddings.detach(), upstream)
+            .map(Some)
+            .map_err(|e| candle_core::Error::Msg(e.to_string()))
+    })?;
     Ok((out, rows))
 }
 
@@ -709,8 +716,8 @@ fn symmetrise(g: &[f64], b: usize) -> Vec<f64> {
 /// See benches/losses_vs_torch.md.
 const SPARSE_BACKWARD_DENSITY: f64 = 0.125;
 
-/// The custom op that carries a [`RowLoss`] value in the graph. Its forward copies the
-/// precomputed scalar (second argument); its backward recomputes the chunks.
+/// What the backward pass of a [`RowLoss`] value needs (the value is attached to the graph by
+/// [`crate::attach::attach`]); the backward pass recomputes the chunks.
 struct RowLossOp<R: RowLoss> {
     loss: Arc<R>,
     rows: Arc<Vec<R::Row>>,
@@ -794,62 +801,6 @@ impl<R: RowLoss> RowLossOp<R> {
         }
         let grad = self.unit_gradient(upstream)?;
         self.unit.backward(grad, input.dtype(), input.device())
-    }
-}
-
-impl<R: RowLoss> CustomOp2 for RowLossOp<R> {
-    fn name(&self) -> &'static str {
-        "rankwise-row-loss"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        value: &CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &CudaStorage,
-        _: &Layout,
-        value: &CudaStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn metal_fwd(
-        &self,
-        _: &MetalStorage,
-        _: &Layout,
-        value: &MetalStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(MetalStorage, Shape)> {
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        embeddings: &Tensor,
-        _value: &Tensor,
-        _res: &Tensor,
-        grad_res: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let upstream = grad_res
-            .to_dtype(DType::F64)?
-            .flatten_all()?
-            .to_vec1::<f64>()?
-            .first()
-            .copied()
-            .unwrap_or(0.0);
-        let grad = self
-            .gradient(&embeddings.detach(), upstream)
-            .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        Ok((Some(grad), None))
     }
 }
 

@@ -83,72 +83,12 @@ pub fn conv2d_device(x: &Tensor, kernel: &Tensor, stride: usize, padding: usize)
     if !(x.track_op() || kernel.track_op()) {
         return Ok(value);
     }
-    Ok(x.apply_op3(kernel, &value, DeviceConvOp { stride, padding })?)
-}
-
-/// Attaches a convolution computed by [`conv2d_device`] to the graph: the forward pass copies the
-/// precomputed value (so the op runs on any device), the backward pass is [`device_backward`].
-struct DeviceConvOp {
-    stride: usize,
-    padding: usize,
-}
-
-impl candle_core::CustomOp3 for DeviceConvOp {
-    fn name(&self) -> &'static str {
-        "rankwise-conv2d-device"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        value: &candle_core::CpuStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        _: &candle_core::CudaStorage,
-        _: &Layout,
-        value: &candle_core::CudaStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn metal_fwd(
-        &self,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        _: &candle_core::MetalStorage,
-        _: &Layout,
-        value: &candle_core::MetalStorage,
-        layout: &Layout,
-    ) -> candle_core::Result<(candle_core::MetalStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((value.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        kernel: &Tensor,
-        _value: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let (gx, gk) = device_backward(x, kernel, grad, self.stride, self.padding)
+    // The forward value is candle's; the backward pass is [`device_backward`].
+    crate::attach::attach2(x, kernel, &value, move |x, kernel, grad| {
+        let (gx, gk) = device_backward(x, kernel, grad, stride, padding)
             .map_err(|e| candle_core::Error::Msg(e.to_string()))?;
-        Ok((gx, Some(gk), None))
-    }
+        Ok((gx, Some(gk)))
+    })
 }
 
 /// `(∂x, ∂kernel)` of `y = conv2d(x, kernel, stride, padding)` from `∂y`, with forward

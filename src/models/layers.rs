@@ -136,7 +136,7 @@ impl BatchNorm2d {
     /// biased batch variance (both `C`, detached).
     ///
     /// The normalisation `x̂ = (x − μ)/√(σ² + ε)` is computed outside the graph and attached by
-    /// [`NormalizeOp`], whose backward is the closed form of BatchNorm's input gradient: left to
+    /// [`crate::attach::attach`] with [`normalize_backward`], the closed form of BatchNorm's input gradient: left to
     /// autograd, the mean, the centring, the square, the variance and the division each kept an
     /// activation-sized tensor for the backward pass (ResNet-50 at batch 256 peaked at ~124 GB
     /// on an H200, benches/gpu/), and each was one more kernel launch.
@@ -151,7 +151,9 @@ impl BatchNorm2d {
         let inv_std = (var.clone() + self.eps)?.sqrt()?.recip()?;
         let normalised = centred.broadcast_mul(&inv_std)?.reshape((n, c, h, wd))?;
         let normalised = if x.track_op() {
-            x.apply_op2(&normalised, NormalizeOp { inv_std })?
+            crate::attach::attach(x, &normalised, move |_x, xhat, grad| {
+                normalize_backward(xhat, grad, &inv_std).map(Some)
+            })?
         } else {
             normalised
         };
@@ -180,73 +182,26 @@ impl BatchNorm2d {
     }
 }
 
-/// Attaches `x̂ = (x − μ)/√(σ² + ε)`, computed by [`BatchNorm2d::forward_train_generic`], to the
-/// graph of `x`: the forward pass copies `x̂` (its second input, so the op runs on any device);
-/// the backward pass is `∂x = (∂x̂ − mean(∂x̂) − x̂·mean(∂x̂·x̂)) / √(σ² + ε)`, the means per
-/// channel over the batch and the positions (Ioffe & Szegedy 2015, §3, with γ folded into ∂x̂).
-struct NormalizeOp {
-    /// `1/√(σ² + ε)`, shape `(1, C, 1)`.
-    inv_std: Tensor,
-}
-
-impl candle_core::CustomOp2 for NormalizeOp {
-    fn name(&self) -> &'static str {
-        "rankwise-batch-norm-normalize"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &candle_core::Layout,
-        normalised: &candle_core::CpuStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((normalised.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        _: &candle_core::CudaStorage,
-        _: &candle_core::Layout,
-        normalised: &candle_core::CudaStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((normalised.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn metal_fwd(
-        &self,
-        _: &candle_core::MetalStorage,
-        _: &candle_core::Layout,
-        normalised: &candle_core::MetalStorage,
-        layout: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::MetalStorage, candle_core::Shape)> {
-        use candle_core::backend::BackendStorage;
-        Ok((normalised.try_clone(layout)?, layout.shape().clone()))
-    }
-
-    fn bwd(
-        &self,
-        _x: &Tensor,
-        _normalised: &Tensor,
-        res: &Tensor,
-        grad: &Tensor,
-    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let (n, c, h, w) = grad.dims4()?;
-        let count = (n * h * w) as f64;
-        let g = grad.reshape((n, c, h * w))?;
-        let xhat = res.detach().reshape((n, c, h * w))?;
-        let mean_g = (g.sum_keepdim(2)?.sum_keepdim(0)? / count)?;
-        let mean_gx = ((&g * &xhat)?.sum_keepdim(2)?.sum_keepdim(0)? / count)?;
-        let dx = g
-            .broadcast_sub(&mean_g)?
-            .sub(&xhat.broadcast_mul(&mean_gx)?)?
-            .broadcast_mul(&self.inv_std)?
-            .reshape((n, c, h, w))?;
-        Ok((Some(dx), None))
-    }
+/// The input gradient of `x̂ = (x − μ)/√(σ² + ε)` (attached by
+/// [`BatchNorm2d::forward_train_generic`]) from `∂x̂`:
+/// `∂x = (∂x̂ − mean(∂x̂) − x̂·mean(∂x̂·x̂)) / √(σ² + ε)`, the means per channel over the batch
+/// and the positions (Ioffe & Szegedy 2015, §3, with γ folded into `∂x̂`); `inv_std` is
+/// `1/√(σ² + ε)`, shape `(1, C, 1)`.
+fn normalize_backward(
+    xhat: &Tensor,
+    grad: &Tensor,
+    inv_std: &Tensor,
+) -> candle_core::Result<Tensor> {
+    let (n, c, h, w) = grad.dims4()?;
+    let count = (n * h * w) as f64;
+    let g = grad.reshape((n, c, h * w))?;
+    let xhat = xhat.detach().reshape((n, c, h * w))?;
+    let mean_g = (g.sum_keepdim(2)?.sum_keepdim(0)? / count)?;
+    let mean_gx = ((&g * &xhat)?.sum_keepdim(2)?.sum_keepdim(0)? / count)?;
+    g.broadcast_sub(&mean_g)?
+        .sub(&xhat.broadcast_mul(&mean_gx)?)?
+        .broadcast_mul(inv_std)?
+        .reshape((n, c, h, w))
 }
 
 /// A fully connected layer `y = x Wᵀ + b` with PyTorch's default initialisation
