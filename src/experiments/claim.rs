@@ -1,8 +1,9 @@
 //! The papers' claims, decided on our measurements by a stated statistical rule.
 //!
 //! Every row that enters a claim is measured over several seeds ([`super::SeedCounts`]); a
-//! claim compares rows with Welch's two-sided t-test at the 5% level ([`stats::welch`]) and
-//! ends in one of three verdicts ([`Verdict`]):
+//! claim compares rows with Welch's two-sided t-test at the 5% level ([`stats::welch`]), or
+//! with the paired t-test when both rows were scored on the same test units (SSR's episodes and
+//! queries: [`stats::compare`]), and ends in one of three verdicts ([`Verdict`]):
 //!
 //! - **holds**: every comparison the statement makes goes the paper's way beyond the noise;
 //! - **contradicted**: some comparison goes significantly the other way;
@@ -17,6 +18,14 @@
 
 use super::stats::{self, Sample};
 use super::table::Measurements;
+
+/// The rule that decides every claim, as printed above each claims table.
+pub const RULE: &str = "Welch's two-sided t-test over the seeds at 5% for each comparison a \
+    claim makes, or the paired t-test (`paired p`) when both rows were scored on the same test \
+    units — SSR's episodes or queries: over the units for one trained model, over the seeds' \
+    mean differences for several; a claim holds when every comparison goes the paper's way \
+    significantly, is contradicted when one goes significantly the other way (5% / number of \
+    comparisons), and is inconclusive otherwise.";
 
 /// The outcome of checking a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,8 +81,8 @@ pub fn row(name: impl Into<String>, values: Option<Sample>) -> Row {
 /// The outcome of one comparison `a > b`: `Some(true)` if significant that way at `alpha`,
 /// `Some(false)` if significant the other way at `alpha_against`, `None` otherwise, with the
 /// p-value.
-fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, f64) {
-    let c = stats::welch(a, b);
+fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, String) {
+    let c = stats::compare(a, b);
     let outcome = if c.a_larger() {
         Some(true)
     } else if c.difference < 0.0 && c.p < alpha_against {
@@ -81,7 +90,7 @@ fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, f64) {
     } else {
         None
     };
-    (outcome, c.p)
+    (outcome, p_text(&c))
 }
 
 /// The verdict of a statement made of several comparisons, from each one's outcome.
@@ -124,12 +133,16 @@ fn describe(name: &str, s: Option<&Sample>) -> String {
     }
 }
 
-/// `p=0.012`, with 3 significant digits.
-fn p_text(p: f64) -> String {
-    if p < 1e-4 {
-        "p<1e-4".into()
+/// `p=0.012` (3 decimals), prefixed `paired ` when the test paired the rows' test units.
+fn p_text(c: &stats::Comparison) -> String {
+    let p = if c.p < 1e-4 {
+        "p<1e-4".to_string()
     } else {
-        format!("p={p:.3}")
+        format!("p={:.3}", c.p)
+    };
+    match c.test {
+        stats::Test::Welch => p,
+        stats::Test::PairedUnits | stats::Test::PairedReplicates => format!("paired {p}"),
     }
 }
 
@@ -191,10 +204,9 @@ impl Claim {
             let (o, p) = compare(samples[0], s, alpha_against);
             outcomes.push(o);
             parts.push(format!(
-                "{} vs {}: {}",
+                "{} vs {}: {p}",
                 describe(&a.0, Some(samples[0])),
                 describe(&other.0, Some(s)),
-                p_text(p)
             ));
         }
         Claim::new(claim, combine(&outcomes), parts.join("; "))
@@ -237,11 +249,7 @@ impl Claim {
                 compare(w[0], w[1], alpha_against)
             };
             outcomes.push(o);
-            steps.push(format!(
-                "→ {} ({})",
-                describe(&rows[i + 1].0, Some(w[1])),
-                p_text(p)
-            ));
+            steps.push(format!("→ {} ({p})", describe(&rows[i + 1].0, Some(w[1]))));
         }
         Claim::new(
             claim,
@@ -268,10 +276,10 @@ impl Claim {
             (s[0].mean() - s[1].mean()).abs(),
             (s[0].mean() - s[2].mean()).abs(),
         );
-        let (p_near, p_far) = (stats::welch(s[0], s[1]).p, stats::welch(s[0], s[2]).p);
-        let verdict = if to_near < to_far && p_far < stats::ALPHA {
+        let (c_near, c_far) = (stats::compare(s[0], s[1]), stats::compare(s[0], s[2]));
+        let verdict = if to_near < to_far && c_far.p < stats::ALPHA {
             Verdict::Holds
-        } else if to_far < to_near && p_near < stats::ALPHA {
+        } else if to_far < to_near && c_near.p < stats::ALPHA {
             Verdict::Contradicted
         } else {
             Verdict::Inconclusive
@@ -284,10 +292,10 @@ impl Claim {
                 describe(&x.0, Some(s[0])),
                 num(to_near),
                 describe(&near.0, Some(s[1])),
-                p_text(p_near),
+                p_text(&c_near),
                 num(to_far),
                 describe(&far.0, Some(s[2])),
-                p_text(p_far),
+                p_text(&c_far),
             ),
         )
     }
@@ -323,6 +331,41 @@ impl Claim {
                 .iter()
                 .map(|l| (l.as_ref().to_string(), part(l.as_ref())))
                 .collect(),
+        )
+    }
+
+    /// A claim that a cost grows slower than `x^bound` (e.g. sub-quadratic): the exponent of a
+    /// power law fitted to the repeated timings `points` ([`stats::power_law_exponent`]) holds
+    /// when its 95% interval lies below `bound`, is contradicted when it lies above, and is
+    /// inconclusive otherwise.
+    pub fn exponent_below(claim: &str, points: &[(f64, Vec<f64>)], bound: f64) -> Self {
+        let Some((b, ci)) = stats::power_law_exponent(points) else {
+            return Claim::cannot_test(
+                claim,
+                "fewer than two lengths or three timings, or a non-positive time",
+            );
+        };
+        let verdict = if b + ci < bound {
+            Verdict::Holds
+        } else if b - ci > bound {
+            Verdict::Contradicted
+        } else {
+            Verdict::Inconclusive
+        };
+        let timings: Vec<String> = points
+            .iter()
+            .map(|(x, ys)| describe(&format!("n={x}:"), Some(&Sample::new(ys.clone()))))
+            .collect();
+        Claim::new(
+            claim,
+            verdict,
+            format!(
+                "fitted exponent {b:.3} ± {ci:.3} (95%, {} timings at {} lengths) against \
+                 {bound}; {}",
+                points.iter().map(|p| p.1.len()).sum::<usize>(),
+                points.len(),
+                timings.join(", ")
+            ),
         )
     }
 
@@ -362,11 +405,7 @@ pub fn claims_markdown(claims: &[Claim], m: &Measurements) -> String {
     let [holds, contradicted, inconclusive, missing] = tally(claims);
     let mut out = format!(
         "Verdicts: {holds} hold, {contradicted} contradicted, {inconclusive} inconclusive, \
-         {missing} not measured. Rule: Welch's two-sided t-test over the seeds at 5% for each \
-         comparison a claim makes; it holds when every comparison goes the paper's way \
-         significantly, is contradicted when one goes significantly the other way (5% / number \
-         of comparisons), and is inconclusive otherwise. Values: mean ± 95% interval (n = \
-         seeds).\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+         {missing} not measured. Rule: {RULE} Values: mean ± 95% interval (n = seeds).\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
     );
     for c in claims {
         out.push_str(&format!(

@@ -24,6 +24,7 @@ pub mod fastap;
 pub mod happier;
 pub mod minibatch_ap;
 pub mod rambo;
+pub mod ranking_cost;
 pub mod smooth_ap;
 pub mod ssr;
 pub mod ssr_features;
@@ -112,7 +113,14 @@ pub fn write_measurements(
         ])?;
         let joined = |v: Vec<String>| v.join(";");
         for c in &m.cells {
-            let ci = c.sample().ci95();
+            let sample = c.sample();
+            let ci = sample.ci95();
+            // Each seed's value (each seed's mean for values on test units); not the thousands
+            // of SSR's per-episode or per-query values of a single seed.
+            let per_seed = match &sample.units {
+                Some(u) => u.replicates() >= 2,
+                None => !c.provenance.seeds.is_empty(),
+            };
             out.write_record([
                 c.table.as_str(),
                 &c.method,
@@ -125,12 +133,11 @@ pub fn write_measurements(
                 } else {
                     String::new()
                 },
-                &c.samples.len().to_string(),
-                // Each seed's value; not the thousands of SSR's per-episode or per-query ones.
-                &if c.provenance.seeds.is_empty() {
-                    String::new()
+                &sample.n().to_string(),
+                &if per_seed {
+                    joined(sample.replicates().iter().map(|v| format!("{v}")).collect())
                 } else {
-                    joined(c.samples.iter().map(|v| format!("{v}")).collect())
+                    String::new()
                 },
                 c.unit.as_str(),
                 &c.provenance.dataset,

@@ -115,7 +115,8 @@ impl SeedCounts {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    /// Errors if a scale has no seed.
+    pub fn validate(&self) -> Result<()> {
         for scale in Scale::ALL {
             if self.count(scale) == 0 {
                 return Err(Error::invalid(

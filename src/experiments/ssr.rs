@@ -45,6 +45,7 @@
 
 use super::claim::{row, Claim, Row};
 use super::ssr_features::{Column, LandmarkSet, Split, SsrFeatureSets};
+use super::stats::Units;
 use super::table::{data_name, describe_recipe, Measurements};
 use super::Scale;
 use crate::error::{Error, Result};
@@ -163,6 +164,11 @@ pub const FEWSHOT_SETTING: &str = "backbone=Conv-4-64";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SsrRecipe {
+    /// Replicates per scale (`[seeds]`): replicate `i` trains the backbone with its seed + `i`
+    /// and meta-trains SSR with seeds offset by `i` ([`REPLICATE_SEED_STRIDE`]), on the same
+    /// class split, episodes and queries, so every row is scored on the same test units.
+    #[serde(default)]
+    pub seeds: super::SeedCounts,
     /// CI scale.
     pub tiny: SsrScaleRecipe,
     /// CPU scale.
@@ -289,11 +295,16 @@ pub struct RetrievalRecipe {
 impl SsrRecipe {
     /// Reads `configs/experiments/ssr.toml`-like files; errors name the file and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
-        super::recipe::read_per_scale(
+        let recipe: SsrRecipe = super::recipe::read_per_scale(
             path.as_ref(),
             |r: &SsrRecipe| [Some(&r.tiny), Some(&r.quick), None, r.paper.as_ref()],
             SsrScaleRecipe::validate,
-        )
+        )?;
+        recipe
+            .seeds
+            .validate()
+            .map_err(|e| Error::invalid(path.as_ref().display().to_string(), e.to_string()))?;
+        Ok(recipe)
     }
 
     /// The recipe under the repository root.
@@ -428,18 +439,116 @@ impl super::Experiment for Ssr {
     }
 }
 
-/// Runs both tables at `scale` (recipe under `root`) and returns our cells. Except at the
-/// tiny scale (which tests run concurrently), the selected SSR modules are saved under
-/// `root/target/rankwise-runs/<scale>/ssr/`.
+/// Runs both tables at `scale` (recipe under `root`), once per replicate of the recipe's
+/// `[seeds]`, and returns our cells ([`merge_replicates`]). Except at the tiny scale (which
+/// tests run concurrently), the selected SSR modules are saved under
+/// `root/target/rankwise-runs/<scale>/ssr/` (replicate `i ≥ 1` under `replicate_<i>/`).
 pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
-    let recipe = SsrRecipe::for_root(root)?.at(scale)?;
+    let all = SsrRecipe::for_root(root)?;
+    let recipe = all.at(scale)?;
     let dir = root
         .join("target")
         .join("rankwise-runs")
         .join(scale.as_str())
         .join(PAPER);
-    let checkpoints = (scale != Scale::Tiny).then_some(dir.as_path());
-    measure_recipe_in(root, &recipe, scale, checkpoints)
+    let replicates = all.seeds.count(scale);
+    let mut parts = Vec::with_capacity(replicates);
+    for i in 0..replicates {
+        let dir = if i == 0 {
+            dir.clone()
+        } else {
+            dir.join(format!("replicate_{i}"))
+        };
+        let checkpoints = (scale != Scale::Tiny).then_some(dir.as_path());
+        if replicates > 1 {
+            println!("SSR replicate {} of {replicates}:", i + 1);
+        }
+        parts.push(measure_replicate(root, &recipe, scale, i, checkpoints)?);
+    }
+    merge_replicates(parts)
+}
+
+/// Offset between the meta-training seeds of two replicates: replicate `i` meta-trains with
+/// the recipe's seed + `i ·` this (far from the episodes' seed + 1 and + 2, which every
+/// replicate shares).
+pub const REPLICATE_SEED_STRIDE: u64 = 1_000;
+
+/// The replicates' cells as one set: each cell on test units keeps every replicate's
+/// per-unit values (its [`crate::experiments::stats::Units`] records which replicate each
+/// value belongs to), any other cell keeps one value per replicate; the value is the mean over
+/// replicates, and the provenance names the backbone seeds and each replicate's selection.
+/// Errors if the replicates' cells differ in their keys (they run the same code on the same
+/// recipe, so they cannot, short of a bug).
+pub fn merge_replicates(parts: Vec<Measurements>) -> Result<Measurements> {
+    let mut parts = parts.into_iter();
+    let Some(first) = parts.next() else {
+        return Err(Error::invalid("seeds", "no replicate to merge"));
+    };
+    let rest: Vec<Measurements> = parts.collect();
+    if rest.is_empty() {
+        return Ok(first);
+    }
+    let mut out = Measurements::default();
+    for (j, c) in first.cells.iter().enumerate() {
+        let mut cell = c.clone();
+        let mut values = c.samples.clone();
+        let mut replicate = match &c.units {
+            Some(u) => u.replicate.clone(),
+            None => vec![0; c.samples.len()],
+        };
+        let mut details = vec![c.provenance.detail.clone()];
+        for (i, part) in rest.iter().enumerate() {
+            let other = part.cells.get(j).filter(|o| {
+                (&o.table, &o.method, &o.dataset, &o.metric, &o.setting)
+                    == (&c.table, &c.method, &c.dataset, &c.metric, &c.setting)
+            });
+            let Some(other) = other else {
+                return Err(Error::invalid(
+                    "seeds",
+                    format!(
+                        "replicate {} has no cell {} / {} / {} / {} like replicate 0",
+                        i + 1,
+                        c.table,
+                        c.method,
+                        c.metric,
+                        c.setting
+                    ),
+                ));
+            };
+            values.extend_from_slice(&other.samples);
+            replicate.extend(std::iter::repeat_n(i + 1, other.samples.len()));
+            details.push(other.provenance.detail.clone());
+        }
+        match &mut cell.units {
+            Some(u) => {
+                u.replicate = replicate;
+                cell.samples = values;
+            }
+            // One value per replicate: the replicates are the seeds.
+            None => {
+                let mut sums = vec![(0.0, 0usize); rest.len() + 1];
+                for (r, v) in replicate.iter().zip(&values) {
+                    sums[*r].0 += v;
+                    sums[*r].1 += 1;
+                }
+                cell.samples = sums.iter().map(|(s, n)| s / *n as f64).collect();
+            }
+        }
+        cell.value = cell.sample().mean();
+        details.dedup();
+        cell.provenance.detail = if details.len() == 1 {
+            details.remove(0)
+        } else {
+            details
+                .iter()
+                .enumerate()
+                .map(|(i, d)| format!("replicate {i}: {d}"))
+                .collect::<Vec<_>>()
+                .join(" · ")
+        };
+        out.cells.push(cell);
+    }
+    Ok(out)
 }
 
 /// Runs both tables with an explicit recipe, relative feature paths resolved against the
@@ -468,22 +577,44 @@ struct Source<'a> {
     ablation: Option<Column>,
     /// Where the selected SSR modules are saved.
     checkpoints: Option<&'a Path>,
+    /// Added to the few-shot recipe's seed of SSR's initialisation and training episodes (not
+    /// to the validation and test episodes' seeds): a replicate of the meta-training.
+    meta_seed_offset: u64,
 }
 
 /// Runs the tables of `recipe`: with a `backbone`, both tables on its frozen features of the
 /// embedded dataset; with `features`, each listed feature set (relative paths against `root`).
 /// Saves the selected SSR modules (`fewshot_<K>shot.safetensors`, `retrieval.safetensors`,
-/// `landmarks.safetensors`, atomically) under `checkpoints` if given.
+/// `landmarks.safetensors`, atomically) under `checkpoints` if given. One replicate (the
+/// recipe's own seeds); [`measure`] runs the recipe's `[seeds]`.
 pub fn measure_recipe_in(
     root: &Path,
     recipe: &SsrScaleRecipe,
     scale: Scale,
     checkpoints: Option<&Path>,
 ) -> Result<Measurements> {
+    measure_replicate(root, recipe, scale, 0, checkpoints)
+}
+
+/// [`measure_recipe_in`] for replicate `replicate`: the backbone's seed + `replicate`, SSR's
+/// meta-training seeds + `replicate ·` [`REPLICATE_SEED_STRIDE`]; the split, the episodes and
+/// the queries are the recipe's.
+fn measure_replicate(
+    root: &Path,
+    recipe: &SsrScaleRecipe,
+    scale: Scale,
+    replicate: usize,
+    checkpoints: Option<&Path>,
+) -> Result<Measurements> {
     if let Some(dir) = checkpoints {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     }
     recipe.validate()?;
+    // Retrieval's seed drives only the meta-training (its test queries are every novel
+    // image); few-shot's also draws the episodes, so its offset goes through `Source`.
+    let mut recipe = recipe.clone();
+    recipe.retrieval.seed += replicate as u64 * REPLICATE_SEED_STRIDE;
+    let recipe = &recipe;
     let mut out = Measurements::default();
     let source =
         |set_column: Column, ablation: Option<Column>, data: String, features: String| Source {
@@ -493,9 +624,13 @@ pub fn measure_recipe_in(
             column: set_column,
             ablation,
             checkpoints,
+            meta_seed_offset: replicate as u64 * REPLICATE_SEED_STRIDE,
         };
     match (&recipe.backbone, &recipe.features) {
         (Some(backbone), _) => {
+            let mut backbone = backbone.clone();
+            backbone.seed += replicate as u64;
+            let backbone = &backbone;
             let config = QuickBackboneConfig {
                 train: backbone.clone(),
                 split_seed: recipe.split_seed,
@@ -582,6 +717,7 @@ fn few_shot(
     let (base_x, base_y) = &feats.base;
     let (val_x, val_y) = &feats.val;
     let (test_x, test_y) = &feats.novel;
+    let meta_seed = f.seed + src.meta_seed_offset;
     for &shots in &f.shots {
         let ep = episodes(f, shots);
         let supports = match f.support_nodes {
@@ -612,7 +748,7 @@ fn few_shot(
                 base_y,
                 &ep,
                 f.support_nodes,
-                f.seed,
+                meta_seed,
             )?))
         };
         let validate = |model: &SsrModel| -> Result<f64> {
@@ -629,7 +765,7 @@ fn few_shot(
             &candidates,
             &f.ssr,
             &f.train,
-            f.seed,
+            meta_seed,
             &make_task,
             &make_tasks,
             &validate,
@@ -721,7 +857,7 @@ fn few_shot(
                 &[(selected.lambda, 0)],
                 &config,
                 &ablation.train,
-                f.seed,
+                meta_seed,
                 &make_task,
                 &make_tasks,
                 &validate,
@@ -782,9 +918,11 @@ fn push_accuracy(
         )
         .with_setting(setting)
     };
-    // The mean stays the authors' (numpy's pairwise sum); the samples carry the spread.
-    let mut accuracy = cell(format!("{shots}-shot accuracy"), acc.mean);
-    accuracy.samples = per_episode.iter().map(|a| a / 100.0).collect();
+    // The mean stays the authors' (numpy's pairwise sum); the samples carry the spread, one
+    // per test episode — the same episodes for every row, so claims pair them.
+    let units = Units::new(format!("{shots}-shot test episodes"), 1, per_episode.len());
+    let accuracy = cell(format!("{shots}-shot accuracy"), acc.mean)
+        .on_units(per_episode.iter().map(|a| a / 100.0).collect(), units);
     out.cells.push(accuracy);
     out.cells
         .push(cell(format!("{shots}-shot CI95"), acc.half_width));
@@ -960,7 +1098,7 @@ fn retrieval(
             ("mAP@R", s.map_r, s.map_r_queries),
             ("R@1", s.r1, s.r1_queries),
         ] {
-            let mut cell = Measured::new(
+            let cell = Measured::new(
                 TABLE_RETRIEVAL,
                 method,
                 &src.column.dataset,
@@ -970,8 +1108,8 @@ fn retrieval(
                 prov.clone(),
             )
             .with_setting(&src.column.setting);
-            cell.samples = per_query;
-            out.cells.push(cell);
+            let units = Units::new("novel-class test queries", 1, per_query.len());
+            out.cells.push(cell.on_units(per_query, units));
         }
     };
     let mut baseline = None;
@@ -1048,7 +1186,7 @@ fn retrieval(
         ),
     };
     let mut push3 = |method: &str, what: String, s: RetrievalScores| {
-        let mut cell = Measured::new(
+        let cell = Measured::new(
             TABLE_RETRIEVAL_ABLATION,
             method,
             &dataset3,
@@ -1065,8 +1203,8 @@ fn retrieval(
             ),
         )
         .with_setting(&setting3);
-        cell.samples = s.map_r_queries;
-        out.cells.push(cell);
+        let units = Units::new("novel-class test queries", 1, s.map_r_queries.len());
+        out.cells.push(cell.on_units(s.map_r_queries, units));
     };
     if let Some(b) = baseline {
         push3("Baseline (features)", "cosine similarity".into(), b);
@@ -1155,10 +1293,11 @@ fn landmarks(
     Ok(())
 }
 
-/// The paper's claims, checked on our measurements. The noise is that of the test episodes
-/// (few-shot: each episode's accuracy) or queries (retrieval: each query's AP@R) of one
-/// meta-training — not of several seeds — and the test is Welch's, which ignores that the
-/// rows share the episodes and queries (so it is conservative).
+/// The paper's claims, checked on our measurements. Every row is scored on the same test
+/// episodes (few-shot: each episode's accuracy) or queries (retrieval: each query's AP@R), so
+/// each comparison is the paired t-test ([`super::stats::compare`]): with several replicates
+/// (backbone and meta-training seeds, `[seeds]`), of each replicate's mean difference over the
+/// shared units — the verdict generalises over trained models; with one, over the units.
 pub fn claims(m: &Measurements) -> Vec<Claim> {
     let fs_setting = measured_setting(m, TABLE_FEWSHOT, "Baseline", FEWSHOT_SETTING);
     let rt_setting = m

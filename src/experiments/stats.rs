@@ -1,7 +1,8 @@
 //! The statistics behind the verdicts on the papers' claims: a value measured over several
 //! seeds ([`Sample`]: mean, standard deviation, 95% interval of the mean) and the test that
-//! decides whether two rows differ beyond the run-to-run noise ([`welch`]: Welch's unequal-
-//! variance t-test, two-sided, at the 5% level).
+//! decides whether two rows differ beyond the run-to-run noise ([`compare`]: Welch's unequal-
+//! variance t-test over the seeds, or a paired t-test when both rows were measured on the same
+//! test units — SSR's episodes and queries ([`Units`]) — two-sided, at the 5% level).
 //!
 //! The Student-t distribution is computed from the regularised incomplete beta function
 //! (continued fraction, Lentz's method) and `ln Γ` (Lanczos, g = 7, 9 terms), so no
@@ -10,14 +11,64 @@
 /// The significance level of every test (two-sided).
 pub const ALPHA: f64 = 0.05;
 
-/// One quantity measured over several seeds.
+/// Values measured on shared test units rather than one per seed: SSR scores every method on
+/// the same test episodes (few-shot) or the same queries (retrieval), so two rows' values can
+/// be matched unit by unit, and a paired test removes the episodes' own difficulty from the
+/// noise (an unpaired test over 1,000 episodes counts it twice and is conservative).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Units {
+    /// Names the test units (e.g. `5-way 1-shot test episodes, split seed 0`): two samples with
+    /// the same name hold one value per unit, in the same order.
+    pub name: String,
+    /// The replicate — the seed of the trained model, which is what a claim generalises over —
+    /// of each value. Values of one replicate are consecutive.
+    pub replicate: Vec<usize>,
+}
+
+impl Units {
+    /// `units` units of each of `replicates` replicates (replicate-major).
+    pub fn new(name: impl Into<String>, replicates: usize, units: usize) -> Self {
+        Units {
+            name: name.into(),
+            replicate: (0..replicates)
+                .flat_map(|r| std::iter::repeat_n(r, units))
+                .collect(),
+        }
+    }
+
+    /// How many replicates (distinct trained models) the values come from.
+    pub fn replicates(&self) -> usize {
+        let mut r = self.replicate.clone();
+        r.dedup();
+        r.len()
+    }
+
+    /// The mean of `values` (one per unit) within each replicate, in replicate order.
+    fn replicate_means(&self, values: &[f64]) -> Vec<f64> {
+        let mut out: Vec<(usize, f64, usize)> = Vec::new();
+        for (&r, &v) in self.replicate.iter().zip(values) {
+            match out.last_mut() {
+                Some((last, sum, n)) if *last == r => {
+                    *sum += v;
+                    *n += 1;
+                }
+                _ => out.push((r, v, 1)),
+            }
+        }
+        out.into_iter().map(|(_, s, n)| s / n as f64).collect()
+    }
+}
+
+/// One quantity measured over several seeds (or over shared test units, [`Units`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
-    /// The value of each seed, in seed order.
+    /// The value of each seed, in seed order (or of each unit, see [`Sample::units`]).
     pub values: Vec<f64>,
     /// The value is known exactly (a quantity computed, not estimated: e.g. a dataset-wide
     /// metric on fixed scores): one value, no noise.
     pub exact: bool,
+    /// `Some` when `values` holds one value per shared test unit rather than one per seed.
+    pub units: Option<Units>,
 }
 
 impl Sample {
@@ -26,6 +77,17 @@ impl Sample {
         Sample {
             values,
             exact: false,
+            units: None,
+        }
+    }
+
+    /// One value per test unit of `units` (as many values as `units.replicate`).
+    pub fn on_units(values: Vec<f64>, units: Units) -> Self {
+        debug_assert_eq!(values.len(), units.replicate.len());
+        Sample {
+            values,
+            exact: false,
+            units: Some(units),
         }
     }
 
@@ -34,38 +96,77 @@ impl Sample {
         Sample {
             values: vec![value],
             exact: true,
+            units: None,
         }
     }
 
-    /// Number of seeds.
+    /// The values the noise is estimated from: the seeds; for values on [`Units`], each
+    /// replicate's mean when there are several replicates (the model's seed is the noise a
+    /// claim must beat), else the units themselves (one trained model: the noise of its test
+    /// units, as the papers' intervals over episodes).
+    pub fn replicates(&self) -> std::borrow::Cow<'_, [f64]> {
+        match &self.units {
+            Some(u) if u.replicates() >= 2 => u.replicate_means(&self.values).into(),
+            _ => self.values.as_slice().into(),
+        }
+    }
+
+    /// Number of seeds (of replicates, or of units with a single replicate).
     pub fn n(&self) -> usize {
-        self.values.len()
+        self.replicates().len()
     }
 
     /// The mean (NaN when empty).
     pub fn mean(&self) -> f64 {
-        self.values.iter().sum::<f64>() / self.values.len() as f64
+        let v = self.replicates();
+        v.iter().sum::<f64>() / v.len() as f64
     }
 
     /// The sample standard deviation (`n − 1` in the denominator); NaN with fewer than 2 seeds.
     pub fn sd(&self) -> f64 {
-        let n = self.values.len();
-        if n < 2 {
-            return f64::NAN;
-        }
-        let m = self.mean();
-        (self.values.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (n - 1) as f64).sqrt()
+        sd(&self.replicates())
     }
 
     /// The half-width of the 95% confidence interval of the mean, `t_{0.975, n−1} · sd / √n`;
     /// NaN with fewer than 2 seeds.
     pub fn ci95(&self) -> f64 {
-        let n = self.values.len();
+        let n = self.n();
         if n < 2 {
             return f64::NAN;
         }
         t_quantile(1.0 - ALPHA / 2.0, (n - 1) as f64) * self.sd() / (n as f64).sqrt()
     }
+
+    /// The same values as seeds: what an unpaired test compares.
+    fn as_seeds(&self) -> Sample {
+        Sample {
+            values: self.replicates().into_owned(),
+            exact: self.exact,
+            units: None,
+        }
+    }
+}
+
+/// The sample standard deviation of `v` (`n − 1` in the denominator); NaN below 2 values.
+fn sd(v: &[f64]) -> f64 {
+    let n = v.len();
+    if n < 2 {
+        return f64::NAN;
+    }
+    let m = v.iter().sum::<f64>() / n as f64;
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1) as f64).sqrt()
+}
+
+/// Which test a [`Comparison`] made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    /// Welch's unequal-variance t-test over the seeds.
+    Welch,
+    /// The paired t-test over shared test units (one trained model per row).
+    PairedUnits,
+    /// The paired t-test over replicates of each replicate's mean difference on the shared
+    /// test units.
+    PairedReplicates,
 }
 
 /// The outcome of comparing two samples.
@@ -75,6 +176,8 @@ pub struct Comparison {
     pub difference: f64,
     /// The two-sided p-value (1 when the test cannot be made).
     pub p: f64,
+    /// The test that gave `p`.
+    pub test: Test,
 }
 
 impl Comparison {
@@ -95,11 +198,17 @@ impl Comparison {
 /// as a constant (the test becomes the one-sample t-test of the other side). When both sides
 /// are constant, a difference is certain (`p = 0`) and equality is `p = 1`.
 pub fn welch(a: &Sample, b: &Sample) -> Comparison {
+    let (a, b) = (&a.as_seeds(), &b.as_seeds());
     let difference = a.mean() - b.mean();
     let (na, nb) = (a.n() as f64, b.n() as f64);
     let too_few = |s: &Sample| !s.exact && s.n() < 2;
+    let test = Test::Welch;
     if too_few(a) || too_few(b) || !difference.is_finite() {
-        return Comparison { difference, p: 1.0 };
+        return Comparison {
+            difference,
+            p: 1.0,
+            test,
+        };
     }
     // A side's variance of the mean, and its share of the Welch–Satterthwaite denominator.
     let part = |s: &Sample, n: f64| -> (f64, f64) {
@@ -114,14 +223,96 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
     let se2 = va + vb;
     if se2 == 0.0 {
         let p = if difference == 0.0 { 1.0 } else { 0.0 };
-        return Comparison { difference, p };
+        return Comparison {
+            difference,
+            p,
+            test,
+        };
     }
     let t = difference / se2.sqrt();
     let df = se2 * se2 / (da + db);
     Comparison {
         difference,
         p: two_sided_p(t, df),
+        test,
     }
+}
+
+/// The test of `mean(a) = mean(b)` the claims make: paired when `a` and `b` hold values of the
+/// same test [`Units`] (same name, same replicates), else [`welch`] over the seeds (over the
+/// replicates' means for values on units).
+///
+/// Paired, the differences `d_u = a_u − b_u` are formed unit by unit. With one replicate the
+/// one-sample t-test of the `d_u` (`n_units − 1` degrees of freedom) asks whether this trained
+/// model's rows differ on the population of episodes or queries; with `R ≥ 2` replicates each
+/// replicate's mean difference is one observation and the test has `R − 1` degrees of freedom,
+/// so the verdict generalises over the seeds of the trained models, not only over the units.
+pub fn compare(a: &Sample, b: &Sample) -> Comparison {
+    match (&a.units, &b.units) {
+        (Some(ua), Some(ub)) if ua == ub && a.values.len() == b.values.len() && !a.exact => {
+            let d: Vec<f64> = a.values.iter().zip(&b.values).map(|(x, y)| x - y).collect();
+            let (d, test) = if ua.replicates() >= 2 {
+                (ua.replicate_means(&d), Test::PairedReplicates)
+            } else {
+                (d, Test::PairedUnits)
+            };
+            let n = d.len();
+            let difference = d.iter().sum::<f64>() / n as f64;
+            let p = if n < 2 || !difference.is_finite() {
+                1.0
+            } else {
+                let se = sd(&d) / (n as f64).sqrt();
+                if se == 0.0 {
+                    if difference == 0.0 {
+                        1.0
+                    } else {
+                        0.0
+                    }
+                } else {
+                    two_sided_p(difference / se, (n - 1) as f64)
+                }
+            };
+            Comparison {
+                difference,
+                p,
+                test,
+            }
+        }
+        _ => welch(a, b),
+    }
+}
+
+/// The exponent `b` of a power law `y = c · x^b` fitted by least squares on `(ln x, ln y)` over
+/// every `(x, y)` of `points` (each `x` with its repeated `y`s), with the half-width of its 95%
+/// interval (Student's t, `N − 2` degrees of freedom). `None` with fewer than two distinct `x`,
+/// fewer than three points, or a non-positive value.
+pub fn power_law_exponent(points: &[(f64, Vec<f64>)]) -> Option<(f64, f64)> {
+    let xy: Vec<(f64, f64)> = points
+        .iter()
+        .flat_map(|(x, ys)| ys.iter().map(move |y| (*x, *y)))
+        .collect();
+    if xy
+        .iter()
+        .any(|(x, y)| *x <= 0.0 || *y <= 0.0 || !x.is_finite() || !y.is_finite())
+    {
+        return None;
+    }
+    let n = xy.len();
+    let logs: Vec<(f64, f64)> = xy.iter().map(|(x, y)| (x.ln(), y.ln())).collect();
+    let mx = logs.iter().map(|p| p.0).sum::<f64>() / n as f64;
+    let my = logs.iter().map(|p| p.1).sum::<f64>() / n as f64;
+    let sxx: f64 = logs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if n < 3 || sxx <= 0.0 {
+        return None;
+    }
+    let b = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / sxx;
+    let sse: f64 = logs
+        .iter()
+        .map(|p| (p.1 - my - b * (p.0 - mx)).powi(2))
+        .sum();
+    let df = (n - 2) as f64;
+    let se = (sse / df / sxx).sqrt();
+    Some((b, t_quantile(1.0 - ALPHA / 2.0, df) * se))
 }
 
 /// `P(|T| ≥ |t|)` for Student's t with `df` degrees of freedom: `I_{df/(df+t²)}(df/2, 1/2)`.
@@ -319,5 +510,98 @@ mod tests {
         assert!(!e.b_larger() && (e.p - 0.0839).abs() < 1e-3, "{e:?}");
         assert_eq!(welch(&exact, &Sample::exact(20.0)).p, 1.0);
         assert_eq!(welch(&Sample::exact(21.0), &exact).p, 0.0);
+    }
+
+    #[test]
+    fn power_laws_are_fitted_in_log_log() {
+        // y = 3 x² exactly: b = 2 with no spread.
+        let exact: Vec<(f64, Vec<f64>)> = [1.0, 10.0, 100.0]
+            .iter()
+            .map(|&x| (x, vec![3.0 * x * x, 3.0 * x * x]))
+            .collect();
+        let (b, ci) = power_law_exponent(&exact).unwrap();
+        assert!((b - 2.0).abs() < 1e-12 && ci.abs() < 1e-9, "{b} {ci}");
+        // numpy.polyfit(log x, log y, 1) on x = 1, 1, 10, 10, y = 1, 2, 10, 30:
+        // slope = 1.088045629527841 (= ln 150 / (2 ln 10)).
+        let noisy = vec![(1.0, vec![1.0, 2.0]), (10.0, vec![10.0, 30.0])];
+        let (b, ci) = power_law_exponent(&noisy).unwrap();
+        let expect = ((10f64.ln() + 30f64.ln()) - 2f64.ln()) / 2.0 / 10f64.ln();
+        assert!((b - expect).abs() < 1e-12, "{b} {expect}");
+        assert!((b - 1.088_045_629_527_841).abs() < 1e-12, "{b}");
+        assert!(ci > 0.0);
+        assert!(power_law_exponent(&[(1.0, vec![1.0, 2.0, 3.0])]).is_none());
+        assert!(power_law_exponent(&[(1.0, vec![1.0]), (2.0, vec![0.0])]).is_none());
+    }
+
+    #[test]
+    fn shared_units_are_compared_pairwise() {
+        // Two methods on the same 8 episodes: a consistent +0.01 on episodes whose own
+        // difficulty varies by ±0.2. Unpaired, the gap drowns in the episodes' spread; paired,
+        // it is clear. scipy.stats.ttest_rel(a, b): t = 4.732863826479693,
+        // p = 0.0021254521977627926 (ttest_ind(…, equal_var=False): p = 0.9366895524936303).
+        let base = [0.5, 0.9, 0.3, 0.7, 0.6, 0.2, 0.8, 0.4];
+        let bumps = [0.01, 0.02, 0.0, 0.01, 0.015, 0.005, 0.01, 0.01];
+        let a: Vec<f64> = base.iter().zip(&bumps).map(|(x, d)| x + d).collect();
+        let units = Units::new("episodes", 1, 8);
+        let (sa, sb) = (
+            Sample::on_units(a.clone(), units.clone()),
+            Sample::on_units(base.to_vec(), units.clone()),
+        );
+        let unpaired = welch(&sa, &sb);
+        assert_eq!(unpaired.test, Test::Welch);
+        assert!(unpaired.p > 0.9, "{unpaired:?}");
+        let paired = compare(&sa, &sb);
+        assert_eq!(paired.test, Test::PairedUnits);
+        let d: Vec<f64> = bumps.to_vec();
+        let t = (d.iter().sum::<f64>() / 8.0) / (sd(&d) / 8f64.sqrt());
+        assert!((paired.p - two_sided_p(t, 7.0)).abs() < 1e-15, "{paired:?}");
+        assert!(
+            paired.a_larger() && (t - 4.732_863_826_479_693).abs() < 1e-9,
+            "{t}"
+        );
+        assert!(
+            (paired.p - 0.002_125_452_197_762_793).abs() < 1e-12,
+            "{}",
+            paired.p
+        );
+        assert!(
+            (unpaired.p - 0.936_689_552_493_630_3).abs() < 1e-9,
+            "{}",
+            unpaired.p
+        );
+        // Other units (another episode set): no pairing, Welch as for seeds.
+        let other = Sample::on_units(base.to_vec(), Units::new("other episodes", 1, 8));
+        assert_eq!(compare(&sa, &other).test, Test::Welch);
+    }
+
+    #[test]
+    fn several_replicates_test_each_replicates_mean_difference() {
+        // 3 seeds × 4 queries. The per-seed mean differences are 0.02, 0.03, 0.01: the test is
+        // the one-sample t-test of those three (2 degrees of freedom), and the sample's n, mean
+        // and interval are over the seeds' means.
+        let units = Units::new("queries", 3, 4);
+        assert_eq!(units.replicates(), 3);
+        let b = vec![0.2, 0.4, 0.6, 0.8, 0.1, 0.3, 0.5, 0.7, 0.3, 0.5, 0.7, 0.9];
+        let shift = [0.02, 0.03, 0.01];
+        let a: Vec<f64> = b
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + shift[i / 4])
+            .collect();
+        let (sa, sb) = (
+            Sample::on_units(a, units.clone()),
+            Sample::on_units(b, units),
+        );
+        assert_eq!(sb.n(), 3);
+        assert_eq!(sb.replicates().as_ref(), &[0.5, 0.4, 0.6][..]);
+        assert!((sb.mean() - 0.5).abs() < 1e-12);
+        let c = compare(&sa, &sb);
+        assert_eq!(c.test, Test::PairedReplicates);
+        let t = 0.02 / (0.01 / 3f64.sqrt());
+        assert!((c.p - two_sided_p(t, 2.0)).abs() < 1e-9, "{c:?}");
+        // scipy.stats.ttest_1samp([0.02, 0.03, 0.01], 0): p = 0.07417990022744854 — a
+        // consistent gain over only three seeds is not yet significant.
+        assert!((c.p - 0.074_179_900_227_448_54).abs() < 1e-9, "{}", c.p);
+        assert!(!c.a_larger());
     }
 }

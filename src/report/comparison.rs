@@ -36,8 +36,12 @@ pub struct Measured {
     pub setting: String,
     /// Our value: the mean of [`Measured::samples`].
     pub value: f64,
-    /// The value of each seed (one entry for a single run), in `unit`.
+    /// The value of each seed (one entry for a single run), in `unit`; or of each shared test
+    /// unit when `units` is set.
     pub samples: Vec<f64>,
+    /// `Some` when `samples` holds one value per shared test unit (SSR's episodes or queries),
+    /// so that claims pair rows unit by unit ([`crate::experiments::stats::compare`]).
+    pub units: Option<crate::experiments::stats::Units>,
     /// Its unit (our metrics are fractions; the comparison converts to the paper's unit).
     pub unit: Unit,
     /// The data, scale and run that produced it.
@@ -63,6 +67,7 @@ impl Measured {
             setting: String::new(),
             value,
             samples: vec![value],
+            units: None,
             unit,
             provenance,
         }
@@ -86,9 +91,27 @@ impl Measured {
         }
     }
 
-    /// The seeds as a sample (mean, spread, 95% interval).
+    /// The seeds (or test units) as a sample (mean, spread, 95% interval).
     pub fn sample(&self) -> crate::experiments::stats::Sample {
-        crate::experiments::stats::Sample::new(self.samples.clone())
+        use crate::experiments::stats::Sample;
+        match &self.units {
+            Some(u) => Sample::on_units(self.samples.clone(), u.clone()),
+            None => Sample::new(self.samples.clone()),
+        }
+    }
+
+    /// The same cell with `samples` as its values (seeds or repeats), its value their mean.
+    pub fn with_samples(mut self, samples: Vec<f64>) -> Self {
+        self.value = samples.iter().sum::<f64>() / samples.len() as f64;
+        self.samples = samples;
+        self
+    }
+
+    /// The same value with one value per shared test unit of `units` as its samples.
+    pub fn on_units(mut self, samples: Vec<f64>, units: crate::experiments::stats::Units) -> Self {
+        self.samples = samples;
+        self.units = Some(units);
+        self
     }
 
     /// The same value with `setting` (`key=value;…`).
@@ -269,7 +292,7 @@ impl Comparison {
                 paper_dataset: p.dataset.clone(),
                 ours: value,
                 ours_ci95: ours.and_then(|m| interval(m, p.unit)),
-                ours_n: ours.map_or(0, |m| m.samples.len()),
+                ours_n: ours.map_or(0, |m| m.sample().n()),
                 provenance: ours.map(|m| m.provenance.clone()),
                 source: Some(p.source.clone()),
                 status: if ours.is_some() {
@@ -311,7 +334,7 @@ impl Comparison {
                 paper_dataset: m.dataset.clone(),
                 ours: Some(value),
                 ours_ci95: interval(m, unit),
-                ours_n: m.samples.len(),
+                ours_n: m.sample().n(),
                 provenance: Some(m.provenance.clone()),
                 source: None,
                 status: Status::OursOnly,
@@ -459,8 +482,9 @@ impl Comparison {
         if self.rows.iter().any(|r| r.ours_n >= 2) {
             out.push_str(
                 " Ours: a mean ± the half-width of its 95% interval (Student's t, n − 1 degrees \
-                 of freedom) over its samples: the seeds named below, or SSR's test episodes or \
-                 queries; a value without ± is one run.",
+                 of freedom) over its samples: the seeds named below, or for SSR the seeds' \
+                 means over the shared test episodes or queries (over the episodes or queries \
+                 themselves for one seed); a value without ± is one run.",
             );
         }
         out.push('\n');
