@@ -525,14 +525,7 @@ pub fn merge_replicates(parts: Vec<Measurements>) -> Result<Measurements> {
                 cell.samples = values;
             }
             // One value per replicate: the replicates are the seeds.
-            None => {
-                let mut sums = vec![(0.0, 0usize); rest.len() + 1];
-                for (r, v) in replicate.iter().zip(&values) {
-                    sums[*r].0 += v;
-                    sums[*r].1 += 1;
-                }
-                cell.samples = sums.iter().map(|(s, n)| s / *n as f64).collect();
-            }
+            None => cell.samples = super::stats::replicate_means(&replicate, &values),
         }
         cell.value = cell.sample().mean();
         details.dedup();

@@ -45,18 +45,24 @@ impl Units {
 
     /// The mean of `values` (one per unit) within each replicate, in replicate order.
     fn replicate_means(&self, values: &[f64]) -> Vec<f64> {
-        let mut out: Vec<(usize, f64, usize)> = Vec::new();
-        for (&r, &v) in self.replicate.iter().zip(values) {
-            match out.last_mut() {
-                Some((last, sum, n)) if *last == r => {
-                    *sum += v;
-                    *n += 1;
-                }
-                _ => out.push((r, v, 1)),
-            }
-        }
-        out.into_iter().map(|(_, s, n)| s / n as f64).collect()
+        replicate_means(&self.replicate, values)
     }
+}
+
+/// The mean of `values` over each run of equal consecutive entries of `replicate` (the
+/// replicate of each value), in order.
+pub fn replicate_means(replicate: &[usize], values: &[f64]) -> Vec<f64> {
+    let mut out: Vec<(usize, f64, usize)> = Vec::new();
+    for (&r, &v) in replicate.iter().zip(values) {
+        match out.last_mut() {
+            Some((last, sum, n)) if *last == r => {
+                *sum += v;
+                *n += 1;
+            }
+            _ => out.push((r, v, 1)),
+        }
+    }
+    out.into_iter().map(|(_, s, n)| s / n as f64).collect()
 }
 
 /// One quantity measured over several seeds (or over shared test units, [`Units`]).
