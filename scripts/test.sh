@@ -31,6 +31,9 @@ done
 
 start=$SECONDS
 cargo test --locked
+# The `hub` feature's download path (models::pretrained) end to end, against a local HTTP server
+# on 127.0.0.1 standing for the Hugging Face Hub (tests/hub.rs; no network, no proxy).
+cargo test --locked --features hub --test hub
 python3 scripts/test_check_notebook.py
 # The GPU check program (examples/gpu_check.rs), run with the CPU as its "device" at a small
 # size: every check it makes must pass CPU against CPU, so that a GPU session spends its minutes

@@ -44,13 +44,14 @@ pub enum Error {
     /// An error raised by candle (tensor ops, safetensors, npy).
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
-    /// An I/O error with the path it happened on.
-    #[error("{path}: {source}")]
+    /// An I/O error with the path it happened on. The OS error is part of the message and not
+    /// also a `source()`, so that error chains (`anyhow`'s `{:#}`) print it once.
+    #[error("{path}: {error}")]
     Io {
         /// The file or folder being read or written.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
@@ -84,10 +85,10 @@ impl Error {
     }
 
     /// An [`Error::Io`] for `path`.
-    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+    pub fn io(path: impl AsRef<Path>, error: std::io::Error) -> Self {
         Error::Io {
             path: path.as_ref().to_path_buf(),
-            source,
+            error,
         }
     }
 }

@@ -207,7 +207,7 @@ fn wait_for_next(shared: &Shared, seen: u64) -> u64 {
             return g;
         }
         spins = spins.wrapping_add(1);
-        if spins % 64 == 0 && start.elapsed() >= SPIN_WINDOW {
+        if spins.is_multiple_of(64) && start.elapsed() >= SPIN_WINDOW {
             break;
         }
         std::hint::spin_loop();

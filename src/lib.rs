@@ -23,6 +23,7 @@ pub mod io;
 pub mod losses;
 pub mod metrics;
 pub mod models;
+pub mod progress;
 pub mod report;
 pub mod rerank;
 pub mod retrieval;

@@ -784,8 +784,14 @@ fn train_resume_embed_eval_round_trip() {
     args.extend(["--split", "gallery", "--out", s(&emb), "-q"]);
     args.extend(set);
     let e = fails(&args);
+    assert!(e.contains("`gallery`") && e.contains("train, test"), "{e}");
+    // Nor a separate query set: `query` is refused, not silently the test split.
+    let mut args = vec!["embed", "--config", s(&recipe), "--checkpoint", s(&ckpt)];
+    args.extend(["--split", "query", "--out", s(&emb), "-q"]);
+    args.extend(set);
+    let e = fails(&args);
     assert!(
-        e.contains("`gallery`") && e.contains("train, test, query"),
+        e.contains("`query`") && e.contains("no separate query set"),
         "{e}"
     );
     let e = fails(&[
@@ -945,6 +951,8 @@ fn trains_from_pretrained_weights_in_the_hugging_face_cache() {
     // Not cached, offline: a clear error naming the repository and the cache, no hang.
     let empty = dir.path().join("empty-cache");
     std::fs::create_dir_all(&empty).unwrap();
+    let mut args = args.to_vec();
+    args.push("--overwrite");
     let out = rankwise_env(
         &args,
         &[("HF_HUB_CACHE", &empty), ("HF_HUB_OFFLINE", Path::new("1"))],
@@ -1003,4 +1011,288 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
     assert!(e.contains("huge"), "{e}");
     let e = fails(&["reproduce", "--scale", "tiny", "--root", s(dir.path())]);
     assert!(e.contains("configs/experiments"), "{e}");
+}
+
+/// Runs `rankwise train` on the tiny recipe into `run` with `extra` arguments.
+fn train_tiny(recipe: &Path, run: &Path, extra: &[&str]) -> Output {
+    let mut a = vec!["train", "--config", s(recipe), "--out", s(run)];
+    a.extend_from_slice(extra);
+    rankwise(&a)
+}
+
+fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+#[test]
+fn run_folders_are_never_silently_overwritten_shared_or_trusted_when_damaged() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    // Not quiet, and stderr is a pipe (not a terminal): one line per epoch all the same.
+    let out = train_tiny(&recipe, &run, &["--set", "epochs=2"]);
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    for epoch in ["epoch 1/2: loss ", "epoch 2/2: loss "] {
+        assert!(err.contains(epoch), "no `{epoch}` line in:\n{err}");
+    }
+    assert!(err.contains("test R@1 ") && err.contains("ETA"), "{err}");
+    let snapshot = |names: &[&str]| -> Vec<Vec<u8>> {
+        names
+            .iter()
+            .map(|n| std::fs::read(run.join(n)).unwrap())
+            .collect()
+    };
+    let files = ["config.toml", "checkpoint.safetensors", "results.json"];
+    let before = snapshot(&files);
+
+    // The same folder again: refused, naming both ways out; nothing changed.
+    let out = train_tiny(&recipe, &run, &["-q", "--set", "epochs=1"]);
+    let e = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("holds a run") && e.contains("--resume") && e.contains("--overwrite"),
+        "{e}"
+    );
+    // --resume with fewer epochs than the run has done: an error before anything is written.
+    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=1"]);
+    let e = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("--set epochs=1") && e.contains("already trained 2 epochs"),
+        "{e}"
+    );
+    assert_eq!(snapshot(&files), before, "a refused run changed the folder");
+
+    // A second writer is refused while the folder's lock is held (here by this test process).
+    let lock = rankwise::train::RunLock::acquire(&run).unwrap();
+    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=3"]);
+    let e = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("in use by another process")
+            && e.contains(&format!("pid {}", std::process::id())),
+        "{e}"
+    );
+    drop(lock);
+    assert!(
+        !run.join("run.lock").exists(),
+        "the lock file outlives its lock"
+    );
+
+    // Temporary files of saves killed before their rename (kill -9) are removed by the next run.
+    for tmp in [
+        ".checkpoint.safetensors.x1Yz9q.tmp",
+        "checkpoint.safetensors.tmp.4242",
+    ] {
+        std::fs::write(run.join(tmp), b"partial").unwrap();
+    }
+    std::fs::write(run.join("notes.txt"), b"mine").unwrap();
+    let out = train_tiny(&recipe, &run, &["--resume", "--set", "epochs=3"]);
+    let e = stderr_of(&out);
+    assert!(out.status.success(), "{e}");
+    assert!(e.contains("removed 2 temporary file(s)"), "{e}");
+    assert!(!run.join("checkpoint.safetensors.tmp.4242").exists());
+    assert!(!run.join(".checkpoint.safetensors.x1Yz9q.tmp").exists());
+    assert!(run.join("notes.txt").exists(), "a user's file was removed");
+    assert_eq!(read_run_results(&run).epochs, 3);
+
+    // results.json holds numbers, not strings; the overrides are recorded.
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("results.json")).unwrap()).unwrap();
+    assert!(json["final_metrics"][0]["value"].is_number(), "{json}");
+    assert!(json["r_at_1_final"].is_number(), "{json}");
+    assert_eq!(json["overrides"][0], "epochs=3");
+
+    // A flipped byte in the checkpoint: refused on resume, naming the damaged tensor.
+    let ckpt = run.join("checkpoint.safetensors");
+    let mut bytes = std::fs::read(&ckpt).unwrap();
+    let at = bytes.len() - 5;
+    bytes[at] ^= 0x01;
+    std::fs::write(&ckpt, &bytes).unwrap();
+    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=4"]);
+    let e = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("checkpoint.safetensors") && e.contains("is damaged"),
+        "{e}"
+    );
+
+    // --overwrite replaces the run: the old files go, the new run's are written.
+    let out = train_tiny(&recipe, &run, &["-q", "--overwrite", "--set", "epochs=1"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let r = read_run_results(&run);
+    assert_eq!((r.epochs, r.final_epoch), (1, 1));
+    assert!(run.join("notes.txt").exists());
+    // -q: nothing on stderr.
+    assert_eq!(stderr_of(&out), "");
+    let out = train_tiny(&recipe, &run, &["--resume", "--overwrite"]);
+    assert!(!out.status.success());
+    assert!(stderr_of(&out).contains("--overwrite"));
+}
+
+#[test]
+fn two_trainings_into_one_new_folder_leave_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    let spawn = |seed: &str| {
+        Command::new(bin())
+            .args(["train", "--config", s(&recipe), "--out", s(&run), "-q"])
+            .args(["--set", "epochs=1", "--set", seed])
+            .output()
+    };
+    let (a, b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| spawn("seed=1").unwrap());
+        let b = scope.spawn(|| spawn("seed=2").unwrap());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    let ok: Vec<&Output> = [&a, &b]
+        .into_iter()
+        .filter(|o| o.status.success())
+        .collect();
+    assert_eq!(ok.len(), 1, "{}\n{}", stderr_of(&a), stderr_of(&b));
+    let loser = if a.status.success() { &b } else { &a };
+    let e = stderr_of(loser);
+    assert!(
+        e.contains("in use by another process") || e.contains("holds a run"),
+        "{e}"
+    );
+    // The folder's configuration and results belong to the same run.
+    let config = rankwise::train::TrainConfig::from_toml_file(run.join("config.toml")).unwrap();
+    let winner_seed = if a.status.success() { 1 } else { 2 };
+    assert_eq!(config.seed, winner_seed);
+    assert_eq!(
+        read_run_results(&run).overrides[1],
+        format!("seed={winner_seed}")
+    );
+}
+
+#[test]
+fn recipe_errors_come_before_any_folder_and_name_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    for (set, field) in [
+        ("sampler.batch_size=7", "batch_size"),
+        ("optimizer.backbone.lr=-1", "optimizer.backbone.lr"),
+        ("optimizer.head.lr=nan", "optimizer.head.lr"),
+    ] {
+        let e = fails(&[
+            "train",
+            "--config",
+            s(&recipe),
+            "--out",
+            s(&run),
+            "-q",
+            "--set",
+            set,
+        ]);
+        assert!(
+            e.contains(&format!("--set {set}")) && e.contains(field),
+            "{e}"
+        );
+        assert!(!run.exists(), "{set}: a refused run left a folder");
+    }
+    // A batch larger than the data: found when the data is loaded, still before the folder.
+    let e = fails(&[
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "sampler.batch_size=400",
+    ]);
+    assert!(e.contains("--set sampler.batch_size=400"), "{e}");
+    assert!(!run.exists());
+    if !cfg!(feature = "cuda") {
+        let e = fails(&[
+            "train",
+            "--config",
+            s(&recipe),
+            "--out",
+            s(&run),
+            "-q",
+            "--device",
+            "cuda",
+        ]);
+        assert!(
+            e.contains("--device cuda") && e.contains("--features cuda"),
+            "{e}"
+        );
+        assert!(!run.exists());
+    }
+    // An --out that cannot be a folder.
+    let file = write(dir.path(), "a_file", b"x");
+    let e = fails(&["train", "--config", s(&recipe), "--out", s(&file), "-q"]);
+    assert!(e.contains("a_file") && e.contains("not a folder"), "{e}");
+}
+
+#[test]
+fn outputs_are_checked_before_the_work_and_os_errors_print_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no/such/dir/r.json");
+    let e = fails(&["eval", "--example", "--out", s(&missing)]);
+    assert!(
+        e.contains("no/such/dir") && e.contains("does not exist"),
+        "{e}"
+    );
+    // Failed before ranking anything: no table on stdout.
+    let out = rankwise(&["eval", "--example", "--out", s(&missing)]);
+    assert!(out.stdout.is_empty(), "the evaluation ran before the check");
+    let e = fails(&["eval", "--example", "--out", s(dir.path())]);
+    assert!(
+        e.contains("is a folder") || e.contains("results format"),
+        "{e}"
+    );
+    // An OS error appears once in the message, not once per cause.
+    let nowhere = dir.path().join("nowhere.npy");
+    let labels = dir.path().join("nowhere.csv");
+    let e = fails(&["eval", "--embeddings", s(&nowhere), "--labels", s(&labels)]);
+    assert_eq!(e.matches("No such file or directory").count(), 1, "{e}");
+}
+
+#[test]
+fn long_tasks_show_progress_lines_without_a_terminal() {
+    // stderr is a pipe here; a zero interval makes the short tasks print their lines.
+    let zero = Path::new("0");
+    let out = rankwise_env(
+        &["eval", "--example"],
+        &[("RANKWISE_PROGRESS_SECONDS", zero)],
+    );
+    let e = stderr_of(&out);
+    assert!(out.status.success(), "{e}");
+    assert!(
+        e.contains("evaluating: ") && e.contains(" queries (") && e.contains(", done"),
+        "{e}"
+    );
+    let out = rankwise_env(
+        &["eval", "--example", "-q"],
+        &[("RANKWISE_PROGRESS_SECONDS", zero)],
+    );
+    assert_eq!(stderr_of(&out), "");
+    // The default interval (10 s): a task of a second prints no progress line.
+    let out = rankwise(&["eval", "--example"]);
+    assert!(!stderr_of(&out).contains("evaluating: "));
+}
+
+#[test]
+fn help_shows_examples_and_every_paper() {
+    for cmd in [
+        "train",
+        "embed",
+        "eval",
+        "reproduce",
+        "gen-embeddings",
+        "synth-data",
+    ] {
+        let out = succeeds(&[cmd, "--help"]);
+        assert!(out.contains("Examples:"), "{cmd} --help:\n{out}");
+    }
+    let out = succeeds(&["reproduce", "--help"]);
+    for key in rankwise::experiments::keys() {
+        assert!(out.contains(key), "reproduce --help omits {key}:\n{out}");
+    }
 }

@@ -726,3 +726,42 @@ fn chunked_training_with_frozen_bn_runs() {
     assert!(report.epochs[0].mean_loss.is_finite());
     assert_eq!(report.log.series("test", "R@1", Some(0)).len(), 1);
 }
+
+/// The loss kinds a ready recipe's comment lists are the kinds the recipe reader takes (a comment
+/// once said `fastap` where the value is `fast_ap`).
+#[test]
+fn the_loss_kinds_listed_in_the_recipes_are_valid() {
+    for recipe in ["embedded_small_cnn.toml", "embedded_smooth_ap.toml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("configs")
+            .join(recipe);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let listed: Vec<&str> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("# The loss: kind = "))
+            .take(2)
+            .flat_map(|l| l.trim_start_matches("# The loss: kind = ").split('|'))
+            .map(|k| {
+                k.trim_start_matches('#')
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+            })
+            .filter(|k| !k.is_empty())
+            .collect();
+        assert_eq!(listed.len(), 9, "{recipe}: {listed:?}");
+        for kind in listed {
+            // A kind may need fields of its own (`summed` its `base`): only an unknown kind fails.
+            if let Err(e) =
+                rankwise::train::load_with_overrides(&path, &[format!("loss.kind={kind}")])
+            {
+                let e = e.to_string();
+                assert!(!e.contains("unknown variant"), "{recipe}: `{kind}`: {e}");
+            }
+        }
+        let e = rankwise::train::load_with_overrides(&path, &["loss.kind=fastap".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant"), "{e}");
+    }
+}

@@ -28,14 +28,14 @@ use rankwise::data::synthetic_on_disk::{
 };
 use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
-    check_compatible_sets, write_labels_csv, write_npy, write_results, LabelledEmbeddings,
-    ResultFormat, ResultRow, ResultTable,
+    check_compatible_sets, check_output_file, write_labels_csv, write_npy, write_results,
+    LabelledEmbeddings, ResultFormat, ResultRow, ResultTable,
 };
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
-    load_with_overrides, train_to_dir, DatasetConfig, DeviceChoice, RunOptions, TrainConfig,
-    Trainer, RESULTS_FILE,
+    load_with_overrides, overrides::blame, train_to_dir, DatasetConfig, DeviceChoice, Reuse,
+    RunOptions, TrainConfig, Trainer, RESULTS_FILE,
 };
 use rankwise::Relevance;
 use std::collections::BTreeMap;
@@ -59,21 +59,80 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Rank every query against the references and report the metrics.
+    #[command(after_help = EVAL_EXAMPLES)]
     Eval(Box<EvalArgs>),
     /// Write a synthetic SOP-shaped set (embeddings.npy + labels.csv) to show the file formats.
+    #[command(after_help = GEN_EXAMPLES)]
     GenEmbeddings(GenArgs),
     /// Train an embedding network from a TOML recipe into a run folder (config.toml,
     /// metrics.csv/.parquet, checkpoint.safetensors, results.json).
+    #[command(after_help = TRAIN_EXAMPLES)]
     Train(TrainArgs),
     /// Embed the images of one split with a trained checkpoint (.npy + labels .csv, the files
     /// `rankwise eval` reads).
+    #[command(after_help = EMBED_EXAMPLES)]
     Embed(EmbedArgs),
-    /// Regenerate the papers' tables and figures (Smooth-AP, FastAP, RaMBO, HAPPIER) at a scale.
+    /// Regenerate the papers' tables and figures (Smooth-AP, FastAP, RaMBO, HAPPIER, SSR) at a
+    /// scale.
+    #[command(after_help = REPRODUCE_EXAMPLES)]
     Reproduce(ReproduceArgs),
     /// Write a synthetic dataset in a real dataset's on-disk format (JPEG images, list files,
     /// folder names), sized so that a recipe's sampler forms full batches: runs a paper recipe
     /// end to end without its data (train with --set dataset.root=<root>).
+    #[command(after_help = SYNTH_EXAMPLES)]
     SynthData(SynthDataArgs),
+}
+
+const TRAIN_EXAMPLES: &str = "\
+Examples:
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --set epochs=3 \\
+                 --set loss.tau=0.05 --set optimizer.backbone.lr=1e-4
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --resume --set epochs=8
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --overwrite 2> train.log
+
+A run folder holds one run: training into a folder that holds one needs --resume (continue it) or
+--overwrite (replace it), and a second process writing the same folder is refused. A line per
+epoch (loss, R@1, images/s, ETA) goes to stderr, on a terminal or not; -q silences it.";
+
+const EMBED_EXAMPLES: &str = "\
+Examples:
+  rankwise embed --config configs/embedded_smooth_ap.toml --checkpoint runs/sap/checkpoint.safetensors \\
+                 --split test --out emb.npy --labels-out labels.csv
+  rankwise eval --embeddings emb.npy --labels labels.csv --recall-at 1,2,4,8
+
+Pass the same --set overrides as to `rankwise train` (the model must match the checkpoint).";
+
+const EVAL_EXAMPLES: &str = "\
+Examples:
+  rankwise eval --example
+  rankwise eval --embeddings emb.npy --labels labels.csv --recall-at 1,2,4,8 --out results.json
+  rankwise eval --queries q.npy --references r.npy --query-labels q.csv --reference-labels r.csv
+  rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1";
+
+const GEN_EXAMPLES: &str = "\
+Examples:
+  rankwise gen-embeddings --preset small --out-dir demo
+  rankwise eval --embeddings demo/embeddings.npy --labels demo/labels.csv";
+
+const REPRODUCE_EXAMPLES: &str = "\
+Examples:
+  rankwise reproduce --scale quick                 # every paper, the embedded data, the CPU
+  rankwise reproduce --scale quick smooth_ap ssr   # two papers
+  rankwise reproduce --scale tiny rambo --tables-dir /tmp/t --figures-dir /tmp/f";
+
+const SYNTH_EXAMPLES: &str = "\
+Examples:
+  rankwise synth-data --config configs/paper/happier_sop.toml --root /tmp/synthetic/sop
+  rankwise train --config configs/paper/happier_sop.toml --set dataset.root=/tmp/synthetic/sop \\
+                 --set pretrained= --set epochs=1 --out runs/smoke";
+
+/// The help of `reproduce`'s papers: every key of the experiments' registry.
+fn papers_help() -> String {
+    format!(
+        "Papers to reproduce (default: all): {}",
+        experiments::keys().join(", ")
+    )
 }
 
 #[derive(Args, Debug)]
@@ -140,13 +199,18 @@ struct TrainArgs {
     /// Run folder (default: runs/<recipe name>).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Continue the run in --out from its checkpoint.safetensors (same recipe; `epochs` may grow).
-    #[arg(long)]
+    /// Continue the run in --out from its checkpoint.safetensors (same recipe; `epochs` may grow,
+    /// not shrink).
+    #[arg(long, conflicts_with = "overwrite")]
     resume: bool,
+    /// Replace the run in --out (its config, metrics, checkpoint and results are removed once the
+    /// new recipe has been checked).
+    #[arg(long)]
+    overwrite: bool,
     /// Device: cpu, cuda or auto (overrides the recipe's `device`).
     #[arg(long)]
     device: Option<String>,
-    /// No progress bars and no information lines on stderr.
+    /// No progress (bars, per-epoch lines) and no information lines on stderr.
     #[arg(long, short)]
     quiet: bool,
 }
@@ -195,7 +259,7 @@ struct ReproduceArgs {
     /// data and a GPU). Default: $RANKWISE_SCALE, else quick.
     #[arg(long, value_name = "SCALE")]
     scale: Option<String>,
-    /// Papers to reproduce (default: all): smooth_ap, fastap, rambo, happier.
+    #[arg(help = papers_help())]
     papers: Vec<String>,
     /// Folder for the tables (default: paper_tables/, or target/reproduce-tiny/paper_tables/ at
     /// the tiny scale).
@@ -467,8 +531,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
 /// the ranking starts.
 fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
     if let Some(out) = &args.out {
-        // Fail on a bad output name now, not after a long evaluation.
+        // Fail on a bad output name or folder now, not after a long evaluation.
         ResultFormat::from_path(out)?;
+        check_output_file(out).context("--out")?;
     }
     let columns = (!args.label_columns.is_empty()).then_some(args.label_columns.as_slice());
     let tensor = args.tensor.as_deref();
@@ -709,6 +774,11 @@ fn load_recipe(path: &Path, set: &[String], device: Option<&str>) -> Result<Trai
     let mut config = load_with_overrides(path, set)?;
     if let Some(d) = device {
         config.device = DeviceChoice::parse(d).context("--device")?;
+        // Named here as the flag it came from, before any data is read.
+        config
+            .device
+            .check_available()
+            .with_context(|| format!("--device {d}"))?;
     }
     Ok(config)
 }
@@ -746,7 +816,12 @@ fn train(args: &TrainArgs) -> Result<()> {
     }
     let options = RunOptions {
         recipe: Some(args.config.clone()),
-        resume: args.resume,
+        overrides: args.set.clone(),
+        reuse: match (args.resume, args.overwrite) {
+            (true, _) => Reuse::Resume,
+            (_, true) => Reuse::Overwrite,
+            _ => Reuse::Refuse,
+        },
     };
     let results = train_to_dir(config, &out, &options)?;
     let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
@@ -789,6 +864,10 @@ fn embed(args: &EmbedArgs) -> Result<()> {
             bail!("--labels-out {}: write labels to a .csv file", l.display());
         }
     }
+    check_output_file(&args.out).context("--out")?;
+    if let Some(l) = &args.labels_out {
+        check_output_file(l).context("--labels-out")?;
+    }
     if !args.checkpoint.is_file() {
         bail!("--checkpoint {}: no such file", args.checkpoint.display());
     }
@@ -802,7 +881,7 @@ fn embed(args: &EmbedArgs) -> Result<()> {
         SplitArg::Query => "query",
         SplitArg::Gallery => "gallery",
     };
-    let trainer = Trainer::from_config(config.clone())?;
+    let trainer = Trainer::from_config(config.clone()).map_err(|e| blame(e, &args.set))?;
     let (embeddings, labels) = trainer.embed_split(split)?;
     write_npy(&args.out, &embeddings)?;
     let (n, d) = embeddings.dims2()?;

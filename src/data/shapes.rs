@@ -265,7 +265,7 @@ impl ShapesConfig {
             shape: FAMILIES[family],
             pattern: PATTERNS[variant % self.variants_per_family],
             hue: (0.05 + 0.618_034 * k as f32).fract(),
-            aspect: if k % 2 == 0 { 1.0 } else { 0.6 },
+            aspect: if k.is_multiple_of(2) { 1.0 } else { 0.6 },
         }
     }
 

@@ -514,7 +514,7 @@ impl OnDiskSpec {
 
 /// `batch_size / unit`, or an error naming `sampler.batch_size` unless it is a positive multiple.
 fn whole_multiple(batch_size: usize, unit: usize, unit_name: &str) -> Result<usize> {
-    if unit == 0 || batch_size == 0 || batch_size % unit != 0 {
+    if unit == 0 || batch_size == 0 || !batch_size.is_multiple_of(unit) {
         return Err(Error::invalid(
             "sampler.batch_size",
             format!("must be a positive multiple of {unit_name} = {unit}, got {batch_size}"),
@@ -1050,12 +1050,12 @@ fn render(spec: &OnDiskSpec, class: Class, k: usize) -> RgbImage {
     let jitter = mix(spec.seed, class.index as u64, k as u64, u64::MAX);
     let base = [0, 1, 2]
         .map(|i| 48 + ((h >> (16 * i)) % 160) as i32 + ((jitter >> (16 * i)) % 49) as i32 - 24);
-    let vertical = class.sup % 2 == 0;
+    let vertical = class.sup.is_multiple_of(2);
     let period = 3 + (class.sup / 2 % 4) as u32;
     let shift = (k as u32).wrapping_mul(7);
     RgbImage::from_fn(image_width(spec, k), spec.image_size, |x, y| {
         let along = if vertical { x } else { y };
-        let stripe = if (along + shift) / period % 2 == 0 {
+        let stripe = if ((along + shift) / period).is_multiple_of(2) {
             24
         } else {
             -24

@@ -89,7 +89,7 @@ pub struct MetricValue {
     /// The label column of a binary metric (0 = finest), `None` for H-AP, ASI and NDCG.
     pub level: Option<usize>,
     /// The value (NaN when no query could be counted).
-    #[serde(with = "crate::train::checkpoint::exact_f64")]
+    #[serde(with = "crate::io::json_f64")]
     pub value: f64,
 }
 

@@ -22,7 +22,7 @@ pub struct ResultRow {
     pub level_name: Option<String>,
     /// The metric averaged over the counted queries; NaN when no query was counted (written as
     /// `null` in JSON and an empty field in CSV).
-    #[serde(with = "nan_as_null")]
+    #[serde(with = "crate::io::json_f64")]
     pub value: f64,
     /// Number of queries averaged.
     pub queries: usize,
@@ -131,21 +131,62 @@ fn write_csv_rows(w: &mut dyn Write, rows: &[ResultRow]) -> std::io::Result<()> 
     out.flush()
 }
 
-/// Serde for metric values: NaN ⇄ `null` (JSON has no NaN).
-mod nan_as_null {
-    use serde::{Deserialize, Deserializer, Serializer};
+/// Checks, before any work, that a file can be written at `path` as [`write_atomically`] will:
+/// its folder exists, is a folder and takes a new file, and `path` is not a folder. Errors name
+/// the path, so a long job does not fail at its very end on a mistyped output name.
+pub fn check_output_file(path: &Path) -> Result<()> {
+    if path.is_dir() {
+        return Err(Error::file(path, "is a folder, not a file name"));
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::file(
+            path,
+            format!(
+                "cannot write here: the folder {} does not exist (create it first)",
+                dir.display()
+            ),
+        ));
+    }
+    probe_writable(dir)
+}
 
-    pub fn serialize<S: Serializer>(v: &f64, s: S) -> std::result::Result<S::Ok, S::Error> {
-        if v.is_nan() {
-            s.serialize_none()
-        } else {
-            s.serialize_f64(*v)
+/// Checks, before any work, that the folder `dir` exists or can be created: `dir` is not a file,
+/// and its nearest existing ancestor is a folder that takes a new file.
+pub fn check_output_dir(dir: &Path) -> Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(Error::file(dir, "exists and is not a folder"));
+    }
+    let mut existing = dir;
+    while !existing.exists() {
+        match existing.parent() {
+            Some(p) if !p.as_os_str().is_empty() => existing = p,
+            _ => {
+                existing = Path::new(".");
+                break;
+            }
         }
     }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
-        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    if !existing.is_dir() {
+        return Err(Error::file(
+            dir,
+            format!("cannot create it: {} is not a folder", existing.display()),
+        ));
     }
+    probe_writable(existing)
+}
+
+/// Creates and removes a temporary file in `dir`: the only portable test that a file can be made
+/// there (permission bits do not tell about read-only mounts or ACLs).
+fn probe_writable(dir: &Path) -> Result<()> {
+    tempfile::Builder::new()
+        .prefix(".rankwise-probe.")
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| Error::file(dir, format!("cannot write in this folder: {e}")))
 }
 
 /// Writes a file atomically: `write` fills a temporary file in the same folder, which is flushed

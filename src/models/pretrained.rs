@@ -13,8 +13,15 @@
 //! `$HF_HOME/hub`, else `~/.cache/huggingface/hub`, the layout `huggingface_hub` and `hf-hub`
 //! write): a cached file is used without touching the network. A file not in the cache is
 //! downloaded with the `hf-hub` crate when rankwise is built with the cargo feature `hub`
-//! (and `HF_HUB_OFFLINE` is not set); otherwise the error names the cache folder searched and
-//! how to get the file.
+//! (and `HF_HUB_OFFLINE` is not set), from `$HF_ENDPOINT` (a mirror or a local server; by
+//! default [`DEFAULT_ENDPOINT`]) with the token `$HF_TOKEN`, else the one in `$HF_HOME/token`
+//! (`~/.cache/huggingface/token`) if any; otherwise the error names the cache folder searched
+//! and how to get the file. [`resolve_with`] takes all of these settings explicitly
+//! ([`HubOptions`]) instead of from the environment.
+//!
+//! Downloads go through `ureq`, which sends them through the proxy named by `ALL_PROXY`,
+//! `HTTPS_PROXY` or `HTTP_PROXY` (any case) when one is set (an empty one too, which then fails
+//! to resolve), and does not read `NO_PROXY`.
 
 use super::{ParamStore, BACKBONE_PREFIX};
 use crate::error::{Error, Result};
@@ -95,6 +102,10 @@ pub fn hf_cache_dir() -> PathBuf {
     home.join(".cache").join("huggingface").join("hub")
 }
 
+/// The Hugging Face Hub, where `hf:` files are downloaded from unless `HF_ENDPOINT` says
+/// otherwise.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
 /// Whether `HF_HUB_OFFLINE` asks never to use the network (`1`, `true`, `yes`, `on`).
 fn offline() -> bool {
     std::env::var("HF_HUB_OFFLINE")
@@ -102,25 +113,130 @@ fn offline() -> bool {
         .unwrap_or(false)
 }
 
-/// The local file of a `pretrained` value: the path itself, or for `hf:…` the cached file,
-/// downloaded first if needed and possible (see the module documentation).
-pub fn resolve(spec: &Path) -> Result<PathBuf> {
-    resolve_in(spec, &hf_cache_dir(), offline())
+/// The hub to download from: `$HF_ENDPOINT` (the variable `huggingface_hub` and `hf-hub` read,
+/// e.g. `https://hf-mirror.com`), else [`DEFAULT_ENDPOINT`]; without a trailing `/`.
+pub fn hf_endpoint() -> String {
+    match std::env::var("HF_ENDPOINT") {
+        Ok(e) if !e.trim().is_empty() => e.trim().trim_end_matches('/').to_string(),
+        _ => DEFAULT_ENDPOINT.to_string(),
+    }
 }
 
-/// [`resolve`] with an explicit cache folder and offline switch (instead of the environment).
+/// The access token for private or gated repositories: `$HF_TOKEN`, else the contents of
+/// `$HF_HOME/token` (`~/.cache/huggingface/token`, where `huggingface-cli login` writes it);
+/// `None` when neither is there or empty.
+fn hf_token() -> Option<String> {
+    let non_empty = |s: String| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+    if let Some(t) = std::env::var("HF_TOKEN").ok().and_then(non_empty) {
+        return Some(t);
+    }
+    let home = match std::env::var_os("HF_HOME").filter(|v| !v.is_empty()) {
+        Some(home) => PathBuf::from(home),
+        None => std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_default()
+            .join(".cache")
+            .join("huggingface"),
+    };
+    std::fs::read_to_string(home.join("token"))
+        .ok()
+        .and_then(non_empty)
+}
+
+/// Where `hf:` references are looked up and, when not cached, downloaded from: what
+/// [`resolve`] reads from the environment ([`HubOptions::from_env`]), or given explicitly to
+/// [`resolve_with`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct HubOptions {
+    /// The Hugging Face cache folder (`models--<owner>--<repo>/{refs,blobs,snapshots}`
+    /// inside); downloads are written there.
+    pub cache: PathBuf,
+    /// Never use the network: a file that is not in `cache` is an error.
+    pub offline: bool,
+    /// The hub's base URL, e.g. [`DEFAULT_ENDPOINT`] or `http://127.0.0.1:8080`: files are
+    /// requested from `<endpoint>/<owner>/<repo>/resolve/<revision>/<file>`. A trailing `/` is
+    /// ignored.
+    pub endpoint: String,
+    /// Sent as `Authorization: Bearer <token>` (needed for private or gated repositories only).
+    pub token: Option<String>,
+}
+
+impl HubOptions {
+    /// The cache folder `cache`, online, [`DEFAULT_ENDPOINT`], no token; nothing is read from
+    /// the environment.
+    pub fn new(cache: impl Into<PathBuf>) -> Self {
+        HubOptions {
+            cache: cache.into(),
+            offline: false,
+            endpoint: DEFAULT_ENDPOINT.to_string(),
+            token: None,
+        }
+    }
+
+    /// The options [`resolve`] uses: the cache folder [`hf_cache_dir`], offline when
+    /// `HF_HUB_OFFLINE` is `1`/`true`/`yes`/`on`, the endpoint [`hf_endpoint`], the token
+    /// `$HF_TOKEN`, else the one in `$HF_HOME/token` (`~/.cache/huggingface/token`).
+    pub fn from_env() -> Self {
+        HubOptions {
+            cache: hf_cache_dir(),
+            offline: offline(),
+            endpoint: hf_endpoint(),
+            token: hf_token(),
+        }
+    }
+}
+
+impl std::fmt::Debug for HubOptions {
+    // By hand, so that the token never reaches a log or an error message.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubOptions")
+            .field("cache", &self.cache)
+            .field("offline", &self.offline)
+            .field("endpoint", &self.endpoint)
+            .field("token", &self.token.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// The local file of a `pretrained` value: the path itself, or for `hf:…` the cached file,
+/// downloaded first if needed and possible (see the module documentation), with the settings
+/// of the environment ([`HubOptions::from_env`]).
+pub fn resolve(spec: &Path) -> Result<PathBuf> {
+    resolve_with(spec, &HubOptions::from_env())
+}
+
+/// [`resolve`] with an explicit cache folder and offline switch (the endpoint and token still
+/// from the environment; [`resolve_with`] takes them too).
 pub fn resolve_in(spec: &Path, cache: &Path, offline: bool) -> Result<PathBuf> {
+    resolve_with(
+        spec,
+        &HubOptions {
+            cache: cache.to_path_buf(),
+            offline,
+            endpoint: hf_endpoint(),
+            token: hf_token(),
+        },
+    )
+}
+
+/// [`resolve`] with every setting taken from `options`: reads no environment variable (except
+/// the proxy variables of a download, see the module documentation).
+pub fn resolve_with(spec: &Path, options: &HubOptions) -> Result<PathBuf> {
     let Some(hub) = spec.to_str().and_then(|s| s.strip_prefix("hf:")) else {
         return Ok(spec.to_path_buf());
     };
     let file = HubFile::parse(hub)?;
-    if let Some(path) = file.cached(cache) {
+    if let Some(path) = file.cached(&options.cache) {
         return Ok(path);
     }
-    if offline {
-        return Err(not_cached(&file, cache, "HF_HUB_OFFLINE is set"));
+    if options.offline {
+        return Err(not_cached(
+            &file,
+            &options.cache,
+            "offline mode is on (HF_HUB_OFFLINE)",
+        ));
     }
-    download(&file, cache)
+    download(&file, options)
 }
 
 fn not_cached(file: &HubFile, cache: &Path, why: &str) -> Error {
@@ -128,33 +244,53 @@ fn not_cached(file: &HubFile, cache: &Path, why: &str) -> Error {
         "pretrained",
         format!(
             "`hf:{}` (revision {}, file {}) is not in the Hugging Face cache {} and {why}; \
-             download it there (e.g. `huggingface-cli download {} {}`) or give a local \
+             download it there (e.g. `huggingface-cli download {} {}{}`) or give a local \
              .safetensors path",
             file.repo,
             file.revision,
             file.file,
             file.cache_folder(cache).display(),
             file.repo,
-            file.file
+            file.file,
+            if file.revision == "main" {
+                String::new()
+            } else {
+                format!(" --revision {}", file.revision)
+            },
         ),
     )
 }
 
 #[cfg(not(feature = "hub"))]
-fn download(file: &HubFile, cache: &Path) -> Result<PathBuf> {
+fn download(file: &HubFile, options: &HubOptions) -> Result<PathBuf> {
     Err(not_cached(
         file,
-        cache,
+        &options.cache,
         "this build cannot download (rebuild with `--features hub`)",
     ))
 }
 
 #[cfg(feature = "hub")]
-fn download(file: &HubFile, cache: &Path) -> Result<PathBuf> {
+fn download(file: &HubFile, options: &HubOptions) -> Result<PathBuf> {
     use hf_hub::api::sync::ApiBuilder;
-    use hf_hub::{Repo, RepoType};
-    let api = ApiBuilder::from_env()
-        .with_cache_dir(cache.to_path_buf())
+    use hf_hub::{Cache, Repo, RepoType};
+    let endpoint = options.endpoint.trim().trim_end_matches('/');
+    if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+        return Err(not_cached(
+            file,
+            &options.cache,
+            &format!(
+                "the hub endpoint `{}` (HF_ENDPOINT) is not an http:// or https:// URL",
+                options.endpoint
+            ),
+        ));
+    }
+    // `from_cache`, not `from_env`: endpoint, cache and token are all set here, so that nothing
+    // comes from the environment (hf-hub's `from_env` reads `HF_ENDPOINT` and `HF_HOME`, and
+    // panics when it finds no home folder).
+    let api = ApiBuilder::from_cache(Cache::new(options.cache.clone()))
+        .with_endpoint(endpoint.to_string())
+        .with_token(options.token.clone())
         .with_progress(false)
         .build()
         .map_err(|e| Error::invalid("pretrained", format!("cannot start the hub client: {e}")))?;
@@ -166,8 +302,11 @@ fn download(file: &HubFile, cache: &Path) -> Result<PathBuf> {
     repo.get(&file.file).map_err(|e| {
         not_cached(
             file,
-            cache,
-            &format!("downloading it failed ({e}); set HF_HUB_OFFLINE=1 to fail without trying"),
+            &options.cache,
+            &format!(
+                "downloading it from {endpoint} failed ({e}); set HF_HUB_OFFLINE=1 to fail \
+                 without trying"
+            ),
         )
     })
 }

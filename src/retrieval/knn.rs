@@ -144,7 +144,7 @@ pub fn knn_with(
         pb.inc(len as u64);
         start += len;
     }
-    pb.finish_and_clear();
+    pb.finish();
     Ok(Knn { k, indices, scores })
 }
 

@@ -20,8 +20,8 @@ pub use knn::{knn, knn_with, Knn};
 use crate::error::{Error, Result};
 use crate::hierarchy::{level_counts, Labels, Relevance};
 use crate::metrics;
+use crate::progress::Progress;
 use candle_core::{DType, Device, Tensor};
-use indicatif::{ProgressBar, ProgressStyle};
 use order::{descending_key, sort_by_key_stable, RadixScratch};
 use rayon::prelude::*;
 use serde::Serialize;
@@ -353,19 +353,8 @@ impl Operands {
     }
 }
 
-pub(crate) fn progress_bar(total: usize, show: bool, what: &str) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let pb = ProgressBar::new(total as u64);
-    pb.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{elapsed_precise}] {bar:40} {pos}/{len} queries ({per_sec}, eta {eta})",
-        )
-        .expect("static progress template"),
-    );
-    pb.set_message(what.to_string());
-    pb
+pub(crate) fn progress_bar(total: usize, show: bool, what: &str) -> Progress {
+    Progress::new(total, "queries", what, show)
 }
 
 /// Per-thread buffers for ranking one row.
@@ -519,7 +508,7 @@ pub fn evaluate(
         pb.inc(len as u64);
         start += len;
     }
-    pb.finish_and_clear();
+    pb.finish();
     let rows = reduce(&specs, &per_query, ops.num_queries);
     let num_references = match opts.self_match {
         SelfMatch::None => nr,

@@ -77,7 +77,7 @@ impl FastApSampler {
                 ),
             ));
         }
-        if config.batch_size == 0 || config.batch_size % 2 != 0 {
+        if config.batch_size == 0 || !config.batch_size.is_multiple_of(2) {
             return Err(Error::invalid(
                 "batch_size",
                 format!(

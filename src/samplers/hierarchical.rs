@@ -99,7 +99,7 @@ impl HierarchicalSampler {
             }
         }
         let unit = config.super_classes_per_batch * config.samples_per_class;
-        if config.batch_size == 0 || config.batch_size % unit != 0 {
+        if config.batch_size == 0 || !config.batch_size.is_multiple_of(unit) {
             return Err(Error::invalid(
                 "batch_size",
                 format!(

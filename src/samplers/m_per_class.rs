@@ -95,7 +95,7 @@ impl MPerClassSampler {
         if m == 0 {
             return Err(Error::invalid("samples_per_class", "must be ≥ 1"));
         }
-        if config.batch_size == 0 || config.batch_size % m != 0 {
+        if config.batch_size == 0 || !config.batch_size.is_multiple_of(m) {
             return Err(Error::invalid(
                 "batch_size",
                 format!(

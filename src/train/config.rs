@@ -47,6 +47,19 @@ impl DeviceChoice {
     }
 
     /// The candle device.
+    /// Whether this build can run on the device at all: `cuda` needs a build with the `cuda`
+    /// feature. Cheap (opens nothing), so a run can say so before it reads any data or makes
+    /// any folder; whether a GPU is there is only known when [`DeviceChoice::device`] opens it.
+    /// Not part of [`TrainConfig::validate`]: a CUDA recipe is a valid recipe on any build.
+    pub fn check_available(self) -> Result<()> {
+        #[cfg(not(feature = "cuda"))]
+        if self == DeviceChoice::Cuda {
+            return Err(no_cuda());
+        }
+        Ok(())
+    }
+
+    /// The device, opened.
     pub fn device(self) -> Result<Device> {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
@@ -64,10 +77,15 @@ fn cuda_device() -> Result<Device> {
 
 #[cfg(not(feature = "cuda"))]
 fn cuda_device() -> Result<Device> {
-    Err(Error::invalid(
+    Err(no_cuda())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> Error {
+    Error::invalid(
         "device",
         "this build has no CUDA support; rebuild with `--features cuda`",
-    ))
+    )
 }
 
 /// The embedded dataset ([`crate::data::shapes`]) and its class-disjoint retrieval split
@@ -482,6 +500,18 @@ impl TrainConfig {
         }
         if self.large_batch_chunk == Some(0) {
             return Err(Error::invalid("large_batch_chunk", "must be ≥ 1"));
+        }
+        for (name, group) in [
+            ("backbone", &self.optimizer.backbone),
+            ("head", &self.optimizer.head),
+            ("loss", &self.optimizer.loss),
+        ] {
+            if !(group.lr.is_finite() && group.lr >= 0.0) {
+                return Err(Error::invalid(
+                    format!("optimizer.{name}.lr"),
+                    format!("must be finite and ≥ 0, got {}", group.lr),
+                ));
+            }
         }
         self.schedule.validate()?;
         self.optimizer.backbone.algorithm.validate()?;

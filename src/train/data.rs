@@ -801,9 +801,9 @@ fn with_hint(e: Error, script: &str) -> Error {
             line,
             msg: msg + &hint,
         },
-        Error::Io { path, source } => Error::File {
+        Error::Io { path, error } => Error::File {
             path,
-            msg: format!("{source}{hint}"),
+            msg: format!("{error}{hint}"),
         },
         other => other,
     }

@@ -21,7 +21,7 @@ pub struct LogRow {
     /// Label column of a binary retrieval metric (0 = finest); empty otherwise.
     pub level: Option<usize>,
     /// The value.
-    #[serde(with = "super::checkpoint::exact_f64")]
+    #[serde(with = "crate::io::json_f64")]
     pub value: f64,
 }
 

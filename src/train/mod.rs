@@ -25,6 +25,9 @@ pub use data::{
 pub use log::{LogRow, MetricsLog};
 pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
 pub use overrides::{apply_overrides, load_with_overrides, Override};
-pub use run_dir::{read_results, train_to_dir, RunOptions, RunResults, CONFIG_FILE, RESULTS_FILE};
+pub use run_dir::{
+    read_results, train_to_dir, Reuse, RunLock, RunOptions, RunResults, CONFIG_FILE, LOCK_FILE,
+    RESULTS_FILE, RUN_FILES,
+};
 pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
 pub use trainer::{run, run_config, EpochSummary, Evaluation, TrainReport, Trainer};

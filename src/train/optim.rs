@@ -154,7 +154,7 @@ pub struct GroupState {
     /// Group name.
     pub name: String,
     /// Current learning rate.
-    #[serde(with = "super::checkpoint::exact_f64")]
+    #[serde(with = "crate::io::json_f64")]
     pub lr: f64,
     /// Whether the group is stepped.
     pub enabled: bool,

@@ -179,9 +179,101 @@ pub fn apply_overrides(mut table: Table, overrides: &[String]) -> Result<TrainCo
     }
 }
 
+/// `error` with the `--set` overrides (of `overrides`) that set the field it names, so that an
+/// error found after the recipe was resolved — while loading the data, building the sampler, the
+/// optimizer or the device — still names the override a user typed (`--set
+/// sampler.batch_size=63: invalid batch_size: …`). An [`Error::Invalid`] names its field by the
+/// key's last part (`batch_size`) or by a dotted path (`optimizer.backbone.lr`); an override
+/// matches when its key is that field or ends with it. When none does, an override whose last
+/// key part the message names as a word is blamed instead (`… lower m or batch_size` blames
+/// `--set sampler.batch_size=400`: a batch too large for the data is reported on
+/// `samples_per_class`). Other errors, and errors that already name an override, are returned
+/// unchanged.
+pub fn blame(error: Error, overrides: &[String]) -> Error {
+    let Error::Invalid { field, msg } = &error else {
+        return error;
+    };
+    if field.starts_with("--set ") {
+        return error;
+    }
+    let parsed: Vec<Override> = overrides
+        .iter()
+        .filter_map(|o| Override::parse(o).ok())
+        .collect();
+    let sets_field = |o: &&Override| {
+        let key = o.path.join(".");
+        key == *field || key.ends_with(&format!(".{field}"))
+    };
+    let named_in_message = |o: &&Override| {
+        let last = o.path.last().expect("parse checks a non-empty key");
+        msg.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|word| word == last)
+    };
+    let mut culprits: Vec<&Override> = parsed.iter().filter(sets_field).collect();
+    if culprits.is_empty() {
+        culprits = parsed.iter().filter(named_in_message).collect();
+    }
+    let culprits: Vec<String> = culprits
+        .into_iter()
+        .map(|o| format!("--set {}", o.text))
+        .collect();
+    if culprits.is_empty() {
+        return error;
+    }
+    Error::invalid(culprits.join(", "), error.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blame_names_the_override_that_set_the_field() {
+        let set = [
+            "epochs=2".to_string(),
+            "sampler.batch_size=63".to_string(),
+            "optimizer.backbone.lr=-1".to_string(),
+        ];
+        let e = blame(
+            Error::invalid("batch_size", "must be a multiple of 4"),
+            &set,
+        )
+        .to_string();
+        assert_eq!(
+            e,
+            "invalid --set sampler.batch_size=63: invalid batch_size: must be a multiple of 4"
+        );
+        let e = blame(Error::invalid("optimizer.backbone.lr", "< 0"), &set).to_string();
+        assert!(
+            e.starts_with("invalid --set optimizer.backbone.lr=-1: "),
+            "{e}"
+        );
+        // A field no override set, another kind of error, an override already named: unchanged.
+        for error in [
+            Error::invalid("samples_per_class", "x"),
+            Error::file("a.csv", "batch_size"),
+            Error::invalid("--set epochs=2", "x"),
+        ] {
+            let text = error.to_string();
+            assert_eq!(blame(error, &set).to_string(), text);
+        }
+        // No override sets the field, but the message names one as the way out.
+        let e = blame(
+            Error::invalid(
+                "samples_per_class",
+                "needs 200 classes; lower m or batch_size",
+            ),
+            &set,
+        )
+        .to_string();
+        assert!(
+            e.starts_with("invalid --set sampler.batch_size=63: "),
+            "{e}"
+        );
+        // A suffix must be a whole key part: `size` is not `batch_size`.
+        let e = blame(Error::invalid("size", "x"), &set).to_string();
+        assert_eq!(e, "invalid size: x");
+    }
 
     #[test]
     fn values_and_bare_words() {

@@ -280,7 +280,7 @@ impl Reader {
             MI_DOUBLE | MI_INT64 | MI_UINT64 => 8,
             other => return Err(format!("element type {other} at byte {at} is not numeric")),
         };
-        if p.len() % width != 0 {
+        if !p.len().is_multiple_of(width) {
             return Err(format!(
                 "numeric element at byte {at}: {} bytes is not a multiple of {width}",
                 p.len()

@@ -243,7 +243,7 @@ impl Machine<'_> {
     }
 
     fn set_items(&mut self, dict: usize, items: Vec<usize>, at: usize) -> R<()> {
-        if items.len() % 2 != 0 {
+        if !items.len().is_multiple_of(2) {
             return Err(format!("odd number of dict items at byte {at}"));
         }
         match &mut self.nodes[dict] {
@@ -813,7 +813,7 @@ mod objects {
         let width: usize = width
             .parse()
             .map_err(|_| format!("unsupported dtype '{code}'"))?;
-        if width == 0 || raw.len() % width != 0 {
+        if width == 0 || !raw.len().is_multiple_of(width) {
             return Err(format!("{} bytes do not hold {code} values", raw.len()));
         }
         raw.chunks_exact(width)

@@ -762,10 +762,13 @@ mod tests {
     fn chunks_are_multiples_of_eight_rows_and_bounded() {
         for b in [1, 7, 64, 256, 1000, 4096, 100_000] {
             let r = rows_per_chunk(b);
-            assert!(r % 8 == 0 && r >= 8, "B = {b}: {r}");
+            assert!(r.is_multiple_of(8) && r >= 8, "B = {b}: {r}");
             assert!(r * b <= MAX_CHUNK_VALUES.max(8 * b), "B = {b}: {r}");
             let f = forward_rows_per_chunk(b);
-            assert!(f % 16 == 0 && f >= 16 && f <= r.max(16), "B = {b}: {f}");
+            assert!(
+                f.is_multiple_of(16) && f >= 16 && f <= r.max(16),
+                "B = {b}: {f}"
+            );
         }
         assert_eq!(
             [256, 384, 1024, 4096].map(forward_rows_per_chunk),
