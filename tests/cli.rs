@@ -825,11 +825,7 @@ fn train_overrides_and_bad_input_fail_naming_the_problem() {
     let dir = tempfile::tempdir().unwrap();
     let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
     let run = dir.path().join("run");
-    let train = |extra: &[&str]| {
-        let mut a = vec!["train", "--config", s(&recipe), "--out", s(&run), "-q"];
-        a.extend_from_slice(extra);
-        fails(&a)
-    };
+    let train = |extra: &[&str]| train_tiny_fails(&recipe, &run, &[&["-q"], extra].concat());
     // An unknown key (optimizer has backbone / head / loss groups, no `lr`).
     let e = train(&["--set", "epochs=1", "--set", "optimizer.lr=1e-4"]);
     assert!(
@@ -1014,10 +1010,19 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
 }
 
 /// Runs `rankwise train` on the tiny recipe into `run` with `extra` arguments.
-fn train_tiny(recipe: &Path, run: &Path, extra: &[&str]) -> Output {
+fn train_args<'a>(recipe: &'a Path, run: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec!["train", "--config", s(recipe), "--out", s(run)];
     a.extend_from_slice(extra);
-    rankwise(&a)
+    a
+}
+
+fn train_tiny(recipe: &Path, run: &Path, extra: &[&str]) -> Output {
+    rankwise(&train_args(recipe, run, extra))
+}
+
+/// [`train_tiny`], expecting a clean failure ([`fails`]); returns stderr.
+fn train_tiny_fails(recipe: &Path, run: &Path, extra: &[&str]) -> String {
+    fails(&train_args(recipe, run, extra))
 }
 
 fn stderr_of(out: &Output) -> String {
@@ -1047,17 +1052,13 @@ fn run_folders_are_never_silently_overwritten_shared_or_trusted_when_damaged() {
     let before = snapshot(&files);
 
     // The same folder again: refused, naming both ways out; nothing changed.
-    let out = train_tiny(&recipe, &run, &["-q", "--set", "epochs=1"]);
-    let e = stderr_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{e}");
+    let e = train_tiny_fails(&recipe, &run, &["-q", "--set", "epochs=1"]);
     assert!(
         e.contains("holds a run") && e.contains("--resume") && e.contains("--overwrite"),
         "{e}"
     );
     // --resume with fewer epochs than the run has done: an error before anything is written.
-    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=1"]);
-    let e = stderr_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{e}");
+    let e = train_tiny_fails(&recipe, &run, &["-q", "--resume", "--set", "epochs=1"]);
     assert!(
         e.contains("--set epochs=1") && e.contains("already trained 2 epochs"),
         "{e}"
@@ -1066,9 +1067,7 @@ fn run_folders_are_never_silently_overwritten_shared_or_trusted_when_damaged() {
 
     // A second writer is refused while the folder's lock is held (here by this test process).
     let lock = rankwise::train::RunLock::acquire(&run).unwrap();
-    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=3"]);
-    let e = stderr_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{e}");
+    let e = train_tiny_fails(&recipe, &run, &["-q", "--resume", "--set", "epochs=3"]);
     assert!(
         e.contains("in use by another process")
             && e.contains(&format!("pid {}", std::process::id())),
@@ -1110,9 +1109,7 @@ fn run_folders_are_never_silently_overwritten_shared_or_trusted_when_damaged() {
     let at = bytes.len() - 5;
     bytes[at] ^= 0x01;
     std::fs::write(&ckpt, &bytes).unwrap();
-    let out = train_tiny(&recipe, &run, &["-q", "--resume", "--set", "epochs=4"]);
-    let e = stderr_of(&out);
-    assert_eq!(out.status.code(), Some(1), "{e}");
+    let e = train_tiny_fails(&recipe, &run, &["-q", "--resume", "--set", "epochs=4"]);
     assert!(
         e.contains("checkpoint.safetensors") && e.contains("is damaged"),
         "{e}"
@@ -1136,15 +1133,10 @@ fn two_trainings_into_one_new_folder_leave_one_run() {
     let dir = tempfile::tempdir().unwrap();
     let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
     let run = dir.path().join("run");
-    let spawn = |seed: &str| {
-        Command::new(bin())
-            .args(["train", "--config", s(&recipe), "--out", s(&run), "-q"])
-            .args(["--set", "epochs=1", "--set", seed])
-            .output()
-    };
+    let spawn = |seed: &str| train_tiny(&recipe, &run, &["-q", "--set", "epochs=1", "--set", seed]);
     let (a, b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| spawn("seed=1").unwrap());
-        let b = scope.spawn(|| spawn("seed=2").unwrap());
+        let a = scope.spawn(|| spawn("seed=1"));
+        let b = scope.spawn(|| spawn("seed=2"));
         (a.join().unwrap(), b.join().unwrap())
     });
     let ok: Vec<&Output> = [&a, &b]
@@ -1178,16 +1170,7 @@ fn recipe_errors_come_before_any_folder_and_name_the_flag() {
         ("optimizer.backbone.lr=-1", "optimizer.backbone.lr"),
         ("optimizer.head.lr=nan", "optimizer.head.lr"),
     ] {
-        let e = fails(&[
-            "train",
-            "--config",
-            s(&recipe),
-            "--out",
-            s(&run),
-            "-q",
-            "--set",
-            set,
-        ]);
+        let e = train_tiny_fails(&recipe, &run, &["-q", "--set", set]);
         assert!(
             e.contains(&format!("--set {set}")) && e.contains(field),
             "{e}"
@@ -1195,29 +1178,11 @@ fn recipe_errors_come_before_any_folder_and_name_the_flag() {
         assert!(!run.exists(), "{set}: a refused run left a folder");
     }
     // A batch larger than the data: found when the data is loaded, still before the folder.
-    let e = fails(&[
-        "train",
-        "--config",
-        s(&recipe),
-        "--out",
-        s(&run),
-        "-q",
-        "--set",
-        "sampler.batch_size=400",
-    ]);
+    let e = train_tiny_fails(&recipe, &run, &["-q", "--set", "sampler.batch_size=400"]);
     assert!(e.contains("--set sampler.batch_size=400"), "{e}");
     assert!(!run.exists());
     if !cfg!(feature = "cuda") {
-        let e = fails(&[
-            "train",
-            "--config",
-            s(&recipe),
-            "--out",
-            s(&run),
-            "-q",
-            "--device",
-            "cuda",
-        ]);
+        let e = train_tiny_fails(&recipe, &run, &["-q", "--device", "cuda"]);
         assert!(
             e.contains("--device cuda") && e.contains("--features cuda"),
             "{e}"
@@ -1226,7 +1191,7 @@ fn recipe_errors_come_before_any_folder_and_name_the_flag() {
     }
     // An --out that cannot be a folder.
     let file = write(dir.path(), "a_file", b"x");
-    let e = fails(&["train", "--config", s(&recipe), "--out", s(&file), "-q"]);
+    let e = train_tiny_fails(&recipe, &file, &["-q"]);
     assert!(e.contains("a_file") && e.contains("not a folder"), "{e}");
 }
 

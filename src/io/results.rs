@@ -138,10 +138,7 @@ pub fn check_output_file(path: &Path) -> Result<()> {
     if path.is_dir() {
         return Err(Error::file(path, "is a folder, not a file name"));
     }
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(path);
     if !dir.is_dir() {
         return Err(Error::file(
             path,
@@ -161,14 +158,8 @@ pub fn check_output_dir(dir: &Path) -> Result<()> {
         return Err(Error::file(dir, "exists and is not a folder"));
     }
     let mut existing = dir;
-    while !existing.exists() {
-        match existing.parent() {
-            Some(p) if !p.as_os_str().is_empty() => existing = p,
-            _ => {
-                existing = Path::new(".");
-                break;
-            }
-        }
+    while !existing.exists() && existing != Path::new(".") {
+        existing = parent_dir(existing);
     }
     if !existing.is_dir() {
         return Err(Error::file(
@@ -177,6 +168,14 @@ pub fn check_output_dir(dir: &Path) -> Result<()> {
         ));
     }
     probe_writable(existing)
+}
+
+/// The folder a file at `path` goes in (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// Creates and removes a temporary file in `dir`: the only portable test that a file can be made
@@ -196,10 +195,7 @@ pub fn write_atomically(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .ok_or_else(|| Error::file(path, "not a file name"))?

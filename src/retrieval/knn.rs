@@ -2,8 +2,9 @@
 //! evaluation, k-reciprocal re-ranking and SSR's top-N graphs.
 
 use super::order::rank_key;
-use super::{prepare, progress_bar, SelfMatch, Similarity};
+use super::{prepare, SelfMatch, Similarity};
 use crate::error::{Error, Result};
+use crate::progress::Progress;
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
@@ -100,7 +101,7 @@ pub fn knn_with(
     };
     let mut indices = vec![0u32; nq * k];
     let mut scores = vec![0f32; nq * k];
-    let pb = progress_bar(nq, progress, "kNN");
+    let pb = Progress::new(nq, "queries", "kNN", progress);
     let mut start = 0;
     while start < nq {
         let len = chunk_size.min(nq - start);

@@ -353,10 +353,6 @@ impl Operands {
     }
 }
 
-pub(crate) fn progress_bar(total: usize, show: bool, what: &str) -> Progress {
-    Progress::new(total, "queries", what, show)
-}
-
 /// Per-thread buffers for ranking one row.
 struct RowScratch {
     keys: Vec<u32>,
@@ -471,7 +467,7 @@ pub fn evaluate(
         .collect();
     let nr = ops.num_references;
     let mut per_query = vec![f64::NAN; ops.num_queries * m];
-    let pb = progress_bar(ops.num_queries, opts.progress, "evaluating");
+    let pb = Progress::new(ops.num_queries, "queries", "evaluating", opts.progress);
     let mut start = 0;
     while start < ops.num_queries {
         let len = opts.chunk_size.min(ops.num_queries - start);

@@ -397,7 +397,12 @@ impl<'a> Trainer<'a> {
         }
         let total: usize = batches.iter().map(Vec::len).sum();
         let num_batches = batches.len();
-        let pb = progress_bar(total, self.config.progress, &format!("epoch {}", epoch + 1));
+        let pb = Progress::new(
+            total,
+            "images",
+            &format!("epoch {}", epoch + 1),
+            self.config.progress,
+        );
         let start = Instant::now();
         let mut loss_sum = 0.0;
         // The stream decodes the next batches while this one trains (on-disk data); it borrows
@@ -476,7 +481,7 @@ impl<'a> Trainer<'a> {
             .map(|start| (start..(start + bs).min(n)).collect())
             .collect();
         let what = format!("embedding {}", source.describe());
-        let pb = progress_bar(n, self.config.progress, &what);
+        let pb = Progress::new(n, "images", &what, self.config.progress);
         let mut parts = Vec::with_capacity(batches.len());
         for batch in source.stream(batches, View::Eval, &self.device)? {
             let batch = batch?;
@@ -821,11 +826,6 @@ fn epoch_line(
 /// after the last; `every = 0` means only then).
 fn is_due(done: u64, every: u64, total: u64) -> bool {
     done == total || (every > 0 && done.is_multiple_of(every))
-}
-
-/// The progress of `images` images, titled `what`; hidden unless `show`.
-fn progress_bar(images: usize, show: bool, what: &str) -> Progress {
-    Progress::new(images, "images", what, show)
 }
 
 /// Builds a [`Trainer`] from `config` (its data: [`load_data`]) with the given loss and trains
