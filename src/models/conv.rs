@@ -12,10 +12,17 @@
 //! * input gradient: `∂cols = Wᵀ · ∂Y`, folded back onto the image (col2im, a sum over the
 //!   windows that read each pixel), skipped when the input needs no gradient.
 //!
-//! The three products go through candle's multi-threaded GEMM; im2col and col2im run in parallel
-//! over images. Images are processed in groups so that an unfolded matrix holds at most
-//! [`MAX_COLS_ELEMENTS`] values, and the backward pass unfolds again rather than keeping the
-//! matrix. Values and gradients equal a brute-force convolution to 1e-10 in `f64` (tested).
+//! The batch is cut into [`PARTS`] contiguous parts of images, run in parallel; each thread
+//! unfolds its part into its own buffer and calls a single-threaded GEMM (the `gemm` crate,
+//! candle's own) on it, then writes its images' outputs. Handing the threads one part each,
+//! rather than splitting every product, every unfold and every copy over the threads as
+//! candle's ops do, also lets the unfold buffers be reused and skips the transposed copies of
+//! the outputs (benches/train_throughput_vs_torch.md has the before/after). Within a
+//! part, images are unfolded together while the matrix holds at most [`MAX_COLS_ELEMENTS`]
+//! values, and the backward pass unfolds again rather than keeping the matrix. The kernel
+//! gradient is one partial product per part, summed in part order, so the bits do not depend
+//! on the number of threads (tested). Values and gradients equal a brute-force convolution to
+//! 1e-10 in `f64` (tested).
 //!
 //! Other devices (CUDA) run candle's convolution forward, which is already im2col + one GEMM
 //! there, but not its backward: candle differentiates a convolution into `conv_transpose2d`, a
@@ -27,6 +34,7 @@
 //! padded by `K − 1 − padding` (the transposed convolution written as a convolution, Dumoulin &
 //! Visin 2016, §4). The input gradient is skipped for inputs that need none (the images).
 
+use super::cpu_ops::with_values;
 use crate::error::{Error, Result};
 use candle_core::{CustomOp2, DType, Layout, Shape, Storage, Tensor, WithDType};
 use rayon::prelude::*;
@@ -219,14 +227,40 @@ impl Geometry {
         self.c * self.k * self.k
     }
 
-    /// Ranges of images processed together.
-    fn groups(&self) -> impl Iterator<Item = std::ops::Range<usize>> {
+    /// Values per input image.
+    fn image(&self) -> usize {
+        self.c * self.h * self.w
+    }
+
+    /// Values per output image.
+    fn out_image(&self) -> usize {
+        self.c_out * self.rows()
+    }
+
+    /// The batch cut into at most [`PARTS`] contiguous, balanced ranges of images: the unit of
+    /// parallel work, each part run by one thread with single-threaded matrix products.
+    fn parts(&self) -> Vec<std::ops::Range<usize>> {
+        let n = self.b.min(PARTS);
+        (0..n)
+            .map(|i| (i * self.b / n)..((i + 1) * self.b / n))
+            .collect()
+    }
+
+    /// Ranges of images of `part` unfolded together: at most `max_cols` values per unfolded
+    /// matrix, at least one image.
+    fn chunks(&self, part: std::ops::Range<usize>) -> impl Iterator<Item = std::ops::Range<usize>> {
         let per_image = (self.rows() * self.patch()).max(1);
         let n = (self.max_cols / per_image).max(1);
-        let b = self.b;
-        (0..b).step_by(n).map(move |s| s..(s + n).min(b))
+        let end = part.end;
+        part.step_by(n).map(move |s| s..(s + n).min(end))
     }
 }
+
+/// Parts the batch is cut into (see [`Geometry::parts`]). Fixed rather than the thread count:
+/// the kernel gradient is a sum of one partial product per part, added in part order, so the
+/// bits of a training run do not depend on the machine's cores. 16 keeps 2–16 threads busy
+/// with balanced work (a part is 4 images at batch 64).
+pub const PARTS: usize = 16;
 
 /// `lo..hi`: the outputs `o` whose input `o·s + offset − p` lies in `0..size`.
 #[inline]
@@ -245,46 +279,51 @@ fn valid_range(size: usize, out: usize, offset: usize, g: &Geometry) -> (usize, 
     (lo, hi.max(lo))
 }
 
-/// The patches of images `imgs` of `x` (`B·C·H·W` values), transposed: a row-major
-/// `(C·K²) × (n·H'·W')` matrix whose row `(c, ky, kx)` (the kernel's column order) holds, for
-/// every image and output position, the pixel that kernel tap reads (0 in the padding).
-fn im2col<T: WithDType>(x: &[T], g: &Geometry, imgs: std::ops::Range<usize>) -> Vec<T> {
+/// The patches of images `imgs` of `x` (`B·C·H·W` values), transposed, written to `cols`: a
+/// row-major `(C·K²) × (n·H'·W')` matrix whose row `(c, ky, kx)` (the kernel's column order)
+/// holds, for every image and output position, the pixel that kernel tap reads (0 in the
+/// padding).
+fn im2col<T: WithDType>(x: &[T], g: &Geometry, imgs: std::ops::Range<usize>, cols: &mut Vec<T>) {
     let (rows, k) = (g.rows(), g.k);
     let n = imgs.len();
-    let image = g.c * g.h * g.w;
-    let mut cols = vec![T::zero(); g.patch() * n * rows];
-    cols.par_chunks_mut(n * rows)
-        .enumerate()
-        .for_each(|(col, out)| {
-            let (ci, ky, kx) = (col / (k * k), (col / k) % k, col % k);
-            let (ylo, yhi) = valid_range(g.h, g.ho, ky, g);
-            let (xlo, xhi) = valid_range(g.w, g.wo, kx, g);
-            for (j, i) in imgs.clone().enumerate() {
-                let plane = &x[i * image + ci * g.h * g.w..i * image + (ci + 1) * g.h * g.w];
-                for oy in ylo..yhi {
-                    let src = &plane[(oy * g.stride + ky - g.padding) * g.w..];
-                    let dst = &mut out[j * rows + oy * g.wo..j * rows + (oy + 1) * g.wo];
-                    if g.stride == 1 {
-                        let start = xlo + kx - g.padding;
-                        dst[xlo..xhi].copy_from_slice(&src[start..start + (xhi - xlo)]);
-                    } else {
-                        for ox in xlo..xhi {
-                            dst[ox] = src[ox * g.stride + kx - g.padding];
-                        }
+    let image = g.image();
+    // Every value is written below (the padding's zeros explicitly), so a reused buffer is not
+    // cleared first: zeroing it whole cost as much as the copies.
+    cols.resize(g.patch() * n * rows, T::zero());
+    for (col, out) in cols.chunks_mut(n * rows).enumerate() {
+        let (ci, ky, kx) = (col / (k * k), (col / k) % k, col % k);
+        let (ylo, yhi) = valid_range(g.h, g.ho, ky, g);
+        let (xlo, xhi) = valid_range(g.w, g.wo, kx, g);
+        for (j, i) in imgs.clone().enumerate() {
+            let plane = &x[i * image + ci * g.h * g.w..i * image + (ci + 1) * g.h * g.w];
+            let image_out = &mut out[j * rows..(j + 1) * rows];
+            image_out[..ylo * g.wo].fill(T::zero());
+            image_out[yhi * g.wo..].fill(T::zero());
+            for oy in ylo..yhi {
+                let src = &plane[(oy * g.stride + ky - g.padding) * g.w..];
+                let dst = &mut image_out[oy * g.wo..(oy + 1) * g.wo];
+                dst[..xlo].fill(T::zero());
+                dst[xhi..].fill(T::zero());
+                if g.stride == 1 {
+                    let start = xlo + kx - g.padding;
+                    dst[xlo..xhi].copy_from_slice(&src[start..start + (xhi - xlo)]);
+                } else {
+                    for ox in xlo..xhi {
+                        dst[ox] = src[ox * g.stride + kx - g.padding];
                     }
                 }
             }
-        });
-    cols
+        }
+    }
 }
 
 /// Adds the patch gradients `gcols` (laid out as [`im2col`]'s matrix for the same images) onto
 /// their pixels in `dx` (`n·C·H·W` values for those images).
 fn col2im<T: WithDType>(gcols: &[T], g: &Geometry, dx: &mut [T]) {
     let (rows, k) = (g.rows(), g.k);
-    let image = g.c * g.h * g.w;
+    let image = g.image();
     let n = dx.len() / image;
-    dx.par_chunks_mut(image).enumerate().for_each(|(j, img)| {
+    for (j, img) in dx.chunks_mut(image).enumerate() {
         for col in 0..g.patch() {
             let (ci, ky, kx) = (col / (k * k), (col / k) % k, col % k);
             let (ylo, yhi) = valid_range(g.h, g.ho, ky, g);
@@ -294,35 +333,173 @@ fn col2im<T: WithDType>(gcols: &[T], g: &Geometry, dx: &mut [T]) {
             for oy in ylo..yhi {
                 let dst = &mut plane[(oy * g.stride + ky - g.padding) * g.w..];
                 let row = &src[oy * g.wo..(oy + 1) * g.wo];
-                for ox in xlo..xhi {
-                    dst[ox * g.stride + kx - g.padding] += row[ox];
+                if g.stride == 1 {
+                    let start = xlo + kx - g.padding;
+                    for (d, r) in dst[start..start + (xhi - xlo)]
+                        .iter_mut()
+                        .zip(&row[xlo..xhi])
+                    {
+                        *d += *r;
+                    }
+                } else {
+                    for ox in xlo..xhi {
+                        dst[ox * g.stride + kx - g.padding] += row[ox];
+                    }
                 }
             }
         }
-    });
+    }
 }
 
-/// The kernel as a `C_out × C·K²` matrix.
-fn kernel_matrix(kernel: &Tensor, g: &Geometry) -> candle_core::Result<Tensor> {
-    kernel.contiguous()?.reshape((g.c_out, g.patch()))
+/// The NCHW values of images `imgs` of `y` (`C_out·H'·W'` each) as a `C_out × (n·H'·W')`
+/// matrix (`to_matrix`), or back (`!to_matrix`): the layout of the products below.
+fn regroup<T: WithDType>(
+    nchw: &mut [T],
+    matrix: &mut [T],
+    g: &Geometry,
+    n: usize,
+    to_matrix: bool,
+) {
+    let rows = g.rows();
+    for j in 0..n {
+        for o in 0..g.c_out {
+            let image = &mut nchw[(j * g.c_out + o) * rows..(j * g.c_out + o + 1) * rows];
+            let column = &mut matrix[o * n * rows + j * rows..o * n * rows + (j + 1) * rows];
+            if to_matrix {
+                column.copy_from_slice(image);
+            } else {
+                image.copy_from_slice(column);
+            }
+        }
+    }
+}
+
+/// Splits `data` into consecutive slices of `part.len() · per` values, one per part.
+fn split_parts<'a, T>(
+    mut data: &'a mut [T],
+    parts: &[std::ops::Range<usize>],
+    per: usize,
+) -> Vec<&'a mut [T]> {
+    let mut out = Vec::with_capacity(parts.len());
+    for p in parts {
+        let (head, tail) = data.split_at_mut(p.len() * per);
+        out.push(head);
+        data = tail;
+    }
+    out
 }
 
 fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_core::Result<Tensor> {
-    let xs: Vec<T> = x.flatten_all()?.to_vec1()?;
-    let wmat = kernel_matrix(kernel, g)?;
-    let dev = x.device();
-    let mut parts = Vec::new();
-    for imgs in g.groups() {
-        let n = imgs.len();
-        let cols = Tensor::from_vec(im2col(&xs, g, imgs), (g.patch(), n * g.rows()), dev)?;
-        let y = wmat.matmul(&cols)?; // C_out × (n·H'·W')
-        parts.push(
-            y.reshape((g.c_out, n, g.rows()))?
-                .transpose(0, 1)?
-                .contiguous()?,
+    let parts = g.parts();
+    let mut y = vec![T::zero(); g.b * g.out_image()];
+    // The kernel as a `C_out × C·K²` row-major matrix.
+    with_values::<T, _>(kernel, |wmat| {
+        with_values::<T, _>(x, |xs| {
+            split_parts(&mut y, &parts, g.out_image())
+                .into_par_iter()
+                .zip(parts.par_iter())
+                .for_each(|(out, part)| {
+                    let (mut cols, mut prod) = (Vec::new(), Vec::new());
+                    for imgs in g.chunks(part.clone()) {
+                        let n = imgs.len();
+                        im2col(xs, g, imgs.clone(), &mut cols);
+                        prod.resize(g.c_out * n * g.rows(), T::zero());
+                        // Y = W · cols, C_out × (n·H'·W').
+                        gemm_into(
+                            &mut prod,
+                            Matrix::row_major(wmat, g.c_out, g.patch()),
+                            Matrix::row_major(&cols, g.patch(), n * g.rows()),
+                            false,
+                        );
+                        let at = (imgs.start - part.start) * g.out_image();
+                        regroup(&mut out[at..at + n * g.out_image()], &mut prod, g, n, false);
+                    }
+                });
+            Ok(())
+        })
+    })?;
+    Tensor::from_vec(y, (g.b, g.c_out, g.ho, g.wo), x.device())
+}
+
+/// A strided matrix view: entry `(r, c)` is `data[r·rs + c·cs]`.
+#[derive(Clone, Copy)]
+struct Matrix<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T> Matrix<'a, T> {
+    fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
+        Matrix {
+            data,
+            rows,
+            cols,
+            rs: cols,
+            cs: 1,
+        }
+    }
+
+    /// The transpose, as a view of the same values.
+    fn t(self) -> Self {
+        Matrix {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+
+    fn in_bounds(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `dst = a · b` (`accumulate`: `dst += a · b`), `dst` row-major `a.rows × b.cols`, on the
+/// calling thread: the parallelism is over the parts of the batch, each thread with its own
+/// product, instead of candle's product splitting every small matrix over the threads.
+fn gemm_into<T: WithDType>(dst: &mut [T], a: Matrix<T>, b: Matrix<T>, accumulate: bool) {
+    assert!(a.cols == b.rows && dst.len() == a.rows * b.cols);
+    assert!(a.in_bounds() && b.in_bounds());
+    if dst.is_empty() {
+        return;
+    }
+    if a.cols == 0 {
+        if !accumulate {
+            dst.fill(T::zero());
+        }
+        return;
+    }
+    // SAFETY: the three views are in bounds (checked above) and `dst`, a unique borrow, does not
+    // overlap `a` or `b`; gemm reads `dst` only with `read_dst`.
+    unsafe {
+        gemm::gemm(
+            a.rows,
+            b.cols,
+            a.cols,
+            dst.as_mut_ptr(),
+            1,
+            b.cols as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
         );
     }
-    Tensor::cat(&parts, 0)?.reshape((g.b, g.c_out, g.ho, g.wo))
 }
 
 /// The custom op: carries the forward value and the geometry.
@@ -340,48 +517,82 @@ impl ConvOp {
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let g = &self.geometry;
         let dev = x.device();
-        let xs: Vec<T> = x.flatten_all()?.to_vec1()?;
-        let wmat = kernel_matrix(kernel, g)?;
-        let grad = grad.reshape((g.b, g.c_out, g.rows()))?;
-        let want_x = x.track_op();
-        let want_k = kernel.track_op();
-        let mut dx = if want_x {
-            vec![T::zero(); xs.len()]
+        let wmat: Vec<T> = kernel.flatten_all()?.to_vec1()?;
+        // B × C_out × H'·W', regrouped in place below.
+        let mut gys: Vec<T> = grad.flatten_all()?.to_vec1()?;
+        let (want_x, want_k) = (x.track_op(), kernel.track_op());
+        let parts = g.parts();
+        let mut dx = vec![T::zero(); if want_x { g.b * g.image() } else { 0 }];
+        let dx_parts: Vec<Option<&mut [T]>> = if want_x {
+            split_parts(&mut dx, &parts, g.image())
+                .into_iter()
+                .map(Some)
+                .collect()
         } else {
-            Vec::new()
+            parts.iter().map(|_| None).collect()
         };
-        let mut dw: Option<Tensor> = None;
-        let image = g.c * g.h * g.w;
-        for imgs in g.groups() {
-            let n = imgs.len();
-            // ∂Y of these images as C_out × (n·H'·W').
-            let gy = grad
-                .narrow(0, imgs.start, n)?
-                .transpose(0, 1)?
-                .contiguous()?
-                .reshape((g.c_out, n * g.rows()))?;
-            if want_k {
-                let cols =
-                    Tensor::from_vec(im2col(&xs, g, imgs.clone()), (g.patch(), n * g.rows()), dev)?;
-                let part = gy.matmul(&cols.t()?)?;
-                dw = Some(match dw {
-                    None => part,
-                    Some(acc) => (acc + part)?,
-                });
-            }
-            if want_x {
-                let gcols: Vec<T> = wmat.t()?.matmul(&gy)?.flatten_all()?.to_vec1()?;
-                col2im(&gcols, g, &mut dx[imgs.start * image..imgs.end * image]);
-            }
-        }
+        let weights = g.c_out * g.patch();
+        let partials: Vec<Vec<T>> = with_values::<T, _>(x, |xs| {
+            Ok(split_parts(&mut gys, &parts, g.out_image())
+                .into_par_iter()
+                .zip(dx_parts)
+                .zip(parts.par_iter())
+                .map(|((gy_part, mut dx_part), part)| {
+                    let mut dw = vec![T::zero(); if want_k { weights } else { 0 }];
+                    let (mut cols, mut gy, mut gcols) = (Vec::new(), Vec::new(), Vec::new());
+                    let mut first = true;
+                    for imgs in g.chunks(part.clone()) {
+                        let n = imgs.len();
+                        let cn = n * g.rows();
+                        // ∂Y of these images as C_out × (n·H'·W').
+                        let at = (imgs.start - part.start) * g.out_image();
+                        gy.resize(g.c_out * cn, T::zero());
+                        regroup(
+                            &mut gy_part[at..at + n * g.out_image()],
+                            &mut gy,
+                            g,
+                            n,
+                            true,
+                        );
+                        let gy_m = Matrix::row_major(&gy, g.c_out, cn);
+                        if want_k {
+                            // ∂W (+)= ∂Y · colsᵀ.
+                            im2col(xs, g, imgs.clone(), &mut cols);
+                            let cols_m = Matrix::row_major(&cols, g.patch(), cn);
+                            gemm_into(&mut dw, gy_m, cols_m.t(), !first);
+                            first = false;
+                        }
+                        if let Some(dx_part) = dx_part.as_deref_mut() {
+                            // ∂cols = Wᵀ · ∂Y, folded back onto the images.
+                            gcols.resize(g.patch() * cn, T::zero());
+                            let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
+                            gemm_into(&mut gcols, w_m.t(), gy_m, false);
+                            let at = (imgs.start - part.start) * g.image();
+                            col2im(&gcols, g, &mut dx_part[at..at + n * g.image()]);
+                        }
+                    }
+                    dw
+                })
+                .collect())
+        })?;
         let grad_x = if want_x {
             Some(Tensor::from_vec(dx, x.shape(), dev)?)
         } else {
             None
         };
-        let grad_k = match dw {
-            Some(d) => Some(d.reshape(kernel.shape())?),
-            None => None,
+        let grad_k = if want_k {
+            // Σ over the parts in part order, whatever the number of threads.
+            let mut dw = vec![T::zero(); weights];
+            dw.par_chunks_mut(4096).enumerate().for_each(|(i, out)| {
+                for p in &partials {
+                    for (o, v) in out.iter_mut().zip(&p[i * 4096..]) {
+                        *o += *v;
+                    }
+                }
+            });
+            Some(Tensor::from_vec(dw, kernel.shape(), dev)?)
+        } else {
+            None
         };
         Ok((grad_x, grad_k))
     }
@@ -535,6 +746,47 @@ mod tests {
                     &rgw,
                     &format!("{what} ∂w"),
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn batches_larger_than_the_parts_match_the_device_path_and_the_thread_count_does_not_matter() {
+        let d = Device::Cpu;
+        // 37 images: 16 uneven parts of 2–3 images; stride 2 and a 1×1 kernel too.
+        for &(ci, co, hw, k, s, p) in &[(3, 5, 6, 3, 1, 1), (4, 3, 7, 3, 2, 1), (5, 2, 4, 1, 1, 0)]
+        {
+            let x = Var::randn(0f64, 1.0, (37, ci, hw, hw), &d).unwrap();
+            let w = Var::randn(0f64, 1.0, (co, ci, k, k), &d).unwrap();
+            let grads = |threads: usize, device_path: bool| -> Vec<Vec<f64>> {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let y = if device_path {
+                        conv2d_device(x.as_tensor(), w.as_tensor(), s, p).unwrap()
+                    } else {
+                        conv2d(x.as_tensor(), w.as_tensor(), s, p).unwrap()
+                    };
+                    let r = Tensor::arange(0f64, y.elem_count() as f64, &d)
+                        .unwrap()
+                        .reshape(y.dims())
+                        .unwrap()
+                        .cos()
+                        .unwrap();
+                    let g = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+                    vec![
+                        flat(&y),
+                        flat(g.get(x.as_tensor()).unwrap()),
+                        flat(g.get(w.as_tensor()).unwrap()),
+                    ]
+                })
+            };
+            let one = grads(1, false);
+            assert_eq!(one, grads(3, false), "bits depend on the thread count");
+            for (a, b) in one.iter().zip(&grads(2, true)) {
+                assert_close(a, b, &format!("c{ci}→{co} {hw}² k{k} s{s} p{p}"));
             }
         }
     }

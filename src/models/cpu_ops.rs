@@ -10,7 +10,10 @@
 //! * batch norm (Ioffe & Szegedy, 2015, Alg. 1 and its backward):
 //!   `x̂ = (x − μ_B)/√(σ²_B + ε)`, `y = γx̂ + β`;
 //!   `∂β = Σ∂y`, `∂γ = Σ∂y·x̂`, `∂x = γ/√(σ²_B + ε) · (∂y − ∂β/m − x̂·∂γ/m)`, with `m` values per
-//!   channel and the biased variance `σ²_B`; statistics are accumulated in `f64`;
+//!   channel and the biased variance `σ²_B`, optionally followed by a ReLU in the same op (its
+//!   mask applied to `∂y`); sums are accumulated in `f64` (interleaved partial sums, so they
+//!   vectorise), per-value arithmetic is in the tensor's type with per-channel coefficients
+//!   (`y = x·a + b`, PyTorch's CPU form);
 //! * max pooling: the gradient of each output goes to the first maximum of its window in
 //!   row-major order (PyTorch's choice), out-of-image positions acting as −∞.
 //!
@@ -31,16 +34,23 @@ pub(crate) struct BatchStats {
 }
 
 /// Training-mode batch norm of a contiguous `B × C × H × W` CPU tensor with `gamma`, `beta`
-/// (`C`); returns the output and the batch statistics (for the running averages).
+/// (`C`), followed by a ReLU when `relu`; returns the output and the batch statistics (for the
+/// running averages).
+///
+/// With the ReLU fused, one op replaces three (batch norm, ReLU, and the ReLU's backward
+/// comparison, cast and product): the gradient is masked where the output is 0, as PyTorch's
+/// `threshold_backward` (`y > 0`; candle's own ReLU passes the gradient at exactly 0 too).
 pub(crate) fn batch_norm_train(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     eps: f64,
+    relu: bool,
 ) -> candle_core::Result<(Tensor, BatchStats)> {
     let stats = Arc::new(Mutex::new(BatchStats::default()));
     let op = BatchNormOp {
         eps,
+        relu,
         stats: stats.clone(),
     };
     let y = x.contiguous()?.apply_op3(gamma, beta, op)?;
@@ -50,6 +60,7 @@ pub(crate) fn batch_norm_train(
 
 struct BatchNormOp {
     eps: f64,
+    relu: bool,
     stats: Arc<Mutex<BatchStats>>,
 }
 
@@ -61,12 +72,91 @@ fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result
     }
 }
 
+/// Runs `f` on the values of a CPU tensor, copied only when not contiguous: the backward passes
+/// read their inputs in place instead of converting them to `f64` vectors first.
+pub(super) fn with_values<T: WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(s) => f(slice(s, layout)?),
+        _ => candle_core::bail!("rankwise CPU kernel: expected a CPU tensor"),
+    }
+}
+
+/// Accumulators per sum: the values are added in [`LANES`] interleaved `f64` partial sums,
+/// combined in a fixed order at the end. One sequential sum was a chain of dependent additions
+/// (one per value, ~4 cycles each) that the compiler may not reorder; interleaved, the loop
+/// vectorises. The order is fixed, so the result does not depend on the threads.
+const LANES: usize = 8;
+
+/// `(Σ f(x, g).0, Σ f(x, g).1)` over the pairs of `x` and `g` (equal lengths), `f` in `T`,
+/// the sums in `f64` in [`LANES`] interleaved partial sums.
+#[inline(always)]
+fn sum2<T: WithDType>(x: &[T], g: &[T], f: impl Fn(T, T) -> (T, T)) -> (f64, f64) {
+    let (mut a, mut b) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (xc, gc) = (x.chunks_exact(LANES), g.chunks_exact(LANES));
+    let (xr, gr) = (xc.remainder(), gc.remainder());
+    for (xs, gs) in xc.zip(gc) {
+        for l in 0..LANES {
+            let (u, v) = f(xs[l], gs[l]);
+            a[l] += u.to_f64();
+            b[l] += v.to_f64();
+        }
+    }
+    let (mut sa, mut sb) = (a.iter().sum::<f64>(), b.iter().sum::<f64>());
+    for (&xv, &gv) in xr.iter().zip(gr) {
+        let (u, v) = f(xv, gv);
+        sa += u.to_f64();
+        sb += v.to_f64();
+    }
+    (sa, sb)
+}
+
+/// `Σ f(x)` over `x`, in `f64`, in [`LANES`] interleaved partial sums.
+#[inline(always)]
+fn sum1<T: WithDType>(x: &[T], f: impl Fn(f64) -> f64) -> f64 {
+    let mut a = [0.0f64; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for xs in chunks {
+        for l in 0..LANES {
+            a[l] += f(xs[l].to_f64());
+        }
+    }
+    let mut s = a.iter().sum::<f64>();
+    for v in rest {
+        s += f(v.to_f64());
+    }
+    s
+}
+
+/// `γ/√(σ² + ε)` and `β − μ·γ/√(σ² + ε)` of channel `ch` (computed in `f64`, rounded once):
+/// the batch norm of a value is then one multiply-add in `T`, the per-value passes vectorise
+/// in `T`'s own width.
+fn affine<T: WithDType>(
+    ch: usize,
+    mean: &[f64],
+    inv_std: &[f64],
+    gamma: &[T],
+    beta: &[T],
+) -> (T, T) {
+    let a = gamma[ch].to_f64() * inv_std[ch];
+    (
+        T::from_f64(a),
+        T::from_f64(beta[ch].to_f64() - mean[ch] * a),
+    )
+}
+
 fn bn_forward<T: WithDType>(
     x: &[T],
     gamma: &[T],
     beta: &[T],
     dims: (usize, usize, usize),
     eps: f64,
+    relu: bool,
 ) -> (Vec<T>, BatchStats) {
     let (b, c, hw) = dims;
     let m = (b * hw) as f64;
@@ -74,11 +164,10 @@ fn bn_forward<T: WithDType>(
     let (mean, var): (Vec<f64>, Vec<f64>) = (0..c)
         .into_par_iter()
         .map(|ch| {
-            let sum: f64 = (0..b).flat_map(|n| plane(n, ch)).map(|v| v.to_f64()).sum();
+            let sum: f64 = (0..b).map(|n| sum1(plane(n, ch), |v| v)).sum();
             let mean = sum / m;
             let sq: f64 = (0..b)
-                .flat_map(|n| plane(n, ch))
-                .map(|v| (v.to_f64() - mean).powi(2))
+                .map(|n| sum1(plane(n, ch), |v| (v - mean) * (v - mean)))
                 .sum();
             (mean, sq / m)
         })
@@ -87,9 +176,11 @@ fn bn_forward<T: WithDType>(
     let mut y = vec![T::zero(); x.len()];
     y.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
         let ch = p % c;
-        let (g, bt) = (gamma[ch].to_f64(), beta[ch].to_f64());
-        for (o, v) in out.iter_mut().zip(&x[p * hw..(p + 1) * hw]) {
-            *o = T::from_f64((v.to_f64() - mean[ch]) * inv_std[ch] * g + bt);
+        let (scale, shift) = affine(ch, &mean, &inv_std, gamma, beta);
+        for (o, &v) in out.iter_mut().zip(&x[p * hw..(p + 1) * hw]) {
+            let y = v * scale + shift;
+            // Not `max`: a NaN stays NaN (as in PyTorch), so a diverged run shows.
+            *o = if relu && y < T::zero() { T::zero() } else { y };
         }
     });
     (y, BatchStats { mean, var, inv_std })
@@ -119,6 +210,7 @@ impl CustomOp3 for BatchNormOp {
                     slice(s3, l3)?,
                     dims,
                     self.eps,
+                    self.relu,
                 );
                 (CpuStorage::F32(y), s)
             }
@@ -129,6 +221,7 @@ impl CustomOp3 for BatchNormOp {
                     slice(s3, l3)?,
                     dims,
                     self.eps,
+                    self.relu,
                 );
                 (CpuStorage::F64(y), s)
             }
@@ -153,52 +246,12 @@ impl CustomOp3 for BatchNormOp {
             .lock()
             .expect("batch-norm statistics lock")
             .clone();
-        let (b, c, h, w) = x.dims4()?;
-        let hw = h * w;
-        let m = (b * hw) as f64;
-        let xs: Vec<f64> = x
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F64)?
-            .to_vec1()?;
-        let gs: Vec<f64> = grad
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F64)?
-            .to_vec1()?;
-        let gam: Vec<f64> = gamma.to_dtype(candle_core::DType::F64)?.to_vec1()?;
-        let planes = |ch: usize| (0..b).map(move |n| (n * c + ch) * hw);
-        // ∂β and ∂γ per channel.
-        let (d_beta, d_gamma): (Vec<f64>, Vec<f64>) = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let (mut db, mut dg) = (0.0, 0.0);
-                for start in planes(ch) {
-                    for k in start..start + hw {
-                        let xhat = (xs[k] - stats.mean[ch]) * stats.inv_std[ch];
-                        db += gs[k];
-                        dg += gs[k] * xhat;
-                    }
-                }
-                (db, dg)
-            })
-            .unzip();
-        let dtype = x.dtype();
-        let dev = x.device();
-        let grad_x = if x.track_op() {
-            let mut dx = vec![0.0f64; xs.len()];
-            dx.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
-                let ch = p % c;
-                let scale = gam[ch] * stats.inv_std[ch];
-                let (mb, mg) = (d_beta[ch] / m, d_gamma[ch] / m);
-                for (i, o) in out.iter_mut().enumerate() {
-                    let k = p * hw + i;
-                    let xhat = (xs[k] - stats.mean[ch]) * stats.inv_std[ch];
-                    *o = scale * (gs[k] - mb - xhat * mg);
-                }
-            });
-            Some(Tensor::from_vec(dx, x.shape(), dev)?.to_dtype(dtype)?)
-        } else {
-            None
+        let (grad_x, d_gamma, d_beta) = match x.dtype() {
+            candle_core::DType::F32 => self.backward::<f32>(x, gamma, beta, grad, &stats)?,
+            candle_core::DType::F64 => self.backward::<f64>(x, gamma, beta, grad, &stats)?,
+            other => candle_core::bail!("rankwise batch norm: unsupported dtype {other:?}"),
         };
+        let (c, dtype, dev) = (gamma.elem_count(), x.dtype(), x.device());
         let to_tensor = |v: Vec<f64>| -> candle_core::Result<Tensor> {
             Tensor::from_vec(v, c, dev)?.to_dtype(dtype)
         };
@@ -213,6 +266,77 @@ impl CustomOp3 for BatchNormOp {
             None
         };
         Ok((grad_x, grad_gamma, grad_beta))
+    }
+}
+
+impl BatchNormOp {
+    /// `(∂x, ∂γ, ∂β)`, the sums accumulated in `f64` straight from the `T` values.
+    fn backward<T: WithDType>(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        grad: &Tensor,
+        stats: &BatchStats,
+    ) -> candle_core::Result<(Option<Tensor>, Vec<f64>, Vec<f64>)> {
+        let (b, c, h, w) = x.dims4()?;
+        let hw = h * w;
+        let m = (b * hw) as f64;
+        let gam: Vec<T> = gamma.to_vec1()?;
+        let bet: Vec<T> = beta.to_vec1()?;
+        let relu = self.relu;
+        with_values::<T, _>(x, |xs| {
+            with_values::<T, _>(grad, |gs| {
+                // Per value, in T: x̂ = x·inv_std − μ·inv_std, and the gradient reaching the
+                // batch norm, ∂y, zero where the ReLU cut the output (the output recomputed
+                // exactly as the forward pass did). A select, not a branch: the cut is a coin
+                // flip per value, and mispredicted branches made this pass 8 ns a value.
+                let reaching = |ch: usize| {
+                    let (scale, shift) = affine(ch, &stats.mean, &stats.inv_std, &gam, &bet);
+                    let inv = T::from_f64(stats.inv_std[ch]);
+                    let off = T::from_f64(-stats.mean[ch] * stats.inv_std[ch]);
+                    move |x: T, g: T| -> (T, T) {
+                        let cut = relu && x * scale + shift <= T::zero();
+                        (if cut { T::zero() } else { g }, x * inv + off)
+                    }
+                };
+                let plane = |p: usize| p * hw..(p + 1) * hw;
+                // ∂β and ∂γ per channel, summed in f64.
+                let (d_beta, d_gamma): (Vec<f64>, Vec<f64>) = (0..c)
+                    .into_par_iter()
+                    .map(|ch| {
+                        let f = reaching(ch);
+                        (0..b)
+                            .map(|n| {
+                                let r = plane(n * c + ch);
+                                sum2(&xs[r.clone()], &gs[r], |x, g| {
+                                    let (g, xhat) = f(x, g);
+                                    (g, g * xhat)
+                                })
+                            })
+                            .fold((0.0, 0.0), |(a, b), (u, v)| (a + u, b + v))
+                    })
+                    .unzip();
+                let grad_x = if x.track_op() {
+                    let mut dx = vec![T::zero(); xs.len()];
+                    dx.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
+                        let ch = p % c;
+                        let f = reaching(ch);
+                        let scale = T::from_f64(gam[ch].to_f64() * stats.inv_std[ch]);
+                        let (mb, mg) = (T::from_f64(d_beta[ch] / m), T::from_f64(d_gamma[ch] / m));
+                        let r = plane(p);
+                        for ((o, &x), &g) in out.iter_mut().zip(&xs[r.clone()]).zip(&gs[r]) {
+                            let (g, xhat) = f(x, g);
+                            *o = scale * (g - mb - xhat * mg);
+                        }
+                    });
+                    Some(Tensor::from_vec(dx, x.shape(), x.device())?)
+                } else {
+                    None
+                };
+                Ok((grad_x, d_gamma, d_beta))
+            })
+        })
     }
 }
 
@@ -246,6 +370,15 @@ impl MaxPoolOp {
         (n + 2 * self.padding - self.kernel) / self.stride + 1
     }
 
+    /// The input rows (or columns) `lo..hi` that output row `o` reads, clipped to `0..size`.
+    fn window(&self, o: usize, size: usize) -> (usize, usize) {
+        let start = o * self.stride;
+        (
+            start.saturating_sub(self.padding),
+            (start + self.kernel - self.padding).min(size),
+        )
+    }
+
     fn forward<T: WithDType>(
         &self,
         x: &[T],
@@ -263,26 +396,22 @@ impl MaxPoolOp {
             .for_each(|(p, (out, arg))| {
                 let plane = &x[p * h * w..(p + 1) * h * w];
                 for oy in 0..ho {
+                    // The window clipped to the image (the padding, −∞, never wins); it is never
+                    // empty since padding < kernel.
+                    let (y0, y1) = self.window(oy, h);
                     for ox in 0..wo {
-                        let mut best: Option<(T, usize)> = None;
-                        for ky in 0..self.kernel {
-                            let iy = (oy * self.stride + ky) as isize - self.padding as isize;
-                            if iy < 0 || iy >= h as isize {
-                                continue;
-                            }
-                            for kx in 0..self.kernel {
-                                let ix = (ox * self.stride + kx) as isize - self.padding as isize;
-                                if ix < 0 || ix >= w as isize {
-                                    continue;
-                                }
-                                let k = iy as usize * w + ix as usize;
+                        let (x0, x1) = self.window(ox, w);
+                        let mut k = y0 * w + x0;
+                        let mut v = plane[k];
+                        for iy in y0..y1 {
+                            for (ix, &u) in plane[iy * w + x0..iy * w + x1].iter().enumerate() {
                                 // Strictly greater: ties keep the first maximum.
-                                if best.is_none_or(|(v, _)| plane[k] > v) {
-                                    best = Some((plane[k], k));
+                                if u > v {
+                                    v = u;
+                                    k = iy * w + x0 + ix;
                                 }
                             }
                         }
-                        let (v, k) = best.expect("every window overlaps the image");
                         out[oy * wo + ox] = v;
                         arg[oy * wo + ox] = k as u32;
                     }
@@ -335,18 +464,52 @@ impl CustomOp1 for MaxPoolOp {
         let (b, c, h, w) = x.dims4()?;
         let (_, _, ho, wo) = grad.dims4()?;
         let idx = self.argmax.lock().expect("max-pool index lock");
-        let g: Vec<f64> = grad
-            .flatten_all()?
-            .to_dtype(candle_core::DType::F64)?
-            .to_vec1()?;
-        let mut dx = vec![0.0f64; b * c * h * w];
-        dx.par_chunks_mut(h * w).enumerate().for_each(|(p, plane)| {
-            for o in p * ho * wo..(p + 1) * ho * wo {
-                plane[idx[o] as usize] += g[o];
+        let overlapping = self.stride < self.kernel;
+        let dx = match x.dtype() {
+            candle_core::DType::F32 => {
+                scatter::<f32>(grad, &idx, (b * c, h * w, ho * wo), overlapping)?
             }
-        });
-        Ok(Some(
-            Tensor::from_vec(dx, x.shape(), x.device())?.to_dtype(x.dtype())?,
-        ))
+            candle_core::DType::F64 => {
+                scatter::<f64>(grad, &idx, (b * c, h * w, ho * wo), overlapping)?
+            }
+            other => candle_core::bail!("rankwise max pooling: unsupported dtype {other:?}"),
+        };
+        Ok(Some(dx.reshape(x.shape())?))
     }
+}
+
+/// The max-pooling gradient: `grad` (`planes × outs` values) added at the input positions `idx`
+/// chose, in planes of `size` values. Overlapping windows can send several outputs to one
+/// input: those sums are taken in `f64` (rounded once), as the generic path's; otherwise each
+/// input receives at most one value and it is copied as is.
+fn scatter<T: WithDType>(
+    grad: &Tensor,
+    idx: &[u32],
+    (planes, size, outs): (usize, usize, usize),
+    overlapping: bool,
+) -> candle_core::Result<Tensor> {
+    let mut dx = vec![T::zero(); planes * size];
+    with_values::<T, _>(grad, |g| {
+        dx.par_chunks_mut(size).enumerate().for_each_init(
+            || vec![0.0f64; if overlapping { size } else { 0 }],
+            |acc, (p, plane)| {
+                let range = p * outs..(p + 1) * outs;
+                if overlapping {
+                    acc.fill(0.0);
+                    for (&i, v) in idx[range.clone()].iter().zip(&g[range]) {
+                        acc[i as usize] += v.to_f64();
+                    }
+                    for (d, a) in plane.iter_mut().zip(acc.iter()) {
+                        *d = T::from_f64(*a);
+                    }
+                } else {
+                    for (&i, &v) in idx[range.clone()].iter().zip(&g[range]) {
+                        plane[i as usize] = v;
+                    }
+                }
+            },
+        );
+        Ok(())
+    })?;
+    Tensor::from_vec(dx, planes * size, grad.device())
 }

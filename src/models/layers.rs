@@ -104,6 +104,17 @@ impl BatchNorm2d {
     /// `B × C × H × W` → same shape. With `train` and not frozen: normalises with the batch
     /// statistics and updates the running averages; otherwise uses the running statistics.
     pub fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.forward_maybe_relu(x, train, false)
+    }
+
+    /// `relu(forward(x, train))`: on the CPU in training one fused op (see
+    /// [`super::cpu_ops::batch_norm_train`]), elsewhere the two ops.
+    pub fn forward_relu(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        self.forward_maybe_relu(x, train, true)
+    }
+
+    fn forward_maybe_relu(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
+        let then_relu = |y: Tensor| -> Result<Tensor> { Ok(if relu { y.relu()? } else { y }) };
         if !train || self.frozen {
             // y = x·a + b with a = γ/√(σ²_run + ε), b = β − μ_run·a: two passes over x.
             let shape = (1, (), 1, 1);
@@ -111,14 +122,15 @@ impl BatchNorm2d {
                 .weight
                 .broadcast_div(&(self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
             let b = (&self.bias - a.broadcast_mul(&self.running_mean.as_detached_tensor())?)?;
-            return Ok(x
-                .broadcast_mul(&a.reshape(shape)?)?
-                .broadcast_add(&b.reshape(shape)?)?);
+            return then_relu(
+                x.broadcast_mul(&a.reshape(shape)?)?
+                    .broadcast_add(&b.reshape(shape)?)?,
+            );
         }
         let (n, _, h, w) = x.dims4()?;
         let (y, mean, var) = if x.device().is_cpu() {
             let (y, stats) =
-                super::cpu_ops::batch_norm_train(x, &self.weight, &self.bias, self.eps)?;
+                super::cpu_ops::batch_norm_train(x, &self.weight, &self.bias, self.eps, relu)?;
             let dev = x.device();
             (
                 y,
@@ -126,7 +138,8 @@ impl BatchNorm2d {
                 Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?,
             )
         } else {
-            self.forward_train_generic(x)?
+            let (y, mean, var) = self.forward_train_generic(x)?;
+            (then_relu(y)?, mean, var)
         };
         self.update_running_stats(&mean, &var, n * h * w)?;
         Ok(y)
@@ -522,6 +535,105 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             assert_all_close(&[u], &[v], stat);
+        }
+    }
+
+    #[test]
+    fn fused_batch_norm_relu_equals_batch_norm_then_relu() {
+        let d = Device::Cpu;
+        // Planes of 25 values (not a multiple of the kernels' 8 lanes) and of 16 (a multiple);
+        // f64 to 1e-10, and f32 against the f64 reference to f32 rounding.
+        for &(b, hw) in &[(3, 5), (2, 4), (1, 1)] {
+            let store = ParamStore::new(1);
+            let vb = store.var_builder(DType::F64, &d);
+            let bn = BatchNorm2d::new(3, false, vb.pp("bn")).unwrap();
+            let w = Tensor::new(&[0.5f64, -1.5, 2.0], &d).unwrap();
+            store.get("bn.weight").unwrap().set(&w).unwrap();
+            let beta = Tensor::new(&[0.1f64, 0.3, -0.2], &d).unwrap();
+            store.get("bn.bias").unwrap().set(&beta).unwrap();
+            let x = Var::randn(1f64, 2.0, (b, 3, hw, hw), &d).unwrap();
+            let gamma = store.get("bn.weight").unwrap();
+            let bias = store.get("bn.bias").unwrap();
+            let (fused, generic) = both_paths(
+                &x,
+                &[&gamma, &bias],
+                |t| bn.forward_relu(t, true).unwrap(),
+                |t| bn.forward_train_generic(t).unwrap().0.relu().unwrap(),
+            );
+            assert_all_close(&fused, &generic, &format!("batch norm + ReLU {b}×3×{hw}²"));
+            // About half the outputs are cut by the ReLU: the mask is exercised.
+            let zeros = fused[0].iter().filter(|v| **v == 0.0).count();
+            assert!(b * hw * hw < 4 || (zeros > 0 && zeros < fused[0].len()));
+
+            if b * hw * hw == 1 {
+                // One value per channel: σ² = 0, 1/√ε = 316 scales x's f32 rounding in
+                // x·(γ/σ) + (β − μγ/σ) (PyTorch's form too) far past the f64 path's exact x − μ.
+                continue;
+            }
+            let store32 = ParamStore::new(1);
+            let bn32 =
+                BatchNorm2d::new(3, false, store32.var_builder(DType::F32, &d).pp("bn")).unwrap();
+            let to32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            store32.get("bn.weight").unwrap().set(&to32(&w)).unwrap();
+            store32.get("bn.bias").unwrap().set(&to32(&beta)).unwrap();
+            let x32 = Var::from_tensor(&to32(x.as_tensor())).unwrap();
+            let y32 = bn32.forward_relu(x32.as_tensor(), true).unwrap();
+            let r = to32(
+                &Tensor::arange(0f64, y32.elem_count() as f64, &d)
+                    .unwrap()
+                    .reshape(y32.dims())
+                    .unwrap()
+                    .sin()
+                    .unwrap(),
+            );
+            let g = (&y32 * r).unwrap().sum_all().unwrap().backward().unwrap();
+            let flat = |t: &Tensor| -> Vec<f64> {
+                t.to_dtype(DType::F64)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap()
+            };
+            let got = [flat(&y32), flat(g.get(x32.as_tensor()).unwrap())];
+            for (k, (u, v)) in got.iter().zip(&generic).enumerate() {
+                let scale = v.iter().fold(1.0f64, |m, q| m.max(q.abs()));
+                let diff = u
+                    .iter()
+                    .zip(v)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    diff < 1e-5 * scale,
+                    "f32 output {k}: {diff} (scale {scale})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn cpu_max_pool_in_f32_equals_the_generic_path() {
+        let d = Device::Cpu;
+        let x = Var::randn(0f32, 1.0, (3, 2, 9, 9), &d).unwrap();
+        for &(k, s, p) in &[(3, 2, 1), (2, 2, 0)] {
+            let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
+            let run = |f: &dyn Fn(&Tensor) -> Tensor| {
+                let y = f(x.as_tensor());
+                let r = Tensor::randn(0f32, 1.0, y.dims(), &d).unwrap();
+                let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
+                (flat(&y), flat(g.get(x.as_tensor()).unwrap()), r)
+            };
+            let (y, gx, r) = run(&|t| max_pool2d(t, k, s, p).unwrap());
+            let yg = max_pool2d_generic(x.as_tensor(), k, s, p).unwrap();
+            assert_eq!(y, flat(&yg), "k{k} s{s} p{p} value");
+            let gg = (&yg * &r).unwrap().sum_all().unwrap().backward().unwrap();
+            let gref = flat(gg.get(x.as_tensor()).unwrap());
+            let diff = gx
+                .iter()
+                .zip(&gref)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f32::max);
+            assert!(diff < 1e-6, "k{k} s{s} p{p} gradient: {diff}");
         }
     }
 

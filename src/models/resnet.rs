@@ -137,10 +137,12 @@ impl Block {
         let mut h = x.clone();
         let last = self.convs.len() - 1;
         for (i, (conv, bn)) in self.convs.iter().enumerate() {
-            h = bn.forward(&conv.forward(&h)?, train)?;
-            if i < last {
-                h = h.relu()?;
-            }
+            let y = conv.forward(&h)?;
+            h = if i < last {
+                bn.forward_relu(&y, train)?
+            } else {
+                bn.forward(&y, train)?
+            };
         }
         let shortcut = match &self.downsample {
             Some((conv, bn)) => bn.forward(&conv.forward(x)?, train)?,
@@ -224,7 +226,7 @@ impl ResNet {
     /// `B × 3 × H × W` images → `B × C × H/32 × W/32` features (sizes rounded as torchvision).
     pub fn forward_t(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         check_images(x, 3)?;
-        let h = self.bn1.forward(&self.conv1.forward(x)?, train)?.relu()?;
+        let h = self.bn1.forward_relu(&self.conv1.forward(x)?, train)?;
         let mut h = max_pool2d(&h, 3, 2, 1)?;
         for block in self.layers.iter().flatten() {
             h = block.forward(&h, train)?;

@@ -118,7 +118,7 @@ impl SmallCnn {
         let mut h = x.clone();
         for (s, blocks) in self.stages.iter().enumerate() {
             for block in blocks {
-                h = block.bn.forward(&block.conv.forward(&h)?, train)?.relu()?;
+                h = block.bn.forward_relu(&block.conv.forward(&h)?, train)?;
             }
             if s + 1 < self.stages.len() {
                 h = max_pool2d(&h, 2, 2, 0)?;
