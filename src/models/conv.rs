@@ -351,27 +351,21 @@ fn col2im<T: WithDType>(gcols: &[T], g: &Geometry, dx: &mut [T]) {
     }
 }
 
-/// The NCHW values of images `imgs` of `y` (`C_out·H'·W'` each) as a `C_out × (n·H'·W')`
-/// matrix (`to_matrix`), or back (`!to_matrix`): the layout of the products below.
-fn regroup<T: WithDType>(
-    nchw: &mut [T],
-    matrix: &mut [T],
+/// The layout change between `n` NCHW output images (`C_out·H'·W'` values each) and the
+/// `C_out × (n·H'·W')` matrix of the products below: `(image range, matrix range)` of each
+/// image's channel, copied one way (forward) or the other (backward).
+fn regrouped(
     g: &Geometry,
     n: usize,
-    to_matrix: bool,
-) {
+) -> impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)> + '_ {
     let rows = g.rows();
-    for j in 0..n {
-        for o in 0..g.c_out {
-            let image = &mut nchw[(j * g.c_out + o) * rows..(j * g.c_out + o + 1) * rows];
-            let column = &mut matrix[o * n * rows + j * rows..o * n * rows + (j + 1) * rows];
-            if to_matrix {
-                column.copy_from_slice(image);
-            } else {
-                image.copy_from_slice(column);
-            }
-        }
-    }
+    (0..n).flat_map(move |j| {
+        (0..g.c_out).map(move |o| {
+            let image = (j * g.c_out + o) * rows;
+            let column = o * n * rows + j * rows;
+            (image..image + rows, column..column + rows)
+        })
+    })
 }
 
 /// Splits `data` into consecutive slices of `part.len() · per` values, one per part.
@@ -411,8 +405,10 @@ fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_co
                             Matrix::row_major(&cols, g.patch(), n * g.rows()),
                             false,
                         );
-                        let at = (imgs.start - part.start) * g.out_image();
-                        regroup(&mut out[at..at + n * g.out_image()], &mut prod, g, n, false);
+                        let out = &mut out[(imgs.start - part.start) * g.out_image()..];
+                        for (image, column) in regrouped(g, n) {
+                            out[image].copy_from_slice(&prod[column]);
+                        }
                     }
                 });
             Ok(())
@@ -518,8 +514,6 @@ impl ConvOp {
         let g = &self.geometry;
         let dev = x.device();
         let wmat: Vec<T> = kernel.flatten_all()?.to_vec1()?;
-        // B × C_out × H'·W', regrouped in place below.
-        let mut gys: Vec<T> = grad.flatten_all()?.to_vec1()?;
         let (want_x, want_k) = (x.track_op(), kernel.track_op());
         let parts = g.parts();
         let mut dx = vec![T::zero(); if want_x { g.b * g.image() } else { 0 }];
@@ -532,48 +526,46 @@ impl ConvOp {
             parts.iter().map(|_| None).collect()
         };
         let weights = g.c_out * g.patch();
-        let partials: Vec<Vec<T>> = with_values::<T, _>(x, |xs| {
-            Ok(split_parts(&mut gys, &parts, g.out_image())
-                .into_par_iter()
-                .zip(dx_parts)
-                .zip(parts.par_iter())
-                .map(|((gy_part, mut dx_part), part)| {
-                    let mut dw = vec![T::zero(); if want_k { weights } else { 0 }];
-                    let (mut cols, mut gy, mut gcols) = (Vec::new(), Vec::new(), Vec::new());
-                    let mut first = true;
-                    for imgs in g.chunks(part.clone()) {
-                        let n = imgs.len();
-                        let cn = n * g.rows();
-                        // ∂Y of these images as C_out × (n·H'·W').
-                        let at = (imgs.start - part.start) * g.out_image();
-                        gy.resize(g.c_out * cn, T::zero());
-                        regroup(
-                            &mut gy_part[at..at + n * g.out_image()],
-                            &mut gy,
-                            g,
-                            n,
-                            true,
-                        );
-                        let gy_m = Matrix::row_major(&gy, g.c_out, cn);
-                        if want_k {
-                            // ∂W (+)= ∂Y · colsᵀ.
-                            im2col(xs, g, imgs.clone(), &mut cols);
-                            let cols_m = Matrix::row_major(&cols, g.patch(), cn);
-                            gemm_into(&mut dw, gy_m, cols_m.t(), !first);
-                            first = false;
+        // ∂Y (B × C_out × H'·W') and x are read in place.
+        let partials: Vec<Vec<T>> = with_values::<T, _>(grad, |gys| {
+            with_values::<T, _>(x, |xs| {
+                Ok(dx_parts
+                    .into_par_iter()
+                    .zip(parts.par_iter())
+                    .map(|(mut dx_part, part)| {
+                        let mut dw = vec![T::zero(); if want_k { weights } else { 0 }];
+                        let (mut cols, mut gy, mut gcols) = (Vec::new(), Vec::new(), Vec::new());
+                        let mut first = true;
+                        for imgs in g.chunks(part.clone()) {
+                            let n = imgs.len();
+                            let cn = n * g.rows();
+                            // ∂Y of these images as C_out × (n·H'·W').
+                            gy.resize(g.c_out * cn, T::zero());
+                            let images = &gys[imgs.start * g.out_image()..];
+                            for (image, column) in regrouped(g, n) {
+                                gy[column].copy_from_slice(&images[image]);
+                            }
+                            let gy_m = Matrix::row_major(&gy, g.c_out, cn);
+                            if want_k {
+                                // ∂W (+)= ∂Y · colsᵀ.
+                                im2col(xs, g, imgs.clone(), &mut cols);
+                                let cols_m = Matrix::row_major(&cols, g.patch(), cn);
+                                gemm_into(&mut dw, gy_m, cols_m.t(), !first);
+                                first = false;
+                            }
+                            if let Some(dx_part) = dx_part.as_deref_mut() {
+                                // ∂cols = Wᵀ · ∂Y, folded back onto the images.
+                                gcols.resize(g.patch() * cn, T::zero());
+                                let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
+                                gemm_into(&mut gcols, w_m.t(), gy_m, false);
+                                let at = (imgs.start - part.start) * g.image();
+                                col2im(&gcols, g, &mut dx_part[at..at + n * g.image()]);
+                            }
                         }
-                        if let Some(dx_part) = dx_part.as_deref_mut() {
-                            // ∂cols = Wᵀ · ∂Y, folded back onto the images.
-                            gcols.resize(g.patch() * cn, T::zero());
-                            let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
-                            gemm_into(&mut gcols, w_m.t(), gy_m, false);
-                            let at = (imgs.start - part.start) * g.image();
-                            col2im(&gcols, g, &mut dx_part[at..at + n * g.image()]);
-                        }
-                    }
-                    dw
-                })
-                .collect())
+                        dw
+                    })
+                    .collect())
+            })
         })?;
         let grad_x = if want_x {
             Some(Tensor::from_vec(dx, x.shape(), dev)?)

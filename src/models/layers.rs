@@ -429,28 +429,43 @@ mod tests {
         assert_eq!(gv, expected_grad);
     }
 
-    /// Values and gradients of `Σ r ⊙ f(x)` for the CPU kernel and the generic tensor-op path.
+    /// Values and gradients (`x`, then `params`) of `Σ r ⊙ f(x)`, `r = sin(0, 1, 2, …)` in `x`'s
+    /// dtype, as `f64` vectors.
+    fn value_and_grads(x: &Var, params: &[&Var], f: impl Fn(&Tensor) -> Tensor) -> Vec<Vec<f64>> {
+        let flat = |t: &Tensor| -> Vec<f64> {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let y = f(x.as_tensor());
+        let r = Tensor::arange(0f64, y.elem_count() as f64, y.device())
+            .unwrap()
+            .reshape(y.dims())
+            .unwrap()
+            .sin()
+            .unwrap()
+            .to_dtype(y.dtype())
+            .unwrap();
+        let g = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
+        let mut out = vec![flat(&y), flat(g.get(x.as_tensor()).unwrap())];
+        out.extend(params.iter().map(|p| flat(g.get(p.as_tensor()).unwrap())));
+        out
+    }
+
+    /// [`value_and_grads`] for the CPU kernel and the generic tensor-op path.
     fn both_paths(
         x: &Var,
         params: &[&Var],
         fast: impl Fn(&Tensor) -> Tensor,
         generic: impl Fn(&Tensor) -> Tensor,
     ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
-        let flat = |t: &Tensor| -> Vec<f64> { t.flatten_all().unwrap().to_vec1().unwrap() };
-        let run = |f: &dyn Fn(&Tensor) -> Tensor| {
-            let y = f(x.as_tensor());
-            let r = Tensor::arange(0f64, y.elem_count() as f64, y.device())
-                .unwrap()
-                .reshape(y.dims())
-                .unwrap()
-                .sin()
-                .unwrap();
-            let g = (&y * r).unwrap().sum_all().unwrap().backward().unwrap();
-            let mut out = vec![flat(&y), flat(g.get(x.as_tensor()).unwrap())];
-            out.extend(params.iter().map(|p| flat(g.get(p.as_tensor()).unwrap())));
-            out
-        };
-        (run(&fast), run(&generic))
+        (
+            value_and_grads(x, params, fast),
+            value_and_grads(x, params, generic),
+        )
     }
 
     fn assert_all_close(a: &[Vec<f64>], b: &[Vec<f64>], what: &str) {
@@ -577,25 +592,7 @@ mod tests {
             store32.get("bn.weight").unwrap().set(&to32(&w)).unwrap();
             store32.get("bn.bias").unwrap().set(&to32(&beta)).unwrap();
             let x32 = Var::from_tensor(&to32(x.as_tensor())).unwrap();
-            let y32 = bn32.forward_relu(x32.as_tensor(), true).unwrap();
-            let r = to32(
-                &Tensor::arange(0f64, y32.elem_count() as f64, &d)
-                    .unwrap()
-                    .reshape(y32.dims())
-                    .unwrap()
-                    .sin()
-                    .unwrap(),
-            );
-            let g = (&y32 * r).unwrap().sum_all().unwrap().backward().unwrap();
-            let flat = |t: &Tensor| -> Vec<f64> {
-                t.to_dtype(DType::F64)
-                    .unwrap()
-                    .flatten_all()
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap()
-            };
-            let got = [flat(&y32), flat(g.get(x32.as_tensor()).unwrap())];
+            let got = value_and_grads(&x32, &[], |t| bn32.forward_relu(t, true).unwrap());
             for (k, (u, v)) in got.iter().zip(&generic).enumerate() {
                 let scale = v.iter().fold(1.0f64, |m, q| m.max(q.abs()));
                 let diff = u
@@ -616,23 +613,18 @@ mod tests {
         let d = Device::Cpu;
         let x = Var::randn(0f32, 1.0, (3, 2, 9, 9), &d).unwrap();
         for &(k, s, p) in &[(3, 2, 1), (2, 2, 0)] {
-            let flat = |t: &Tensor| -> Vec<f32> { t.flatten_all().unwrap().to_vec1().unwrap() };
-            let run = |f: &dyn Fn(&Tensor) -> Tensor| {
-                let y = f(x.as_tensor());
-                let r = Tensor::randn(0f32, 1.0, y.dims(), &d).unwrap();
-                let g = (&y * &r).unwrap().sum_all().unwrap().backward().unwrap();
-                (flat(&y), flat(g.get(x.as_tensor()).unwrap()), r)
-            };
-            let (y, gx, r) = run(&|t| max_pool2d(t, k, s, p).unwrap());
-            let yg = max_pool2d_generic(x.as_tensor(), k, s, p).unwrap();
-            assert_eq!(y, flat(&yg), "k{k} s{s} p{p} value");
-            let gg = (&yg * &r).unwrap().sum_all().unwrap().backward().unwrap();
-            let gref = flat(gg.get(x.as_tensor()).unwrap());
-            let diff = gx
+            let (fast, generic) = both_paths(
+                &x,
+                &[],
+                |t| max_pool2d(t, k, s, p).unwrap(),
+                |t| max_pool2d_generic(t, k, s, p).unwrap(),
+            );
+            assert_eq!(fast[0], generic[0], "k{k} s{s} p{p} value");
+            let diff = fast[1]
                 .iter()
-                .zip(&gref)
+                .zip(&generic[1])
                 .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f32::max);
+                .fold(0.0, f64::max);
             assert!(diff < 1e-6, "k{k} s{s} p{p} gradient: {diff}");
         }
     }
