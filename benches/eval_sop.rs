@@ -44,7 +44,8 @@ fn arg(args: &[String], name: &str) -> Option<String> {
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let phase = arg(&args, "--phase").unwrap_or_else(|| "both".into());
-    let chunk: usize = arg(&args, "--chunk").map_or(Ok(128), |s| s.parse())?;
+    let chunk: usize =
+        arg(&args, "--chunk").map_or(Ok(EvalOptions::default().chunk_size), |s| s.parse())?;
     let threads = rayon::current_num_threads();
 
     let t = Instant::now();

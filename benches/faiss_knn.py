@@ -6,8 +6,15 @@ our engine does, and times an exact `IndexFlatIP` search of every item against a
 k + 1 neighbours (the +1 is the query itself, dropped afterwards, as pytorch-metric-learning and
 HAPPIER do). Wall time and the process's peak RSS are printed as one JSON line.
 
-    python3 -m venv .venv-bench && .venv-bench/bin/pip install numpy faiss-cpu
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install numpy faiss-cpu threadpoolctl
     .venv-bench/bin/python benches/faiss_knn.py target/sop_bench.npy --k 1000 --threads 2
+
+faiss's products run in its bundled OpenBLAS, which picks its kernels from the CPU model. On a
+virtual machine that reports a generic model ("Intel(R) Xeon(R) Processor") OpenBLAS falls back
+to its SSE3 "Prescott" kernels and faiss runs 3-4x slower than it can (measured 2026-11-27:
+124 s against 34 s with OPENBLAS_CORETYPE=SkylakeX on an AVX-512 Xeon VM). Compare against
+faiss at its best: set OPENBLAS_CORETYPE to the CPU's family (SkylakeX for AVX-512, Haswell for
+AVX2); the JSON line records the kernel OpenBLAS used (needs threadpoolctl).
 """
 import argparse
 import json
@@ -43,6 +50,14 @@ def main() -> None:
         "seconds": round(elapsed, 2),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
+    try:
+        from threadpoolctl import threadpool_info
+
+        out["openblas"] = sorted(
+            {i.get("architecture") or "?" for i in threadpool_info() if i.get("internal_api") == "openblas"}
+        )
+    except ImportError:
+        out["openblas"] = "unknown (pip install threadpoolctl)"
     if args.check:
         ours = np.load(args.check)
         # Drop the query itself (first hit) before comparing with ours (SameIndex exclusion).

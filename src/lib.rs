@@ -11,6 +11,7 @@
 
 pub mod alloc;
 pub(crate) mod attach;
+pub mod cpu;
 pub mod cpu_threads;
 pub mod data;
 pub mod error;

@@ -9,13 +9,136 @@
 //! Positions are 1-based in the formulas below (`rank(k)` of the item at 0-based index `i` is
 //! `i + 1`).
 
-/// Number of positives in `ranked`, or `None` if there is none or `min_level` is 0.
-fn count_positives(ranked: &[u8], min_level: u8) -> Option<usize> {
-    if min_level == 0 {
-        return None;
+/// One ranked list seen as a binary problem (positives: level `≥ min_level`), its positives
+/// counted once: the evaluation engine scores about twenty binary metrics of every row, and
+/// counting the positives of a 60k-item list again for each of them was a large part of a
+/// SOP-scale evaluation. The free functions below are this type's methods on a list of their
+/// own.
+///
+/// ```
+/// use rankwise::metrics::Binary;
+/// // Positives (level ≥ 1) at ranks 2 and 5.
+/// let list = Binary::new(&[0, 2, 0, 0, 1], 1).unwrap();
+/// assert!((list.average_precision() - 0.45).abs() < 1e-15);
+/// assert_eq!(list.map_at_r(), 0.25);
+/// assert_eq!(list.recall_at_k(1), 0.0);
+/// assert!(Binary::new(&[0, 0], 1).is_none());
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Binary<'a> {
+    ranked: &'a [u8],
+    min_level: u8,
+    positives: usize,
+}
+
+impl<'a> Binary<'a> {
+    /// `None` if the list holds no positive or `min_level` is 0 (which would make the negatives
+    /// positives).
+    pub fn new(ranked: &'a [u8], min_level: u8) -> Option<Self> {
+        if min_level == 0 {
+            return None;
+        }
+        let positives = ranked.iter().filter(|&&l| l >= min_level).count();
+        (positives > 0).then_some(Binary {
+            ranked,
+            min_level,
+            positives,
+        })
     }
-    let r = ranked.iter().filter(|&&l| l >= min_level).count();
-    (r > 0).then_some(r)
+
+    /// [`Binary::new`] with the positives read from `counts`, the number of items of each
+    /// level of `ranked` ([`crate::hierarchy::level_counts`]).
+    pub(crate) fn from_counts(ranked: &'a [u8], min_level: u8, counts: &[usize]) -> Option<Self> {
+        if min_level == 0 {
+            return None;
+        }
+        let positives = counts.iter().skip(min_level as usize).sum::<usize>();
+        debug_assert_eq!(
+            positives,
+            ranked.iter().filter(|&&l| l >= min_level).count()
+        );
+        (positives > 0).then_some(Binary {
+            ranked,
+            min_level,
+            positives,
+        })
+    }
+
+    fn is_positive(&self, level: u8) -> bool {
+        level >= self.min_level
+    }
+
+    /// See [`average_precision`]. The scan stops at the last positive: the rest adds nothing.
+    pub fn average_precision(&self) -> f64 {
+        let mut hits = 0usize;
+        let mut sum = 0.0;
+        for (i, &level) in self.ranked.iter().enumerate() {
+            if self.is_positive(level) {
+                hits += 1;
+                sum += hits as f64 / (i + 1) as f64;
+                if hits == self.positives {
+                    break;
+                }
+            }
+        }
+        sum / hits as f64
+    }
+
+    /// See [`map_at_r`].
+    pub fn map_at_r(&self) -> f64 {
+        self.precision_sum_to_r(false) / self.positives as f64
+    }
+
+    /// See [`r_precision`].
+    pub fn r_precision(&self) -> f64 {
+        let r = self.positives;
+        self.hits(r) as f64 / r as f64
+    }
+
+    /// See [`recall_at_k`].
+    pub fn recall_at_k(&self, k: usize) -> f64 {
+        let top = k.min(self.ranked.len());
+        if self.ranked[..top].iter().any(|&l| self.is_positive(l)) {
+            1.0
+        } else {
+            0.0
+        }
+    }
+
+    /// See [`precision_at_k`]; `None` if `k = 0`.
+    pub fn precision_at_k(&self, k: usize) -> Option<f64> {
+        (k > 0).then(|| self.hits(k) as f64 / k as f64)
+    }
+
+    /// See [`binary_asi`].
+    pub fn asi(&self) -> f64 {
+        self.precision_sum_to_r(true) / self.positives as f64
+    }
+
+    /// `Σ P(i)` over the first `R` positions (`R` = the number of positives), at the positives
+    /// only (mAP@R) or at every position (binary ASI).
+    fn precision_sum_to_r(&self, at_every_position: bool) -> f64 {
+        let mut hits = 0usize;
+        let mut sum = 0.0;
+        // `R ≤ ranked.len()` because the positives are counted in the list itself.
+        for (i, &level) in self.ranked[..self.positives].iter().enumerate() {
+            let positive = self.is_positive(level);
+            hits += usize::from(positive);
+            if positive || at_every_position {
+                sum += hits as f64 / (i + 1) as f64;
+            }
+        }
+        sum
+    }
+
+    /// Positives among the first `k` items (all items when `k > n`).
+    fn hits(&self, k: usize) -> usize {
+        let top = k.min(self.ranked.len());
+        self.ranked[..top]
+            .iter()
+            .filter(|&&l| self.is_positive(l))
+            .count()
+    }
 }
 
 /// Binary average precision, HAPPIER Eq. (1):
@@ -26,18 +149,7 @@ fn count_positives(ranked: &[u8], min_level: u8) -> Option<usize> {
 /// Equal to the authors' `metrics.ap` and to pytorch-metric-learning's `mean_average_precision`
 /// for one query. `None` if the list has no positive or `min_level = 0`.
 pub fn average_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
-    if min_level == 0 {
-        return None;
-    }
-    let mut hits = 0usize;
-    let mut sum = 0.0;
-    for (i, &level) in ranked.iter().enumerate() {
-        if level >= min_level {
-            hits += 1;
-            sum += hits as f64 / (i + 1) as f64;
-        }
-    }
-    (hits > 0).then(|| sum / hits as f64)
+    Binary::new(ranked, min_level).map(|b| b.average_precision())
 }
 
 /// mAP@R of Musgrave et al. (pytorch-metric-learning `mean_average_precision_at_r` for one
@@ -48,26 +160,14 @@ pub fn average_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
 /// ranked beyond `R` contributes nothing. Equal to the authors' `metrics.map_at_R`. `None` if the
 /// list has no positive or `min_level = 0`.
 pub fn map_at_r(ranked: &[u8], min_level: u8) -> Option<f64> {
-    let r = count_positives(ranked, min_level)?;
-    let mut hits = 0usize;
-    let mut sum = 0.0;
-    // `r ≤ ranked.len()` because the positives are counted in the list itself.
-    for (i, &level) in ranked[..r].iter().enumerate() {
-        if level >= min_level {
-            hits += 1;
-            sum += hits as f64 / (i + 1) as f64;
-        }
-    }
-    Some(sum / r as f64)
+    Binary::new(ranked, min_level).map(|b| b.map_at_r())
 }
 
 /// R-precision (pytorch-metric-learning `r_precision`): the fraction of positives among the first
 /// `R` items, `R` = the number of positives in the list. `None` if there is no positive or
 /// `min_level = 0`.
 pub fn r_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
-    let r = count_positives(ranked, min_level)?;
-    let hits = ranked[..r].iter().filter(|&&l| l >= min_level).count();
-    Some(hits as f64 / r as f64)
+    Binary::new(ranked, min_level).map(|b| b.r_precision())
 }
 
 /// The metric-learning "R@k" (recall *rate*, HAPPIER Tables 2–4, Smooth-AP Tables 2–3): 1 if at
@@ -77,15 +177,7 @@ pub fn r_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
 /// `k = 0` gives 0 (no item retrieved); `k > n` looks at the whole list, so it is 1 whenever the
 /// list has a positive. `None` if the list has no positive or `min_level = 0`.
 pub fn recall_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
-    if min_level == 0 {
-        return None;
-    }
-    let top = k.min(ranked.len());
-    if ranked[..top].iter().any(|&l| l >= min_level) {
-        return Some(1.0);
-    }
-    // No positive in the top k: 0 for a normal query, None for a lone one.
-    ranked[top..].iter().any(|&l| l >= min_level).then_some(0.0)
+    Binary::new(ranked, min_level).map(|b| b.recall_at_k(k))
 }
 
 /// Precision at `k`: the number of positives among the first `k` items divided by `k`
@@ -97,13 +189,7 @@ pub fn recall_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
 /// satisfies for the `k` it uses (1). `None` if `k = 0` (precision at 0 is 0/0), if the list has
 /// no positive, or if `min_level = 0`.
 pub fn precision_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
-    if k == 0 {
-        return None;
-    }
-    count_positives(ranked, min_level)?;
-    let top = k.min(ranked.len());
-    let hits = ranked[..top].iter().filter(|&&l| l >= min_level).count();
-    Some(hits as f64 / k as f64)
+    Binary::new(ranked, min_level).and_then(|b| b.precision_at_k(k))
 }
 
 /// Binary Average Set Intersection (HAPPIER supp. B.3 for DyML, the authors' `asi` on a binary
@@ -114,16 +200,7 @@ pub fn precision_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
 /// Equal to [`asi`](crate::metrics::asi()) on the list with levels `≥ min_level` mapped to 1 and the
 /// others to 0. `None` if the list has no positive or `min_level = 0`.
 pub fn binary_asi(ranked: &[u8], min_level: u8) -> Option<f64> {
-    let r = count_positives(ranked, min_level)?;
-    let mut hits = 0usize;
-    let mut sum = 0.0;
-    for (i, &level) in ranked[..r].iter().enumerate() {
-        if level >= min_level {
-            hits += 1;
-        }
-        sum += hits as f64 / (i + 1) as f64;
-    }
-    Some(sum / r as f64)
+    Binary::new(ranked, min_level).map(|b| b.asi())
 }
 
 #[cfg(test)]
@@ -172,6 +249,37 @@ mod tests {
         // R = 2: (P@1 + P@2) / 2 = (0 + 1/2) / 2.
         assert!(close(binary_asi(&[0, 2, 0, 0, 1], 1), 0.25));
         assert!(close(binary_asi(&[2, 2, 0], 1), 1.0));
+    }
+
+    #[test]
+    fn counted_once_equals_each_function_on_its_own() {
+        use crate::hierarchy::level_counts;
+        for ranked in [
+            &[0u8, 2, 0, 0, 1][..],
+            &[2, 2, 0, 1, 0, 0, 2],
+            &[0, 0, 0],
+            &[1],
+        ] {
+            let counts = level_counts(ranked, 2);
+            for min_level in 0..=2u8 {
+                let b = Binary::from_counts(ranked, min_level, &counts);
+                assert_eq!(b.is_some(), Binary::new(ranked, min_level).is_some());
+                let at = |f: fn(&Binary) -> f64| b.as_ref().map(f);
+                assert_eq!(
+                    at(|b| b.average_precision()),
+                    average_precision(ranked, min_level)
+                );
+                assert_eq!(at(|b| b.map_at_r()), map_at_r(ranked, min_level));
+                assert_eq!(at(|b| b.r_precision()), r_precision(ranked, min_level));
+                assert_eq!(at(|b| b.asi()), binary_asi(ranked, min_level));
+                for k in [0, 1, 3, 10] {
+                    let recall = b.as_ref().map(|b| b.recall_at_k(k));
+                    assert_eq!(recall, recall_at_k(ranked, min_level, k));
+                    let precision = b.as_ref().and_then(|b| b.precision_at_k(k));
+                    assert_eq!(precision, precision_at_k(ranked, min_level, k));
+                }
+            }
+        }
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub mod revisited;
 pub mod set_intersection;
 
 pub use binary::{
-    average_precision, binary_asi, map_at_r, precision_at_k, r_precision, recall_at_k,
+    average_precision, binary_asi, map_at_r, precision_at_k, r_precision, recall_at_k, Binary,
 };
 pub use discounted_gain::ndcg;
 pub use hierarchical::{

@@ -8,7 +8,8 @@
 //! into a `(C_in·K²) × (B·H'·W')` matrix (im2col) and, with `W` the kernel as `C_out × C_in·K²`
 //! and `∂Y` the output gradient as `C_out × (B·H'·W')`,
 //! * forward: `Y = W · cols`,
-//! * kernel gradient: `∂W = ∂Y · colsᵀ`,
+//! * kernel gradient: `∂W = ∂Y · colsᵀ` (computed as `∂Wᵀ = cols · ∂Yᵀ`, the orientation gemm
+//!   runs faster, and transposed once),
 //! * input gradient: `∂cols = Wᵀ · ∂Y`, folded back onto the image (col2im, a sum over the
 //!   windows that read each pixel), skipped when the input needs no gradient.
 //!
@@ -34,7 +35,8 @@
 //! padded by `K − 1 − padding` (the transposed convolution written as a convolution, Dumoulin &
 //! Visin 2016, §4). The input gradient is skipped for inputs that need none (the images).
 
-use super::cpu_ops::with_values;
+use crate::cpu::gemm::{gemm_into, transposed, Matrix};
+use crate::cpu::with_values;
 use crate::error::{Error, Result};
 use candle_core::{CustomOp2, DType, Layout, Shape, Storage, Tensor, WithDType};
 use rayon::prelude::*;
@@ -404,6 +406,7 @@ fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_co
                             Matrix::row_major(wmat, g.c_out, g.patch()),
                             Matrix::row_major(&cols, g.patch(), n * g.rows()),
                             false,
+                            1,
                         );
                         let out = &mut out[(imgs.start - part.start) * g.out_image()..];
                         for (image, column) in regrouped(g, n) {
@@ -415,87 +418,6 @@ fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_co
         })
     })?;
     Tensor::from_vec(y, (g.b, g.c_out, g.ho, g.wo), x.device())
-}
-
-/// A strided matrix view: entry `(r, c)` is `data[r·rs + c·cs]`.
-#[derive(Clone, Copy)]
-struct Matrix<'a, T> {
-    data: &'a [T],
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a, T> Matrix<'a, T> {
-    fn row_major(data: &'a [T], rows: usize, cols: usize) -> Self {
-        Matrix {
-            data,
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
-    }
-
-    /// The transpose, as a view of the same values.
-    fn t(self) -> Self {
-        Matrix {
-            data: self.data,
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-        }
-    }
-
-    fn in_bounds(&self) -> bool {
-        self.rows == 0
-            || self.cols == 0
-            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
-    }
-}
-
-/// `dst = a · b` (`accumulate`: `dst += a · b`), `dst` row-major `a.rows × b.cols`, on the
-/// calling thread: the parallelism is over the parts of the batch, each thread with its own
-/// product, instead of candle's product splitting every small matrix over the threads.
-fn gemm_into<T: WithDType>(dst: &mut [T], a: Matrix<T>, b: Matrix<T>, accumulate: bool) {
-    assert!(a.cols == b.rows && dst.len() == a.rows * b.cols);
-    assert!(a.in_bounds() && b.in_bounds());
-    if dst.is_empty() {
-        return;
-    }
-    if a.cols == 0 {
-        if !accumulate {
-            dst.fill(T::zero());
-        }
-        return;
-    }
-    // SAFETY: the three views are in bounds (checked above) and `dst`, a unique borrow, does not
-    // overlap `a` or `b`; gemm reads `dst` only with `read_dst`.
-    unsafe {
-        gemm::gemm(
-            a.rows,
-            b.cols,
-            a.cols,
-            dst.as_mut_ptr(),
-            1,
-            b.cols as isize,
-            accumulate,
-            a.data.as_ptr(),
-            a.cs as isize,
-            a.rs as isize,
-            b.data.as_ptr(),
-            b.cs as isize,
-            b.rs as isize,
-            T::one(),
-            T::one(),
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 /// The custom op: carries the forward value and the geometry.
@@ -533,7 +455,7 @@ impl ConvOp {
                     .into_par_iter()
                     .zip(parts.par_iter())
                     .map(|(mut dx_part, part)| {
-                        let mut dw = vec![T::zero(); if want_k { weights } else { 0 }];
+                        let mut dw_t = vec![T::zero(); if want_k { weights } else { 0 }];
                         let (mut cols, mut gy, mut gcols) = (Vec::new(), Vec::new(), Vec::new());
                         let mut first = true;
                         for imgs in g.chunks(part.clone()) {
@@ -547,22 +469,26 @@ impl ConvOp {
                             }
                             let gy_m = Matrix::row_major(&gy, g.c_out, cn);
                             if want_k {
-                                // ∂W (+)= ∂Y · colsᵀ.
+                                // ∂Wᵀ (+)= cols · ∂Yᵀ, a `C·K² × C_out` matrix: gemm runs this
+                                // orientation (transposed right operand) 1.0–2× faster than
+                                // ∂Y · colsᵀ (transposed left operand) on four of the small
+                                // CNN's shapes (AVX-512 microbenchmark, benches/
+                                // train_throughput_vs_torch.md); the sum below transposes back.
                                 im2col(xs, g, imgs.clone(), &mut cols);
                                 let cols_m = Matrix::row_major(&cols, g.patch(), cn);
-                                gemm_into(&mut dw, gy_m, cols_m.t(), !first);
+                                gemm_into(&mut dw_t, cols_m, gy_m.t(), !first, 1);
                                 first = false;
                             }
                             if let Some(dx_part) = dx_part.as_deref_mut() {
                                 // ∂cols = Wᵀ · ∂Y, folded back onto the images.
                                 gcols.resize(g.patch() * cn, T::zero());
                                 let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
-                                gemm_into(&mut gcols, w_m.t(), gy_m, false);
+                                gemm_into(&mut gcols, w_m.t(), gy_m, false, 1);
                                 let at = (imgs.start - part.start) * g.image();
                                 col2im(&gcols, g, &mut dx_part[at..at + n * g.image()]);
                             }
                         }
-                        dw
+                        dw_t
                     })
                     .collect())
             })
@@ -573,15 +499,17 @@ impl ConvOp {
             None
         };
         let grad_k = if want_k {
-            // Σ over the parts in part order, whatever the number of threads.
-            let mut dw = vec![T::zero(); weights];
-            dw.par_chunks_mut(4096).enumerate().for_each(|(i, out)| {
+            // Σ over the parts in part order, whatever the number of threads, then ∂Wᵀ
+            // (`C·K² × C_out`) transposed back to the kernel's layout.
+            let mut dw_t = vec![T::zero(); weights];
+            dw_t.par_chunks_mut(4096).enumerate().for_each(|(i, out)| {
                 for p in &partials {
                     for (o, v) in out.iter_mut().zip(&p[i * 4096..]) {
                         *o += *v;
                     }
                 }
             });
+            let dw = transposed(&dw_t, g.patch(), g.c_out);
             Some(Tensor::from_vec(dw, kernel.shape(), dev)?)
         } else {
             None

@@ -20,6 +20,7 @@
 //! The generic tensor-op versions in [`super::layers`] remain the reference (tests compare the
 //! two) and the path on other devices.
 
+use crate::cpu::{slice, with_values};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
@@ -62,28 +63,6 @@ struct BatchNormOp {
     eps: f64,
     relu: bool,
     stats: Arc<Mutex<BatchStats>>,
-}
-
-/// The contiguous values of a CPU storage as `T`.
-fn slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [T]> {
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&s.as_slice::<T>()?[a..b]),
-        None => candle_core::bail!("rankwise CPU kernel: expected a contiguous tensor"),
-    }
-}
-
-/// Runs `f` on the values of a CPU tensor, copied only when not contiguous: the backward passes
-/// read their inputs in place instead of converting them to `f64` vectors first.
-pub(super) fn with_values<T: WithDType, R>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        candle_core::Storage::Cpu(s) => f(slice(s, layout)?),
-        _ => candle_core::bail!("rankwise CPU kernel: expected a CPU tensor"),
-    }
 }
 
 /// Accumulators per sum: the values are added in [`LANES`] interleaved `f64` partial sums,

@@ -2,7 +2,7 @@
 //! evaluation, k-reciprocal re-ranking and SSR's top-N graphs.
 
 use super::order::rank_key;
-use super::{prepare, SelfMatch, Similarity};
+use super::{prepare, ScoreChunk, SelfMatch, Similarity};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use candle_core::{Device, Tensor};
@@ -103,9 +103,10 @@ pub fn knn_with(
     let mut scores = vec![0f32; nq * k];
     let pb = Progress::new(nq, "queries", "kNN", progress);
     let mut start = 0;
+    let mut chunk = ScoreChunk::default();
     while start < nq {
         let len = chunk_size.min(nq - start);
-        let chunk = ops.chunk_scores(start, len)?;
+        ops.chunk_scores(start, len, &mut chunk)?;
         chunk.with_slice(|chunk| {
             indices[start * k..(start + len) * k]
                 .par_chunks_mut(k)
@@ -151,16 +152,23 @@ pub fn knn_with(
 
 /// Packs the scores of `row` that are ≥ `threshold` (all of them for −∞), except `skip`.
 fn collect_keys(row: &[f32], skip: Option<usize>, threshold: f32, keys: &mut Vec<u64>) {
-    // Branch-free compaction: every key is written, the cursor only advances for a kept one,
-    // so the scan runs at memory speed whatever fraction passes.
+    // The threshold passes ~3% of a row: a block of 16 scores is tested with one vectorised
+    // comparison (a fold, not a short-circuiting `any`, so that it vectorises) and only blocks
+    // holding a passing score are unpacked. Writing a key for every score and advancing the
+    // cursor only for the kept ones (the branch-free compaction this replaces) cost 4× more at
+    // SOP scale: half a megabyte of keys written, and cleared, per row.
+    const BLOCK: usize = 16;
     keys.clear();
-    keys.resize(row.len() + 1, 0);
-    let mut n = 0;
-    for (j, &s) in row.iter().enumerate() {
-        keys[n] = rank_key(s, j as u32);
-        n += usize::from(s >= threshold);
+    for (b, block) in row.chunks(BLOCK).enumerate() {
+        if !block.iter().fold(false, |any, &s| any | (s >= threshold)) {
+            continue;
+        }
+        for (i, &s) in block.iter().enumerate() {
+            if s >= threshold {
+                keys.push(rank_key(s, (b * BLOCK + i) as u32));
+            }
+        }
     }
-    keys.truncate(n);
     if let Some(skip) = skip {
         if row[skip] >= threshold {
             let self_key = rank_key(row[skip], skip as u32);

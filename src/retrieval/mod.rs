@@ -17,6 +17,8 @@ pub mod order;
 
 pub use knn::{knn, knn_with, Knn};
 
+use crate::cpu::gemm::{gemm_into, transposed, Matrix};
+use crate::cpu::with_values;
 use crate::error::{Error, Result};
 use crate::hierarchy::{level_counts, Labels, Relevance};
 use crate::metrics;
@@ -61,10 +63,10 @@ pub struct EvalOptions {
     pub recall_ks: Vec<usize>,
     /// Relevance function of H-AP.
     pub relevance: Relevance,
-    /// Queries per chunk; the working set is `chunk_size × N_r` scores. The default, 128, keeps
-    /// a chunk at SOP scale (128 × 60k × 4 B = 31 MB) under glibc's largest mmap threshold, so
-    /// the allocator reuses one buffer instead of page-faulting a fresh mapping per chunk; that
-    /// alone made SOP-scale kNN 12% faster than chunks of 512.
+    /// Queries per chunk; the working set is `chunk_size × N_r` scores (one buffer, reused from
+    /// chunk to chunk). The default, 512, amortises the product's packing of the references
+    /// over more queries: SOP-scale kNN 21–31 s against 27–31 s with 128 on the 2-core AVX-512
+    /// VM (benches/eval_sop.rs), for a 124 MB buffer instead of 31 MB.
     pub chunk_size: usize,
     /// How the query appears among the references.
     pub self_match: SelfMatch,
@@ -86,7 +88,7 @@ impl Default for EvalOptions {
         EvalOptions {
             recall_ks: vec![1, 10, 100, 1000],
             relevance: Relevance::default(),
-            chunk_size: 128,
+            chunk_size: 512,
             self_match: SelfMatch::SameIndex,
             similarity: Similarity::Cosine,
             progress: false,
@@ -171,20 +173,28 @@ impl MetricSpec {
         }
     }
 
-    /// The metric of one query's ranked levels; `None` if the query has no positive.
-    fn score(&self, ranked: &[u8], num_levels: usize, rel: &[f64]) -> Option<f64> {
+    /// The metric of one query's ranked levels; `None` if the query has no positive. `counts`
+    /// holds the number of items of each level of `ranked` (counted once per row).
+    fn score(
+        &self,
+        ranked: &[u8],
+        num_levels: usize,
+        rel: &[f64],
+        counts: &[usize],
+    ) -> Option<f64> {
         // A label column c is a binary problem whose positives match on columns c..L, i.e.
         // have a level of match ≥ L − c.
         let min_level = self.column.map(|c| (num_levels - c) as u8).unwrap_or(1);
+        let binary = || metrics::Binary::from_counts(ranked, min_level, counts);
         match self.kind {
             MetricKind::HAp => metrics::h_ap(ranked, rel),
             MetricKind::Asi => metrics::asi(ranked, num_levels),
             MetricKind::Ndcg => metrics::ndcg(ranked),
-            MetricKind::Map => metrics::average_precision(ranked, min_level),
-            MetricKind::MapAtR => metrics::map_at_r(ranked, min_level),
-            MetricKind::RPrecision => metrics::r_precision(ranked, min_level),
-            MetricKind::RecallAt(k) => metrics::recall_at_k(ranked, min_level, k),
-            MetricKind::PrecisionAt(k) => metrics::precision_at_k(ranked, min_level, k),
+            MetricKind::Map => binary().map(|b| b.average_precision()),
+            MetricKind::MapAtR => binary().map(|b| b.map_at_r()),
+            MetricKind::RPrecision => binary().map(|b| b.r_precision()),
+            MetricKind::RecallAt(k) => binary().map(|b| b.recall_at_k(k)),
+            MetricKind::PrecisionAt(k) => binary().and_then(|b| b.precision_at_k(k)),
         }
     }
 }
@@ -266,14 +276,21 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
 /// turns inner products into the chosen similarity.
 pub(crate) struct Operands {
     pub queries: Tensor,
-    /// `N_r × D`, row-major. The product uses its transposed *view*: the CPU GEMM reads the
-    /// row-major references faster than a materialised `D × N_r` copy (measured 198 vs
-    /// 138 GFLOP/s on 2 cores at SOP scale).
+    /// `N_r × D`, row-major.
     pub references: Tensor,
     /// `1 × N_r`, added to every row of scores (`−‖r_j‖²/2` for Euclidean ranking).
     pub column_bias: Option<Tensor>,
     pub num_queries: usize,
     pub num_references: usize,
+    /// On the CPU, what the products read besides the queries (read in place): the references
+    /// transposed (`D × N_r` row-major) and the bias; made at the first chunk (the re-rankers
+    /// that only read `queries` and `references` never pay for them).
+    host: std::sync::OnceLock<HostOperands>,
+}
+
+struct HostOperands {
+    references_t: Vec<f32>,
+    column_bias: Option<Vec<f32>>,
 }
 
 pub(crate) fn prepare(
@@ -311,26 +328,34 @@ pub(crate) fn prepare(
         column_bias,
         num_queries: nq,
         num_references: nr,
+        host: std::sync::OnceLock::new(),
     })
 }
 
-/// The `len × N_r` scores of one chunk of queries, on the CPU.
+/// The `len × N_r` scores of one chunk of queries, on the CPU: a buffer reused from chunk to
+/// chunk (one allocation per evaluation, not a fresh mapping of up to a hundred megabytes, and
+/// its page faults, per chunk), or the tensor a device computed.
+#[derive(Default)]
 pub(crate) struct ScoreChunk {
-    scores: Tensor,
+    host: Vec<f32>,
+    device: Option<Tensor>,
 }
 
 impl ScoreChunk {
-    /// Runs `f` on the row-major scores without copying them out of the tensor (a copy of a
-    /// 512 × 60k chunk cost a fifth of the matrix product itself).
+    /// Runs `f` on the row-major scores of the last chunk without copying them out of the
+    /// tensor (a copy of a 512 × 60k chunk cost a fifth of the matrix product itself).
     pub fn with_slice<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
-        let (storage, layout) = self.scores.storage_and_layout();
+        let Some(scores) = &self.device else {
+            return Ok(f(&self.host));
+        };
+        let (storage, layout) = scores.storage_and_layout();
         match (&*storage, layout.contiguous_offsets()) {
             (candle_core::Storage::Cpu(cpu), Some((start, end))) => {
                 Ok(f(&cpu.as_slice::<f32>()?[start..end]))
             }
             _ => {
                 drop(storage);
-                let v = self.scores.flatten_all()?.to_vec1::<f32>()?;
+                let v = scores.flatten_all()?.to_vec1::<f32>()?;
                 Ok(f(&v))
             }
         }
@@ -338,18 +363,65 @@ impl ScoreChunk {
 }
 
 impl Operands {
-    /// Scores of queries `start..start + len` against every reference.
-    pub fn chunk_scores(&self, start: usize, len: usize) -> Result<ScoreChunk> {
-        let mut s = self
-            .queries
-            .narrow(0, start, len)?
-            .matmul(&self.references.t()?)?;
-        if let Some(bias) = &self.column_bias {
-            s = s.broadcast_add(bias)?;
+    /// Scores of queries `start..start + len` against every reference, written to `chunk`.
+    ///
+    /// On the CPU one GEMM call writes them into the chunk's buffer, reading the references
+    /// transposed (`D × N_r` row-major, copied once): the GEMM then packs its right operand
+    /// with contiguous reads, where the transposed *view* of row-major references made it
+    /// gather at a stride of `D` (a gemm 0.19 microbenchmark at SOP scale, 2 threads, AVX-512,
+    /// 128–1024 queries per product: 175–215 against 125–185 GFLOP/s in two steady runs; the
+    /// kNN times are in the README). On a device, candle's product, copied back.
+    pub fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
+        if !self.queries.device().is_cpu() {
+            let mut s = self
+                .queries
+                .narrow(0, start, len)?
+                .matmul(&self.references.t()?)?;
+            if let Some(bias) = &self.column_bias {
+                s = s.broadcast_add(bias)?;
+            }
+            chunk.device = Some(s.to_device(&Device::Cpu)?.contiguous()?);
+            return Ok(());
         }
-        Ok(ScoreChunk {
-            scores: s.to_device(&Device::Cpu)?.contiguous()?,
-        })
+        chunk.device = None;
+        let host = self.host()?;
+        let (nr, d) = (self.num_references, self.queries.dims2()?.1);
+        chunk.host.resize(len * nr, 0.0);
+        with_values::<f32, _>(&self.queries, |q| {
+            gemm_into(
+                &mut chunk.host,
+                Matrix::row_major(&q[start * d..(start + len) * d], len, d),
+                Matrix::row_major(&host.references_t, d, nr),
+                false,
+                rayon::current_num_threads(),
+            );
+            Ok(())
+        })?;
+        if let Some(bias) = &host.column_bias {
+            chunk.host.par_chunks_mut(nr).for_each(|row| {
+                for (s, b) in row.iter_mut().zip(bias) {
+                    *s += *b;
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn host(&self) -> Result<&HostOperands> {
+        if let Some(h) = self.host.get() {
+            return Ok(h);
+        }
+        let d = self.references.dims2()?.1;
+        let made = HostOperands {
+            references_t: with_values::<f32, _>(&self.references, |r| {
+                Ok(transposed(r, self.num_references, d))
+            })?,
+            column_bias: match &self.column_bias {
+                Some(b) => Some(b.flatten_all()?.to_vec1()?),
+                None => None,
+            },
+        };
+        Ok(self.host.get_or_init(|| made))
     }
 }
 
@@ -469,9 +541,10 @@ pub fn evaluate(
     let mut per_query = vec![f64::NAN; ops.num_queries * m];
     let pb = Progress::new(ops.num_queries, "queries", "evaluating", opts.progress);
     let mut start = 0;
+    let mut chunk = ScoreChunk::default();
     while start < ops.num_queries {
         let len = opts.chunk_size.min(ops.num_queries - start);
-        let chunk = ops.chunk_scores(start, len)?;
+        ops.chunk_scores(start, len, &mut chunk)?;
         chunk.with_slice(|scores| {
             per_query[start * m..(start + len) * m]
                 .par_chunks_mut(m)
@@ -489,14 +562,16 @@ pub fn evaluate(
                         let drop_first = opts.self_match == SelfMatch::DropFirst;
                         let ranked =
                             ranked_levels(row, &query_rows[qi], &refs, skip, drop_first, scratch);
+                        let counts = level_counts(ranked, num_levels);
                         let rel = if opts.hierarchical {
-                            opts.relevance
-                                .level_values(&level_counts(ranked, num_levels))
+                            opts.relevance.level_values(&counts)
                         } else {
                             Vec::new()
                         };
                         for (o, spec) in out.iter_mut().zip(&specs) {
-                            *o = spec.score(ranked, num_levels, &rel).unwrap_or(f64::NAN);
+                            *o = spec
+                                .score(ranked, num_levels, &rel, &counts)
+                                .unwrap_or(f64::NAN);
                         }
                     },
                 );
