@@ -65,8 +65,8 @@ pub struct EvalOptions {
     pub relevance: Relevance,
     /// Queries per chunk; the working set is `chunk_size × N_r` scores (one buffer, reused from
     /// chunk to chunk). The default, 512, amortises the product's packing of the references
-    /// over more queries: SOP-scale kNN 21–31 s against 27–31 s with 128 on the 2-core AVX-512
-    /// VM (benches/eval_sop.rs), for a 124 MB buffer instead of 31 MB.
+    /// over more queries: SOP-scale kNN 24.0 s against 27.3 s with 128 in neighbouring runs
+    /// on a 2-core AVX-512 VM (benches/eval_sop.rs), for a 124 MB buffer instead of 31 MB.
     pub chunk_size: usize,
     /// How the query appears among the references.
     pub self_match: SelfMatch,
@@ -397,7 +397,8 @@ impl Operands {
             );
             Ok(())
         })?;
-        if let Some(bias) = &host.column_bias {
+        // (No references: nothing to add, and `par_chunks_mut(0)` would panic.)
+        if let Some(bias) = host.column_bias.as_ref().filter(|_| nr > 0) {
             chunk.host.par_chunks_mut(nr).for_each(|row| {
                 for (s, b) in row.iter_mut().zip(bias) {
                     *s += *b;
