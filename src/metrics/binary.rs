@@ -35,29 +35,23 @@ impl<'a> Binary<'a> {
     /// `None` if the list holds no positive or `min_level` is 0 (which would make the negatives
     /// positives).
     pub fn new(ranked: &'a [u8], min_level: u8) -> Option<Self> {
-        if min_level == 0 {
-            return None;
-        }
         let positives = ranked.iter().filter(|&&l| l >= min_level).count();
-        (positives > 0).then_some(Binary {
-            ranked,
-            min_level,
-            positives,
-        })
+        Self::with_positives(ranked, min_level, positives)
     }
 
     /// [`Binary::new`] with the positives read from `counts`, the number of items of each
     /// level of `ranked` ([`crate::hierarchy::level_counts`]).
     pub(crate) fn from_counts(ranked: &'a [u8], min_level: u8, counts: &[usize]) -> Option<Self> {
-        if min_level == 0 {
-            return None;
-        }
         let positives = counts.iter().skip(min_level as usize).sum::<usize>();
         debug_assert_eq!(
             positives,
             ranked.iter().filter(|&&l| l >= min_level).count()
         );
-        (positives > 0).then_some(Binary {
+        Self::with_positives(ranked, min_level, positives)
+    }
+
+    fn with_positives(ranked: &'a [u8], min_level: u8, positives: usize) -> Option<Self> {
+        (min_level > 0 && positives > 0).then_some(Binary {
             ranked,
             min_level,
             positives,
