@@ -33,5 +33,10 @@ pub mod synthetic_embeddings;
 pub mod train;
 pub(crate) mod work_phases;
 
+/// candle, re-exported so that notebooks and users name the same `Tensor`, `Device` and `DType`
+/// as the library without a dependency (and a rebuild) of their own.
+pub use candle_core;
+/// candle's layers and optimisers (`VarBuilder`, `VarMap`, …), re-exported like [`candle_core`].
+pub use candle_nn;
 pub use error::{Error, Result};
 pub use hierarchy::{Labels, Relevance};

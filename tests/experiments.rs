@@ -156,12 +156,32 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert!(e.contains("no_such_paper.toml"), "{e}");
     assert!("medium".parse::<Scale>().is_err());
     assert_eq!("standard".parse::<Scale>().unwrap(), Scale::Standard);
-    let e = experiments::ssr::SsrRecipe::for_root(root())
-        .unwrap()
-        .at(Scale::Standard)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("standard"), "{e}");
+    // SSR's standard scale: the quick recipe with a converged backbone and 6 replicates.
+    let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
+    let standard = ssr.at(Scale::Standard).unwrap();
+    let mut quick = ssr.at(Scale::Quick).unwrap();
+    let (b, q) = (
+        standard.backbone.as_ref().unwrap(),
+        quick.backbone.as_mut().unwrap(),
+    );
+    assert_eq!((q.epochs, b.epochs), (4, 16));
+    q.epochs = b.epochs;
+    q.schedule = b.schedule.clone();
+    assert_eq!(
+        quick, standard,
+        "SSR: standard differs from quick beyond the backbone"
+    );
+    assert_eq!(
+        (
+            ssr.seeds.count(Scale::Quick),
+            ssr.seeds.count(Scale::Standard)
+        ),
+        (3, 6)
+    );
+    let mut no_standard = ssr.clone();
+    no_standard.standard = None;
+    let e = no_standard.at(Scale::Standard).unwrap_err().to_string();
+    assert!(e.contains("[standard]"), "{e}");
     let dirs = experiments::ReproduceDirs::defaults(root(), Scale::Standard);
     assert!(dirs.tables.ends_with("paper_tables/standard"), "{dirs:?}");
     assert_eq!("Quick".parse::<Scale>().unwrap(), Scale::Quick);

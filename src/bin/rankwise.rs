@@ -255,8 +255,9 @@ enum SplitArg {
 #[derive(Args, Debug)]
 struct ReproduceArgs {
     /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
-    /// embedded dataset on the CPU, minutes) or paper (the papers' data and recipes; needs the
-    /// data and a GPU). Default: $RANKWISE_SCALE, else quick.
+    /// embedded dataset on the CPU, minutes), standard (the quick data trained to convergence,
+    /// more seeds; tables under paper_tables/standard/) or paper (the papers' data and recipes;
+    /// needs the data and a GPU). Default: $RANKWISE_SCALE, else quick.
     #[arg(long, value_name = "SCALE")]
     scale: Option<String>,
     #[arg(help = papers_help())]

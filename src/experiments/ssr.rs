@@ -1,7 +1,7 @@
 //! SSR (Shen et al., NeurIPS 2021): transductive few-shot classification (Table 2) and
 //! re-ranking for retrieval (Table 1), on frozen features of the embedded shapes dataset.
 //!
-//! What runs at the `quick` and `tiny` scales (recipe `configs/experiments/ssr.toml`,
+//! What runs at the `quick`, `standard` and `tiny` scales (recipe `configs/experiments/ssr.toml`,
 //! [`SsrRecipe`]):
 //!
 //! 1. The backbone: the small CNN trained with Smooth-AP on the base classes (64% of the fine
@@ -173,6 +173,9 @@ pub struct SsrRecipe {
     pub tiny: SsrScaleRecipe,
     /// CPU scale.
     pub quick: SsrScaleRecipe,
+    /// The quick data with a converged backbone and more replicates (absent: not defined).
+    #[serde(default)]
+    pub standard: Option<SsrScaleRecipe>,
     /// The paper's scale (absent: the paper's features are not available here).
     #[serde(default)]
     pub paper: Option<SsrScaleRecipe>,
@@ -297,7 +300,14 @@ impl SsrRecipe {
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
         let recipe: SsrRecipe = super::recipe::read_per_scale(
             path.as_ref(),
-            |r: &SsrRecipe| [Some(&r.tiny), Some(&r.quick), None, r.paper.as_ref()],
+            |r: &SsrRecipe| {
+                [
+                    Some(&r.tiny),
+                    Some(&r.quick),
+                    r.standard.as_ref(),
+                    r.paper.as_ref(),
+                ]
+            },
             SsrScaleRecipe::validate,
         )?;
         recipe
@@ -317,11 +327,12 @@ impl SsrRecipe {
         match scale {
             Scale::Tiny => Ok(self.tiny.clone()),
             Scale::Quick => Ok(self.quick.clone()),
-            Scale::Standard => Err(Error::invalid(
-                "scale",
-                "SSR has no standard scale: it trains no network through the run cache, and its \
-                 quick recipe already meta-trains to its validation optimum; run quick",
-            )),
+            Scale::Standard => self.standard.clone().ok_or_else(|| {
+                Error::invalid(
+                    "scale",
+                    "the SSR recipe has no [standard] section; run the tiny or quick scale",
+                )
+            }),
             Scale::Paper => self.paper.clone().ok_or_else(|| {
                 Error::invalid(
                     "scale",

@@ -331,6 +331,18 @@ impl CustomOp1 for BlackboxRank {
 /// back in the dtype and on the device of `scores` (both conversions are differentiable).
 /// Errors on a tensor that is not 1- or 2-dimensional, on NaN or infinite scores and on
 /// λ ≤ 0.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::blackbox_rank::{blackbox_rank, RankUnits};
+/// let y = Tensor::new(&[0.1f64, 0.9, 0.5], &Device::Cpu)?;
+/// // The highest score gets rank 1 (RaMBO Eq. 2).
+/// let ranks = blackbox_rank(&y, 1.0, RankUnits::Integer)?;
+/// assert_eq!(ranks.to_vec1::<f64>()?, [3.0, 1.0, 2.0]);
+/// let normalised = blackbox_rank(&y, 1.0, RankUnits::Normalised)?.to_vec1::<f64>()?;
+/// assert_eq!(normalised, [1.0, 1.0 / 3.0, 2.0 / 3.0]);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 pub fn blackbox_rank(scores: &Tensor, lambda: f64, units: RankUnits) -> Result<Tensor> {
     check_lambda(lambda)?;
     if !matches!(scores.rank(), 1 | 2) {

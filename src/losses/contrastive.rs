@@ -34,6 +34,20 @@ pub enum PairReduction {
 }
 
 /// Contrastive loss with margins on L2-normalised embeddings (see the module documentation).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{contrastive::Contrastive, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // m⁺ = 0.9: each positive pair (s = 0.8) costs 0.1; m⁻ = 0.6: only the negative pair at 0.96
+/// // costs (0.36); each part is the mean over its non-zero pairs.
+/// let loss = Contrastive::default().forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((loss - 0.46).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Contrastive {
     /// Positive margin `m⁺`.

@@ -55,6 +55,21 @@ pub enum FastApGradient {
 }
 
 /// The FastAP loss (Cakir et al., CVPR 2019, poster formula; code `FastAP_loss.py`).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{fastap::FastAp, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // Squared distances 2 − 2s: the positives sit at 0.4, a bin centre of the default 10 bins,
+/// // and the one negative ranked above them (d13 = 0.08) falls wholly below their bin, so each
+/// // query's FastAP is its AP here: 1 − mAP = 0.25.
+/// let loss = FastAp::default().forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((loss - 0.25).abs() < 1e-9);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct FastAp {
     /// Number of histogram intervals over `[0, 4]` (the code's `num_bins`; `num_bins + 1` bin

@@ -31,6 +31,29 @@ use candle_core::Tensor;
 
 /// HAPPIER's smooth H-AP loss `L^s_{H-AP} = 1 − mean_q H-AP_s(q)` (Eq. 5), an upper bound of
 /// `1 − mH-AP` for the paper's surrogates.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::happier::HapLoss;
+/// use rankwise::losses::smooth_rank::{similarity_matrix, smooth_average_precision, Engine, PairSurrogates, RankProblem};
+/// use rankwise::losses::surrogate::Heaviside;
+/// use rankwise::losses::RankLoss;
+/// use rankwise::Labels;
+/// // Two levels, finest first: fine classes {0, 1}, {2}, {3}; coarse classes {0, 1, 2}, {3}.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::new(vec![vec![0, 0], vec![0, 0], vec![1, 0], vec![2, 1]])?;
+/// let loss = HapLoss::default();
+/// let smooth = loss.forward(&x, &labels)?.to_scalar::<f64>()?;
+/// // The same ranker with the exact step everywhere gives the exact H-AP.
+/// let problem = RankProblem::hierarchical(&labels, loss.include_self, &loss.relevance)?;
+/// let exact = PairSurrogates::uniform(Heaviside::default().into());
+/// let scores = similarity_matrix(&x, true)?;
+/// let hap = smooth_average_precision(&scores, &problem, &exact, Engine::Streaming, None)?;
+/// let exact_loss = hap.mean_loss()?.to_scalar::<f64>()?;
+/// // Eq. 5's surrogates bound H-rank from below and rank from above: L_s ≥ 1 − H-AP.
+/// assert!(smooth >= exact_loss && exact_loss > 0.0);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct HapLoss {
     /// Relevance of each level (Eq. 4: `Pop { alpha: 1, count_query: false }` by default;
@@ -149,6 +172,24 @@ impl RankLoss for HapLoss {
 /// The HAPPIER objective `(1 − λ) L^s_{H-AP} + λ L_clust` (§3.3, λ = 0.1). The proxies of the
 /// clustering loss are a candle `Var` ([`ClusterLoss::proxies`]) to give to an optimizer (the
 /// authors give them their own Adam, lr 10 on SOP).
+///
+/// ```
+/// use candle_core::{DType, Device, Tensor};
+/// use rankwise::losses::cluster::ClusterLoss;
+/// use rankwise::losses::happier::{HapLoss, Happier};
+/// use rankwise::losses::RankLoss;
+/// use rankwise::Labels;
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::new(vec![vec![0, 0], vec![0, 0], vec![1, 0], vec![2, 1]])?;
+/// let cluster = ClusterLoss::for_level(&labels, 0, 2, 0, DType::F64, &Device::Cpu)?;
+/// let happier = Happier::new(HapLoss::default(), cluster.clone());
+/// let parts = 0.9 * HapLoss::default().forward(&x, &labels)?.to_scalar::<f64>()?
+///     + 0.1 * cluster.forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((happier.forward(&x, &labels)?.to_scalar::<f64>()? - parts).abs() < 1e-12);
+/// // The proxies are the loss's own parameters, for the optimizer.
+/// assert_eq!(happier.trainable_vars().len(), 1);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Happier {
     /// The smooth H-AP loss.

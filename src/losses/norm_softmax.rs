@@ -22,6 +22,21 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 
 /// Normalised-softmax loss over learnable class proxies (see the module documentation).
+///
+/// ```
+/// use candle_core::{Device, Tensor, Var};
+/// use rankwise::losses::{norm_softmax::NormSoftmax, RankLoss};
+/// use rankwise::Labels;
+/// // One proxy per class; each embedding sits on its class's proxy: logits 1/σ = 20 and 0.
+/// let proxies = Var::from_tensor(&Tensor::new(&[[1.0f64, 0.0], [0.0, 1.0]], &Device::Cpu)?)?;
+/// let loss = NormSoftmax::with_proxies(&[0, 1], proxies)?;
+/// let x = Tensor::new(&[[2.0f64, 0.0], [0.0, 3.0]], &Device::Cpu)?;
+/// let right = loss.forward(&x, &Labels::from_fine(&[0, 1])?)?.to_scalar::<f64>()?;
+/// assert!((right - (1.0 + (-20f64).exp()).ln()).abs() < 1e-15);
+/// let wrong = loss.forward(&x, &Labels::from_fine(&[1, 0])?)?.to_scalar::<f64>()?;
+/// assert!((wrong - (20.0 + right)).abs() < 1e-9);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct NormSoftmax {
     /// Temperature σ > 0 (authors' code: 0.05).

@@ -136,6 +136,24 @@ pub enum RecallCount {
 
 /// A RaMBO loss (see the module documentation). Its only interior state is the forward-pass
 /// counter of the stochastic margin.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{rambo::Rambo, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // The forward pass ranks exactly: without margin the AP loss is 1 − mAP (Eq. 22).
+/// let ap = Rambo { margin: 0.0, ..Rambo::ap() };
+/// assert!((ap.forward(&x, &labels)?.to_scalar::<f64>()? - 0.25).abs() < 1e-12);
+/// // Eq. 14 lowers the positives' scores by α/2 and raises the negatives' by α/2: with α = 0.3
+/// // every negative within 0.3 of a positive counts as ranked above it. Queries 0 and 2 then
+/// // have AP 1/2, queries 1 and 3 AP 1/3: 1 − mAP = 1 − 5/12.
+/// let with_margin = Rambo { margin: 0.3, ..Rambo::ap() }.forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((with_margin - 7.0 / 12.0).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct Rambo {
     /// AP or recall.

@@ -26,6 +26,19 @@ use candle_core::{DType, Tensor};
 
 /// SupAP: `1 − mean_q AP_s(q)` with `rank⁻` smoothed by `H_s^<` and `rank⁺` exact (no gradient),
 /// binary relevance on the fine class.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{roadmap::SupAp, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // H_s^< bounds the step from above, so SupAP is an upper bound of 1 − mAP (= 0.25 here).
+/// let loss = SupAp::default().forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!(loss >= 0.25);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SupAp {
     /// `H_s^<` on (positive k, negative j) pairs.
@@ -99,6 +112,20 @@ impl RankLoss for SupAp {
 
 /// ROADMAP's calibration loss: a contrastive loss on cosine similarities with margins, each
 /// part averaged over its non-zero terms (pytorch-metric-learning's `AvgNonZeroReducer`).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{roadmap::Calibration, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // Positive pairs below 0.9 cost 0.9 − 0.8 = 0.1; negative pairs above 0.6 cost 0.96 − 0.6;
+/// // each part is averaged over its non-zero pairs.
+/// let loss = Calibration::default().forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((loss - (0.1 + 0.36)).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Calibration {
     /// Positive pairs are pushed above this similarity (0.9).
@@ -185,6 +212,21 @@ impl Calibration {
 }
 
 /// ROADMAP = `sup_ap_weight · SupAP + calibration_weight · Calibration`.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::roadmap::{Calibration, Roadmap, SupAp};
+/// use rankwise::losses::RankLoss;
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// let roadmap = Roadmap { calibration_weight: 0.1, ..Roadmap::default() };
+/// let sum = SupAp::default().forward(&x, &labels)?.to_scalar::<f64>()?
+///     + 0.1 * Calibration::default().forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((roadmap.forward(&x, &labels)?.to_scalar::<f64>()? - sum).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Roadmap {
     /// The SupAP term.

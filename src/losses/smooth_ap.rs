@@ -24,6 +24,21 @@ use candle_core::Tensor;
 ///
 /// A query whose class has no other sample in the batch has no positive (paper protocol) and is
 /// left out of the mean; a batch where no query has a positive is an error.
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{smooth_ap::SmoothAp, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // Items 1 and 3 rank a negative (s13 = 0.96) above their positive: AP 1/2 each, mAP 0.75.
+/// let exact = SmoothAp { tau: 1e-8, ..SmoothAp::default() }.forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((exact - 0.25).abs() < 1e-12); // 1 − mAP as τ → 0
+/// let smooth = SmoothAp::default().forward(&x, &labels)?.to_scalar::<f64>()?; // τ = 0.01
+/// assert!(smooth != exact && (smooth - 0.25).abs() < 0.05);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct SmoothAp {
     /// Sigmoid temperature τ (0.01 in every experiment of the paper).

@@ -34,6 +34,23 @@ impl std::fmt::Debug for LevelTerm {
 }
 
 /// A weighted sum of flat losses over hierarchy levels (the Σ baselines).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::summed_levels::SummedLevels;
+/// use rankwise::losses::{smooth_ap::SmoothAp, RankLoss};
+/// use rankwise::Labels;
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::new(vec![vec![0, 0], vec![0, 0], vec![1, 0], vec![2, 1]])?;
+/// // Σ Smooth-AP over the two levels: the fine term plus the term where positives share the
+/// // coarse class.
+/// let summed = SummedLevels::uniform(2, |_| Ok(Box::new(SmoothAp::default()) as Box<dyn RankLoss>))?;
+/// let fine = SummedLevels::uniform(1, |_| Ok(Box::new(SmoothAp::default()) as Box<dyn RankLoss>))?;
+/// let (both, one) = (summed.forward(&x, &labels)?.to_scalar::<f64>()?, fine.forward(&x, &labels)?.to_scalar::<f64>()?);
+/// assert!(both > one);
+/// assert!((one - SmoothAp::default().forward(&x, &labels)?.to_scalar::<f64>()?).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct SummedLevels {
     terms: Vec<LevelTerm>,

@@ -46,6 +46,21 @@ pub enum TripletMining {
 }
 
 /// Triplet margin loss with mining (see the module documentation).
+///
+/// ```
+/// use candle_core::{Device, Tensor};
+/// use rankwise::losses::{triplet::Triplet, RankLoss};
+/// use rankwise::Labels;
+/// // Four unit vectors, two classes: cosines s01 = 0.8, s23 = 0.8, s13 = 0.96, s03 = s12 = 0.6.
+/// let x = Tensor::new(&[[1.0f64, 0.0], [0.8, 0.6], [0.0, 1.0], [0.6, 0.8]], &Device::Cpu)?;
+/// let labels = Labels::from_fine(&[0, 0, 1, 1])?;
+/// // Each anchor takes its positive (0.8) and the hardest negative *below* it (0.6): cost
+/// // 0.6 − 0.8 + m. The negative at 0.96, above the positive, is not semi-hard and is not mined.
+/// let loss = Triplet { margin: 0.3, ..Triplet::default() }.forward(&x, &labels)?.to_scalar::<f64>()?;
+/// assert!((loss - 0.1).abs() < 1e-12);
+/// assert_eq!(Triplet::default().forward(&x, &labels)?.to_scalar::<f64>()?, 0.0); // m = 0.05
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct Triplet {
     /// Margin `m` (pml default and SupRank's configs: 0.05).

@@ -142,6 +142,16 @@ impl<'a> Binary<'a> {
 ///
 /// Equal to the authors' `metrics.ap` and to pytorch-metric-learning's `mean_average_precision`
 /// for one query. `None` if the list has no positive or `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::average_precision;
+/// // Levels of the ranked items; positives are the items of level ≥ 1, here at ranks 2 and 5.
+/// let ap = average_precision(&[0, 2, 0, 0, 1], 1).unwrap();
+/// assert!((ap - (1.0 / 2.0 + 2.0 / 5.0) / 2.0).abs() < 1e-15); // 0.45
+/// // Only the level-2 item is a positive at min_level = 2 (a per-level AP of HAPPIER Eq. 13).
+/// assert_eq!(average_precision(&[0, 2, 0, 0, 1], 2), Some(0.5));
+/// assert_eq!(average_precision(&[0, 0], 1), None); // no positive
+/// ```
 pub fn average_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
     Binary::new(ranked, min_level).map(|b| b.average_precision())
 }
@@ -153,6 +163,13 @@ pub fn average_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
 /// That is AP truncated to the first `R` positions but still divided by `R`, so a positive
 /// ranked beyond `R` contributes nothing. Equal to the authors' `metrics.map_at_R`. `None` if the
 /// list has no positive or `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::map_at_r;
+/// // R = 2 positives, at ranks 2 and 5: only the one within the first R counts, P(2) = 1/2.
+/// assert_eq!(map_at_r(&[0, 2, 0, 0, 1], 1), Some(0.25));
+/// assert_eq!(map_at_r(&[1, 1, 0], 1), Some(1.0));
+/// ```
 pub fn map_at_r(ranked: &[u8], min_level: u8) -> Option<f64> {
     Binary::new(ranked, min_level).map(|b| b.map_at_r())
 }
@@ -160,6 +177,12 @@ pub fn map_at_r(ranked: &[u8], min_level: u8) -> Option<f64> {
 /// R-precision (pytorch-metric-learning `r_precision`): the fraction of positives among the first
 /// `R` items, `R` = the number of positives in the list. `None` if there is no positive or
 /// `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::r_precision;
+/// // R = 2 positives; one of them in the first 2 items.
+/// assert_eq!(r_precision(&[0, 2, 0, 0, 1], 1), Some(0.5));
+/// ```
 pub fn r_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
     Binary::new(ranked, min_level).map(|b| b.r_precision())
 }
@@ -170,6 +193,13 @@ pub fn r_precision(ranked: &[u8], min_level: u8) -> Option<f64> {
 ///
 /// `k = 0` gives 0 (no item retrieved); `k > n` looks at the whole list, so it is 1 whenever the
 /// list has a positive. `None` if the list has no positive or `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::recall_at_k;
+/// let ranked = [0, 2, 0, 0, 1];
+/// assert_eq!(recall_at_k(&ranked, 1, 1), Some(0.0)); // no positive at rank 1
+/// assert_eq!(recall_at_k(&ranked, 1, 2), Some(1.0)); // one in the first 2
+/// ```
 pub fn recall_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
     Binary::new(ranked, min_level).map(|b| b.recall_at_k(k))
 }
@@ -182,6 +212,12 @@ pub fn recall_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
 /// `min(k, n)` instead; the two agree whenever `k ≤ n`, which the full-ranking evaluation always
 /// satisfies for the `k` it uses (1). `None` if `k = 0` (precision at 0 is 0/0), if the list has
 /// no positive, or if `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::precision_at_k;
+/// assert_eq!(precision_at_k(&[0, 2, 0, 0, 1], 1, 5), Some(0.4));
+/// assert_eq!(precision_at_k(&[0, 2, 0, 0, 1], 1, 0), None); // 0/0
+/// ```
 pub fn precision_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
     Binary::new(ranked, min_level).and_then(|b| b.precision_at_k(k))
 }
@@ -193,6 +229,12 @@ pub fn precision_at_k(ranked: &[u8], min_level: u8, k: usize) -> Option<f64> {
 ///
 /// Equal to [`asi`](crate::metrics::asi()) on the list with levels `≥ min_level` mapped to 1 and the
 /// others to 0. `None` if the list has no positive or `min_level = 0`.
+///
+/// ```
+/// use rankwise::metrics::binary_asi;
+/// // R = 2: the mean of P@1 = 0 and P@2 = 1/2.
+/// assert_eq!(binary_asi(&[0, 2, 0, 0, 1], 1), Some(0.25));
+/// ```
 pub fn binary_asi(ranked: &[u8], min_level: u8) -> Option<f64> {
     Binary::new(ranked, min_level).map(|b| b.asi())
 }

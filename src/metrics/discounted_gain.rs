@@ -21,6 +21,15 @@ fn discount(rank: usize) -> f64 {
 /// The gain uses the level index `l` (gains 3 / 1 / 0 on SOP, up to 127 on iNat-full). The
 /// authors compute it in float32; this is f64. `O(n)`. `None` if the list has no positive
 /// (`IDCG = 0`).
+///
+/// ```
+/// use rankwise::metrics::ndcg;
+/// // Gains 2^l − 1 = 1, 3, 0 at ranks 1, 2, 3; the ideal order puts the level-2 item first.
+/// let dcg = 1.0 + 3.0 / 3f64.log2();
+/// let idcg = 3.0 + 1.0 / 3f64.log2();
+/// assert!((ndcg(&[1, 2, 0]).unwrap() - dcg / idcg).abs() < 1e-12);
+/// assert_eq!(ndcg(&[2, 1, 0]), Some(1.0));
+/// ```
 pub fn ndcg(ranked: &[u8]) -> Option<f64> {
     let mut counts = [0usize; MAX_LEVELS];
     let mut dcg = 0.0;

@@ -65,6 +65,15 @@ fn numpy_sum(values: &[f64]) -> f64 {
 /// `mean = Σ a_i / n`, `σ = √(Σ (a_i − mean)² / n)`, `half_width = 1.96 · σ / √n`.
 ///
 /// Errors on an empty list and on a non-finite accuracy (naming its episode).
+///
+/// ```
+/// use rankwise::metrics::fewshot::accuracy_interval;
+/// // Four episodes (percent): mean 70, population std 10, half-width 1.96 · 10 / √4.
+/// let ci = accuracy_interval(&[60.0, 80.0, 60.0, 80.0]).unwrap();
+/// assert_eq!((ci.mean, ci.std, ci.episodes), (70.0, 10.0, 4));
+/// assert!((ci.half_width - 9.8).abs() < 1e-12);
+/// assert!(accuracy_interval(&[]).is_err());
+/// ```
 pub fn accuracy_interval(accuracies: &[f64]) -> Result<AccuracyInterval> {
     if accuracies.is_empty() {
         return Err(Error::invalid(
@@ -99,6 +108,11 @@ pub fn accuracy_interval(accuracies: &[f64]) -> Result<AccuracyInterval> {
 /// (SSR `utils.accuracy` with top-1, which reports it in percent: multiply by 100 for that).
 ///
 /// Errors if the two lists differ in length or are empty.
+///
+/// ```
+/// use rankwise::metrics::fewshot::episode_accuracy;
+/// assert_eq!(episode_accuracy(&[0, 1, 1, 2], &[0, 1, 2, 2]).unwrap(), 0.75);
+/// ```
 pub fn episode_accuracy(predicted: &[usize], truth: &[usize]) -> Result<f64> {
     if predicted.len() != truth.len() {
         return Err(Error::Shape(format!(

@@ -34,6 +34,13 @@ use crate::error::{Error, Result};
 ///
 /// The metric functions return `None` on a table that fails this check; call it once per
 /// relevance table to get a clear error instead.
+///
+/// ```
+/// use rankwise::metrics::check_level_values;
+/// assert!(check_level_values(&[0.0, 0.5, 1.0]).is_ok());
+/// let e = check_level_values(&[0.2, 1.0]).unwrap_err().to_string();
+/// assert!(e.contains("rel[0]"), "{e}");
+/// ```
 pub fn check_level_values(rel: &[f64]) -> Result<()> {
     match rel.first() {
         None => {
@@ -131,6 +138,18 @@ fn walk_h_ranks(
 ///
 /// `None` if the list has no item of positive relevance, the table is invalid
 /// ([`check_level_values`]) or a level has no entry in it.
+///
+/// ```
+/// use rankwise::metrics::{average_precision, h_ap};
+/// // HAPPIER supp. A.2.3: a "Lada #2" query, L = 3, raw level weights 1/3, 2/3, 1.
+/// let rel = [0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0];
+/// let top = [2, 3, 0, 1, 3]; // another Lada first
+/// let bottom = [1, 3, 0, 1, 3]; // another car first
+/// assert!((h_ap(&top, &rel).unwrap() - 47.0 / 60.0).abs() < 1e-12); // 0.783
+/// assert!((h_ap(&bottom, &rel).unwrap() - 107.0 / 160.0).abs() < 1e-12); // 0.669
+/// // Binary AP (positives: the same model) cannot tell them apart: 0.45 for both.
+/// assert_eq!(average_precision(&top, 3), average_precision(&bottom, 3));
+/// ```
 pub fn h_ap(ranked: &[u8], rel: &[f64]) -> Option<f64> {
     h_ap_with(ranked, rel, Matching::ByLevel)
 }
@@ -162,6 +181,14 @@ fn h_ap_with(ranked: &[u8], rel: &[f64], matching: Matching) -> Option<f64> {
 /// E.g. HAPPIER Fig. 3 with `L = 3`, raw level weights `rel = [0, 1/3, 2/3, 1]` and a "Lada #2"
 /// query: the same-model instance ranked second behind another Lada has `H-rank = 1 + 2/3`.
 /// `None` in the same cases as [`h_ap`].
+///
+/// ```
+/// use rankwise::metrics::h_ranks;
+/// // HAPPIER Fig. 3: the same-model car ranked behind another Lada has H-rank 1 + 2/3.
+/// let rel = [0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0];
+/// let h = h_ranks(&[2, 3], &rel).unwrap();
+/// assert!((h[0] - 2.0 / 3.0).abs() < 1e-15 && (h[1] - 5.0 / 3.0).abs() < 1e-15);
+/// ```
 pub fn h_ranks(ranked: &[u8], rel: &[f64]) -> Option<Vec<f64>> {
     let mut out = vec![0.0; ranked.len()];
     walk_h_ranks(ranked, rel, Matching::ByLevel, |i, _, h_rank| {

@@ -13,6 +13,12 @@
 /// HAPPIER Eq. (1) / Smooth-AP Eq. (2) ([`average_precision`](crate::metrics::average_precision)):
 /// recall moves by `1/|Ω⁺|` at each positive. Empty when the list has no positive or
 /// `min_level = 0` (where the AP is `None`).
+///
+/// ```
+/// use rankwise::metrics::precision_recall_curve;
+/// // Positives at ranks 2 and 5: (recall, precision) at each positive.
+/// assert_eq!(precision_recall_curve(&[0, 1, 0, 0, 1], 1), [(0.5, 0.5), (1.0, 0.4)]);
+/// ```
 pub fn precision_recall_curve(ranked: &[u8], min_level: u8) -> Vec<(f64, f64)> {
     if min_level == 0 {
         return Vec::new();

@@ -14,6 +14,14 @@ use super::MAX_LEVELS;
 /// intersection. `O(n)`: each step changes two counters, hence at most two terms of the sum.
 ///
 /// `num_levels` is `L`; `None` if the list has no positive or holds a level above `L`.
+///
+/// ```
+/// use rankwise::metrics::asi;
+/// // N = 2 positives (levels 1 and 2), ideal list [2, 1, 0]: SI(1) = |{1} ∩ {2}| / 1 = 0,
+/// // SI(2) = |{1, 2} ∩ {2, 1}| / 2 = 1.
+/// assert_eq!(asi(&[1, 2, 0], 2), Some(0.5));
+/// assert_eq!(asi(&[2, 1, 0], 2), Some(1.0));
+/// ```
 pub fn asi(ranked: &[u8], num_levels: usize) -> Option<f64> {
     let top = num_levels.min(MAX_LEVELS - 1);
     let mut counts = [0usize; MAX_LEVELS];
