@@ -625,3 +625,31 @@ fn runs_side_by_side_equal_runs_alone() {
         .to_string();
     assert!(e.contains("bad"), "{e}");
 }
+
+#[test]
+fn only_the_similarity_update_rows_choose_their_own_lambda() {
+    use experiments::ssr::{ablation_lambdas, few_shot_ablation_rows, retrieval_ablation_rows};
+    use rankwise::rerank::ssr::SsrConfig;
+    let grid = [0.002, 0.01, 0.05];
+    let rows = few_shot_ablation_rows()
+        .into_iter()
+        .map(|(_, setting, change)| (setting, change))
+        .chain(
+            retrieval_ablation_rows()
+                .into_iter()
+                .map(|(method, _, change)| (method, change)),
+        );
+    let mut similarity_rows = 0;
+    for (name, change) in rows {
+        let mut config = SsrConfig::default();
+        change(&mut config);
+        let lambdas = ablation_lambdas(&config, 0.01, &grid);
+        if name.contains("w.o feat. update") {
+            similarity_rows += 1;
+            assert_eq!(lambdas, grid, "{name}");
+        } else {
+            assert_eq!(lambdas, [0.01], "{name}");
+        }
+    }
+    assert_eq!(similarity_rows, 2);
+}

@@ -141,7 +141,8 @@ fn walk_h_ranks(
 ///
 /// ```
 /// use rankwise::metrics::{average_precision, h_ap};
-/// // HAPPIER supp. A.2.3: a "Lada #2" query, L = 3, raw level weights 1/3, 2/3, 1.
+/// // Two lists consistent with HAPPIER supp. Fig. 8: a "Lada #2" query, L = 3, raw level
+/// // weights 1/3, 2/3, 1.
 /// let rel = [0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0];
 /// let top = [2, 3, 0, 1, 3]; // another Lada first
 /// let bottom = [1, 3, 0, 1, 3]; // another car first
