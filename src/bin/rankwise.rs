@@ -255,8 +255,8 @@ enum SplitArg {
 #[derive(Args, Debug)]
 struct ReproduceArgs {
     /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
-    /// embedded dataset on the CPU, minutes), standard (the quick data trained to convergence,
-    /// more seeds; tables under paper_tables/standard/) or paper (the papers' data and recipes;
+    /// embedded dataset on the CPU, minutes), standard (the quick data trained 4x longer, SSR with
+    /// 6 replicates; tables under paper_tables/standard/) or paper (the papers' data and recipes;
     /// needs the data and a GPU). Default: $RANKWISE_SCALE, else quick.
     #[arg(long, value_name = "SCALE")]
     scale: Option<String>,
