@@ -33,9 +33,9 @@
 //!    ([`AblationRecipe`]) at the `λ` (and `k`) that Tables 1–2 selected — re-selecting `λ`
 //!    per row would multiply the cost by the grid size; the "w.o feat. update" rows, whose
 //!    step acts on another scale, choose theirs from the grid ([`ablation_lambdas`]) — with
-//!    `T` chosen on the validation classes after each stage, as there. "Ours" is retrained with the same schedule so that
-//!    every row is trained alike. The row "w.o feat. update" adds `λG` to `S` (Eq. 2 with
-//!    the feature step's scale, see [`UpdateSpace::Similarity`]).
+//!    `T` chosen on the validation classes after each stage, as there. "Ours" is retrained
+//!    with the same schedule so that every row is trained alike. The row "w.o feat. update"
+//!    adds `λG` to `S` (Eq. 2 with the feature step's scale, see [`UpdateSpace::Similarity`]).
 //!
 //! At the `paper` scale nothing is trained here but SSR: the recipe's `[paper.features]`
 //! ([`super::ssr_features`]) names frozen features on disk — the few-shot set of Table 2
