@@ -2,9 +2,10 @@
 //! experiments' run cache (`experiments::runs`) never serves a result produced by other code.
 //!
 //! A run is a resolved recipe handed to the trainer, so its result depends on every source file
-//! under `src/` except the folders that never run inside it — `src/experiments/` (which turns
+//! under `src/` except the modules that never run inside it — `src/experiments/` (which turns
 //! table rows into recipes: the resolved recipe is the rest of the cache key), `src/report/`
-//! (tables and figures) and `src/bin/` (the CLI, which hands recipes to the library) — and on
+//! (tables and figures), `src/stats.rs` (the tests behind the verdicts) and `src/bin/` (the
+//! CLI, which hands recipes to the library) — and on
 //! the exact dependency versions (`Cargo.lock`). Leaving those folders out lets a change of a
 //! caption, a claim or a command-line option reuse the runs; any change of a loss, the trainer,
 //! a model, the data or the metrics makes every run new.
@@ -12,8 +13,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// Folders of `src/` whose code never runs inside a training run.
-const DOWNSTREAM: [&str; 3] = ["experiments", "report", "bin"];
+/// Modules of `src/` (folders or files) whose code never runs inside a training run.
+const DOWNSTREAM: [&str; 4] = ["experiments", "report", "bin", "stats.rs"];
 
 fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
@@ -51,10 +52,11 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<String>) {
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
             .collect::<Vec<_>>()
             .join("/");
+        if DOWNSTREAM.iter().any(|d| rel == format!("src/{d}")) {
+            continue;
+        }
         if path.is_dir() {
-            if !DOWNSTREAM.iter().any(|d| rel == format!("src/{d}")) {
-                collect(&path, root, out);
-            }
+            collect(&path, root, out);
         } else {
             out.push(rel);
         }

@@ -11,16 +11,16 @@
 
 use anyhow::Result;
 use clap::Parser;
-use rankwise::fewshot::k_reciprocal::{best_of_grid, ssr_fewshot_grid, KReciprocalClassifier};
 use rankwise::fewshot::prototype::{PrototypeClassifier, PrototypeMetric};
 use rankwise::fewshot::soft_kmeans::SoftKMeansClassifier;
 use rankwise::fewshot::{
     evaluate, quick_backbone_features, EpisodeClassifier, QuickBackboneConfig,
 };
-use rankwise::io::results::write_atomically;
+use rankwise::io::atomic::write_atomically;
 use rankwise::losses::contrastive::Contrastive;
 use rankwise::losses::smooth_ap::SmoothAp;
 use rankwise::losses::RankLoss;
+use rankwise::rerank::k_reciprocal::{best_of_grid, ssr_fewshot_grid, KReciprocalClassifier};
 use rankwise::samplers::episodes::EpisodeConfig;
 use std::io::Write;
 use std::time::Instant;

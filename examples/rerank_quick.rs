@@ -16,7 +16,8 @@ use rankwise::hierarchy::Labels;
 use rankwise::losses::smooth_ap::SmoothAp;
 use rankwise::rerank::k_reciprocal::KReciprocal;
 use rankwise::rerank::query_expansion::{QueryExpansion, SSR_QE_NEIGHBOURS};
-use rankwise::rerank::{evaluate, CosineRanking, RerankEvalOptions, Reranker};
+use rankwise::rerank::{CosineRanking, Reranker};
+use rankwise::retrieval::EvalOptions;
 use rankwise::synthetic_embeddings::SyntheticSpec;
 use std::time::Instant;
 
@@ -31,11 +32,14 @@ struct Args {
 }
 
 fn report(name: &str, r: &dyn Reranker, labels: &Labels, seconds: f64) -> Result<()> {
-    let opts = RerankEvalOptions {
+    let opts = EvalOptions {
         recall_ks: vec![1],
-        ..RerankEvalOptions::default()
+        hierarchical: false,
+        per_level: false,
+        chunk_size: 128,
+        ..EvalOptions::default()
     };
-    let e = evaluate(r, labels, None, &opts)?;
+    let e = r.evaluate(labels, None, &opts)?;
     let get = |m: &str| {
         e.rows
             .iter()

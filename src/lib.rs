@@ -29,6 +29,7 @@ pub mod report;
 pub mod rerank;
 pub mod retrieval;
 pub mod samplers;
+pub mod stats;
 pub mod synthetic_embeddings;
 pub mod train;
 pub(crate) mod work_phases;

@@ -4,7 +4,6 @@
 use candle_core::{Device, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, Normal};
-use rankwise::fewshot::k_reciprocal::KReciprocalClassifier;
 use rankwise::fewshot::prototype::{PrototypeClassifier, PrototypeMetric};
 use rankwise::fewshot::soft_kmeans::SoftKMeansClassifier;
 use rankwise::fewshot::{
@@ -13,6 +12,7 @@ use rankwise::fewshot::{
 use rankwise::hierarchy::Labels;
 use rankwise::metrics::fewshot::accuracy_interval;
 use rankwise::rerank::k_reciprocal::KReciprocal;
+use rankwise::rerank::k_reciprocal::KReciprocalClassifier;
 use rankwise::samplers::episodes::EpisodeConfig;
 
 /// `classes × per` features: class centre `spread`-scaled one-hot plus unit Gaussian noise.

@@ -8,10 +8,10 @@ use image::{Rgb, RgbImage};
 use rankwise::data::loaders::sop;
 use rankwise::data::pipeline::LoaderConfig;
 use rankwise::data::source::{ImageSource, OnDiskSource, View};
+use rankwise::data::DymlSubset;
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNetConfig, ParamStore, SmallCnnConfig,
 };
-use rankwise::train::data::DymlSubset;
 use rankwise::train::{
     DatasetConfig, EvalConfig, ImageSettings, InputNorm, OutputConfig, SamplerConfig, TestProtocol,
     TrainConfig, Trainer, TransformPreset,

@@ -6,7 +6,8 @@ use candle_core::{Device, Tensor};
 use rankwise::hierarchy::Labels;
 use rankwise::rerank::k_reciprocal::KReciprocal;
 use rankwise::rerank::query_expansion::QueryExpansion;
-use rankwise::rerank::{evaluate, CosineRanking, RerankEvalOptions, Reranker, TopN};
+use rankwise::rerank::{CosineRanking, Reranker, TopN};
+use rankwise::retrieval::EvalOptions;
 use serde_json::Value;
 
 fn golden() -> Value {
@@ -132,8 +133,11 @@ fn k_reciprocal_with_lambda_one_is_the_cosine_ranking() {
     // λ = 1 keeps only the original distance, a decreasing function of the cosine along each
     // query's row: every metric equals the plain cosine ranking's.
     let (x, y) = clustered();
-    let opts = RerankEvalOptions::default();
-    let base = evaluate(&CosineRanking::new(&x, None).unwrap(), &y, None, &opts).unwrap();
+    let opts = EvalOptions::default();
+    let base = CosineRanking::new(&x, None)
+        .unwrap()
+        .evaluate(&y, None, &opts)
+        .unwrap();
     let kr = KReciprocal {
         lambda: 1.0,
         k1: 6,
@@ -141,7 +145,7 @@ fn k_reciprocal_with_lambda_one_is_the_cosine_ranking() {
     }
     .fit(&x, None)
     .unwrap();
-    let same = evaluate(&kr, &y, None, &opts).unwrap();
+    let same = kr.evaluate(&y, None, &opts).unwrap();
     for (a, b) in base.rows.iter().zip(&same.rows) {
         assert_eq!(a.metric, b.metric);
         assert!(
@@ -166,11 +170,11 @@ fn k_reciprocal_with_lambda_one_is_the_cosine_ranking() {
         assert!(!top.row_indices(i).contains(&(i as u32)));
         assert!(top.row_similarities(i).windows(2).all(|w| w[0] >= w[1]));
     }
-    let report = evaluate(&full, &y, None, &opts).unwrap();
+    let report = full.evaluate(&y, None, &opts).unwrap();
     let map_r = report.rows.iter().find(|r| r.metric == "mAP@R").unwrap();
     assert!(map_r.value > 0.0 && map_r.value <= 1.0 && map_r.queries == 72);
     // And the QE re-ranker runs through the same evaluation.
     let qe = QueryExpansion::alpha_qe(3).fit(&x, None).unwrap();
     assert_eq!(qe.num_references(), 72);
-    assert!(evaluate(&qe, &y, None, &opts).is_ok());
+    assert!(qe.evaluate(&y, None, &opts).is_ok());
 }

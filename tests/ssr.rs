@@ -8,7 +8,8 @@ use rankwise::rerank::ssr::{
     meta_train, FewShotTasks, GroupSchedule, Layout, MetaTrainConfig, RetrievalTasks,
     SsrClassifier, SsrConfig, SsrModel, SsrRanking, Stage, SupportNodes, Task, UpdateRule,
 };
-use rankwise::rerank::{evaluate as rerank_eval, rankings, CosineRanking, RerankEvalOptions, TopN};
+use rankwise::rerank::{rankings, CosineRanking, Reranker, TopN};
+use rankwise::retrieval::EvalOptions;
 use rankwise::samplers::episodes::EpisodeConfig;
 
 /// `classes × per_class` points: a class centre plus noise of scale `noise`, in `d` dims.
@@ -125,9 +126,9 @@ fn zero_update_signal_keeps_the_ranking_and_the_reranker_scores_with_the_crate()
     let ssr = SsrRanking::new(&model, &x, None, top).unwrap();
     let cos = CosineRanking::new(&x, None).unwrap();
     assert_eq!(rankings(&ssr).unwrap(), rankings(&cos).unwrap());
-    let opts = RerankEvalOptions::default();
-    let a = rerank_eval(&ssr, &y, None, &opts).unwrap();
-    let b = rerank_eval(&cos, &y, None, &opts).unwrap();
+    let opts = EvalOptions::default();
+    let a = ssr.evaluate(&y, None, &opts).unwrap();
+    let b = cos.evaluate(&y, None, &opts).unwrap();
     assert_eq!(a.get("mAP@R", Some(0)), b.get("mAP@R", Some(0)));
 
     // A trained-from-scratch model changes only the order inside each top-k.

@@ -8,10 +8,10 @@ use rankwise::data::loaders::dyml::{self, GluedRow};
 use rankwise::data::loaders::inaturalist::{self, InatConfig};
 use rankwise::data::loaders::{cub_cars, inshop, sop, vehicleid, ImageList};
 use rankwise::data::synthetic_on_disk::{
-    check_recipe, read_marker, remove_synthetic, with_dataset_root, write_dataset, OnDiskSpec,
-    SyntheticKind, MARKER_FILE, MAX_IMAGES,
+    read_marker, remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind, MARKER_FILE,
+    MAX_IMAGES,
 };
-use rankwise::train::{read_results, SamplerConfig, TrainConfig};
+use rankwise::train::{check_recipe, read_results, SamplerConfig, TrainConfig};
 use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -175,12 +175,12 @@ fn every_paper_recipe_forms_full_batches_on_its_synthetic_dataset() {
     for path in paper_recipes() {
         let name = path.file_stem().unwrap().to_string_lossy().to_string();
         let recipe = TrainConfig::from_toml_file(&path).unwrap();
-        let (kind, mut spec) = OnDiskSpec::for_config(&recipe, 2).unwrap();
+        let (kind, mut spec) = OnDiskSpec::for_recipe(&recipe.dataset, &recipe.sampler, 2).unwrap();
         kinds.insert(kind);
         spec.image_size = 8; // only the lists and the sampler are checked here
         let root = dir.path().join(&name);
         write_dataset(kind, &root, &spec).unwrap();
-        let check = check_recipe(&with_dataset_root(&recipe, &root).unwrap())
+        let check = check_recipe(&recipe.with_dataset_root(&root).unwrap())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(check.train_images, spec.num_train_images(), "{name}");
         // The m-per-class sampler gives exactly the batches asked for; the pair samplers their
@@ -294,9 +294,13 @@ fn bad_input_is_refused_naming_the_problem() {
     assert!(!empty.exists());
 
     // Recipes whose dataset or sampler cannot be served.
-    let e = OnDiskSpec::for_config(&TrainConfig::default(), 2)
-        .unwrap_err()
-        .to_string();
+    let e = OnDiskSpec::for_recipe(
+        &TrainConfig::default().dataset,
+        &SamplerConfig::default(),
+        2,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("dataset.kind") && e.contains("embedded"), "{e}");
     let fastap = SamplerConfig::FastAp {
         batch_size: 16,

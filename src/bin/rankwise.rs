@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankwise::data::synthetic_on_disk::{
-    check_recipe, remove_synthetic, with_dataset_root, write_dataset, OnDiskSpec, SyntheticKind,
+    remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
 };
 use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
@@ -34,8 +34,8 @@ use rankwise::io::{
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
-    load_with_overrides, overrides::blame, train_to_dir, DatasetConfig, DeviceChoice, Reuse,
-    RunOptions, TrainConfig, Trainer, RESULTS_FILE,
+    check_recipe, load_with_overrides, overrides::blame, train_to_dir, DatasetConfig, DeviceChoice,
+    Reuse, RunOptions, TrainConfig, Trainer, RESULTS_FILE,
 };
 use rankwise::Relevance;
 use std::collections::BTreeMap;
@@ -923,8 +923,11 @@ fn synth_data(args: &SynthDataArgs) -> Result<()> {
     let (recipe, kind, mut spec) = match (&args.config, &args.kind) {
         (Some(path), _) => {
             let config = load_with_overrides(path, &args.set)?;
-            let (kind, spec) = OnDiskSpec::for_config(&config, args.batches)
-                .with_context(|| format!("sizing a synthetic dataset for {}", path.display()))?;
+            let (kind, spec) =
+                OnDiskSpec::for_recipe(&config.dataset, &config.sampler, args.batches)
+                    .with_context(|| {
+                        format!("sizing a synthetic dataset for {}", path.display())
+                    })?;
             (Some((path, config)), kind, spec)
         }
         (None, Some(kind)) => (None, kind.parse::<SyntheticKind>()?, OnDiskSpec::default()),
@@ -964,7 +967,7 @@ fn synth_data(args: &SynthDataArgs) -> Result<()> {
     );
     if let Some((path, config)) = recipe {
         // Read it back as the recipe will: its loader, the file check and its sampler.
-        let check = check_recipe(&with_dataset_root(&config, &args.root)?)
+        let check = check_recipe(&config.with_dataset_root(&args.root)?)
             .with_context(|| format!("the dataset written does not serve {}", path.display()))?;
         let tests: Vec<String> = check
             .test_sets

@@ -4,6 +4,7 @@
 //! serve either kind to the trainer, and synthetic datasets written in the real datasets'
 //! on-disk formats ([`synthetic_on_disk`]) for running the paper recipes without the data.
 
+pub mod dataset;
 pub mod image_set;
 pub mod loaders;
 pub mod pipeline;
@@ -12,6 +13,10 @@ pub mod source;
 pub mod splits;
 pub mod synthetic_on_disk;
 
+pub use dataset::{
+    DatasetConfig, DymlSubset, GluedRowChoice, ImageSettings, InatLevels, InputNorm, TaxonKeying,
+    TransformPreset, VehicleIdSize,
+};
 pub use image_set::ImageSet;
 pub use shapes::{Nuisance, ShapesConfig};
 pub use source::{ImageSource, InMemorySource, Normalization, OnDiskSource, View};

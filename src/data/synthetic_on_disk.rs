@@ -30,14 +30,14 @@
 //! super-class, with per-image noise: a network can learn the classes, and no two images are
 //! the same file.
 //!
-//! **Sizes for a recipe.** [`OnDiskSpec::for_config`] sizes a dataset so that the recipe's own
+//! **Sizes for a recipe.** [`OnDiskSpec::for_recipe`] sizes a dataset so that the recipe's own
 //! sampler forms full batches (at its real batch size): the m-per-class sampler exactly
 //! `batches` batches per epoch (`batch_size / m` classes of `m × batches` images); the
 //! hierarchical sampler one full batch per pair of super-classes and draw (two super-classes,
 //! so `batches_per_super_pair` batches per epoch, or `max_batches`); FastAP's sampler two
 //! meta-classes of half a batch each (`batches_per_meta_pair` batches). The test split has 16
 //! classes of 4 images unless told otherwise (CUB: as many classes as training, its split being
-//! the first half of the classes). [`check_recipe`] loads a written dataset through the
+//! the first half of the classes). [`crate::train::check_recipe`] loads a written dataset through the
 //! recipe's loader and sampler and counts the full batches.
 //!
 //! **Writing.** [`write_dataset`] writes into a temporary folder beside `root` and renames it to
@@ -47,19 +47,19 @@
 //! carry it, never a real dataset.
 //!
 //! ```no_run
-//! use rankwise::data::synthetic_on_disk::{check_recipe, with_dataset_root, write_dataset, OnDiskSpec};
-//! use rankwise::train::TrainConfig;
+//! use rankwise::data::synthetic_on_disk::{write_dataset, OnDiskSpec};
+//! use rankwise::train::{check_recipe, TrainConfig};
 //! let recipe = TrainConfig::from_toml_file("configs/paper/happier_sop.toml")?;
-//! let (kind, spec) = OnDiskSpec::for_config(&recipe, 2)?;
+//! let (kind, spec) = OnDiskSpec::for_recipe(&recipe.dataset, &recipe.sampler, 2)?;
 //! let written = write_dataset(kind, "/tmp/synthetic/sop".as_ref(), &spec)?;
-//! let config = with_dataset_root(&recipe, &written.root)?;
+//! let config = recipe.with_dataset_root(&written.root)?;
 //! assert!(check_recipe(&config)?.full_batches >= 1);
 //! # Ok::<(), rankwise::Error>(())
 //! ```
 
+use super::dataset::{DatasetConfig, DymlSubset, InatLevels};
 use crate::error::{Error, Result};
-use crate::train::data::{DymlSubset, InatLevels};
-use crate::train::{load_data, DatasetConfig, SamplerConfig, TrainConfig};
+use crate::samplers::SamplerConfig;
 use image::codecs::jpeg::JpegEncoder;
 use image::{Rgb, RgbImage};
 use rayon::prelude::*;
@@ -502,13 +502,14 @@ impl OnDiskSpec {
     }
 
     /// The kind and size of the dataset a recipe needs ([`OnDiskSpec::for_sampler`] with the
-    /// recipe's dataset and sampler).
-    pub fn for_config(config: &TrainConfig, batches: usize) -> Result<(SyntheticKind, Self)> {
-        let kind = SyntheticKind::of(&config.dataset)?;
-        Ok((
-            kind,
-            OnDiskSpec::for_sampler(kind, &config.sampler, batches)?,
-        ))
+    /// recipe's `[dataset]` and `[sampler]`).
+    pub fn for_recipe(
+        dataset: &DatasetConfig,
+        sampler: &SamplerConfig,
+        batches: usize,
+    ) -> Result<(SyntheticKind, Self)> {
+        let kind = SyntheticKind::of(dataset)?;
+        Ok((kind, OnDiskSpec::for_sampler(kind, sampler, batches)?))
     }
 }
 
@@ -1078,95 +1079,6 @@ fn encode_jpeg(img: &RgbImage) -> std::result::Result<Vec<u8>, image::ImageError
     let mut buf = Vec::new();
     JpegEncoder::new_with_quality(&mut buf, 90).encode_image(img)?;
     Ok(buf)
-}
-
-/// `config` with its dataset root replaced by `root` (errors for the embedded dataset).
-pub fn with_dataset_root(config: &TrainConfig, root: &Path) -> Result<TrainConfig> {
-    let mut config = config.clone();
-    match &mut config.dataset {
-        DatasetConfig::Embedded => {
-            return Err(Error::invalid(
-                "dataset.kind",
-                "the embedded dataset has no root",
-            ))
-        }
-        DatasetConfig::Sop { root: r, .. }
-        | DatasetConfig::Inaturalist { root: r, .. }
-        | DatasetConfig::Dyml { root: r, .. }
-        | DatasetConfig::Cub { root: r, .. }
-        | DatasetConfig::Cars { root: r, .. }
-        | DatasetConfig::Inshop { root: r, .. }
-        | DatasetConfig::VehicleId { root: r, .. } => *r = root.to_path_buf(),
-    }
-    Ok(config)
-}
-
-/// What a recipe's loader and sampler make of the dataset at its `dataset.root`
-/// ([`check_recipe`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecipeCheck {
-    /// Training images.
-    pub train_images: usize,
-    /// Batches of epoch 0.
-    pub batches: usize,
-    /// Batches of epoch 0 with the sampler's full batch size.
-    pub full_batches: usize,
-    /// Each test set of the protocol: its split name, queries and gallery size (`None`: the
-    /// queries are ranked against each other).
-    pub test_sets: Vec<(String, usize, Option<usize>)>,
-}
-
-/// Loads the dataset of `config` through its loader (every listed file checked to exist) and
-/// builds its sampler: errors unless epoch 0 has a full batch and every test set can be
-/// evaluated (a query needs at least one other image to rank).
-pub fn check_recipe(config: &TrainConfig) -> Result<RecipeCheck> {
-    let data = load_data(config)?;
-    let sampler = config.sampler.build(data.train.labels(), config.seed)?;
-    let batches = sampler.batches(0);
-    let size = match config.sampler {
-        SamplerConfig::MPerClass { batch_size, .. }
-        | SamplerConfig::Hierarchical { batch_size, .. }
-        | SamplerConfig::FastAp { batch_size, .. } => batch_size,
-    };
-    let full_batches = batches.iter().filter(|b| b.len() == size).count();
-    if full_batches == 0 {
-        return Err(Error::invalid(
-            "sampler",
-            format!(
-                "epoch 0 of the {} training images has no full batch of {size} ({} shorter \
-                 batches)",
-                data.train.len(),
-                batches.len()
-            ),
-        ));
-    }
-    let test_sets = data
-        .test
-        .sets()
-        .iter()
-        .map(|s| {
-            (
-                s.split.clone(),
-                s.queries.len(),
-                s.gallery.as_ref().map(|g| g.len()),
-            )
-        })
-        .collect::<Vec<_>>();
-    if let Some((split, ..)) = test_sets
-        .iter()
-        .find(|(_, q, g)| g.unwrap_or(q.saturating_sub(1)) == 0)
-    {
-        return Err(Error::invalid(
-            "dataset",
-            format!("test set `{split}` has nothing to rank its queries against"),
-        ));
-    }
-    Ok(RecipeCheck {
-        train_images: data.train.len(),
-        batches: batches.len(),
-        full_batches,
-        test_sets,
-    })
 }
 
 #[cfg(test)]

@@ -16,8 +16,8 @@
 //! contradicted by chance more often than a claim with one. A row measured once has no noise
 //! estimate, so any claim resting on it is inconclusive.
 
-use super::stats::{self, Sample};
 use super::table::Measurements;
+use crate::stats::{self, Sample};
 
 /// The rule that decides every claim, as printed above each claims table.
 pub const RULE: &str = "Welch's two-sided t-test over the seeds at 5% for each comparison a \

@@ -16,7 +16,6 @@ pub mod notebook;
 pub mod publish;
 pub mod recipe;
 pub mod runs;
-pub mod stats;
 pub mod summary;
 pub mod table;
 

@@ -106,7 +106,7 @@ pub fn training_curves(
                 .iter()
                 .filter_map(|c| c.get(i).filter(|(e, _)| *e == epoch).map(|p| p.1))
                 .collect();
-            let sample = crate::experiments::stats::Sample::new(values);
+            let sample = crate::stats::Sample::new(values);
             points.push((epoch as f64, sample.mean()));
             half_widths.push(sample.ci95());
         }

@@ -213,7 +213,7 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
     let dataset = m
         .value(FIG_2, super::minibatch_ap::DATASET_ROW, "", "mAP")
         // Exact, not estimated: a constant on the other side of the test.
-        .map(super::stats::Sample::exact);
+        .map(crate::stats::Sample::exact);
     let batch_sizes: Vec<usize> = m
         .cells
         .iter()

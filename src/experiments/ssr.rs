@@ -46,11 +46,9 @@
 
 use super::claim::{row, Claim, Row};
 use super::ssr_features::{Column, LandmarkSet, Split, SsrFeatureSets};
-use super::stats::Units;
 use super::table::{data_name, describe_recipe, Measurements};
 use super::Scale;
 use crate::error::{Error, Result};
-use crate::fewshot::k_reciprocal::KReciprocalClassifier;
 use crate::fewshot::prototype::PrototypeClassifier;
 use crate::fewshot::{all_split_features, EpisodeClassifier, QuickBackboneConfig};
 use crate::hierarchy::Labels;
@@ -59,6 +57,7 @@ use crate::metrics::fewshot::{accuracy_interval, AccuracyInterval};
 use crate::metrics::revisited::{Protocol, REVISITOP_KAPPAS};
 use crate::report::{Measured, Provenance, Unit};
 use crate::rerank::k_reciprocal::KReciprocal;
+use crate::rerank::k_reciprocal::KReciprocalClassifier;
 use crate::rerank::query_expansion::QueryExpansion;
 use crate::rerank::ssr::select::{select, Selected};
 use crate::rerank::ssr::{
@@ -66,8 +65,10 @@ use crate::rerank::ssr::{
     SsrClassifier, SsrConfig, SsrInput, SsrModel, SsrRanking, SupportNodes, Task, TaskSource,
     UpdateSpace,
 };
-use crate::rerank::{self, CosineRanking, RerankEvalOptions, Reranker, TopN};
+use crate::rerank::{self, CosineRanking, Reranker, TopN};
+use crate::retrieval::EvalOptions;
 use crate::samplers::episodes::EpisodeConfig;
+use crate::stats::Units;
 use crate::train::TrainConfig;
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
@@ -510,7 +511,7 @@ pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
 pub const REPLICATE_SEED_STRIDE: u64 = 1_000;
 
 /// The replicates' cells as one set: each cell on test units keeps every replicate's
-/// per-unit values (its [`crate::experiments::stats::Units`] records which replicate each
+/// per-unit values (its [`crate::stats::Units`] records which replicate each
 /// value belongs to), any other cell keeps one value per replicate; the value is the mean over
 /// replicates, and the provenance names the backbone seeds and each replicate's selection.
 /// Errors if the replicates' cells differ in their keys (they run the same code on the same
@@ -561,7 +562,7 @@ pub fn merge_replicates(parts: Vec<Measurements>) -> Result<Measurements> {
                 cell.samples = values;
             }
             // One value per replicate: the replicates are the seeds.
-            None => cell.samples = super::stats::replicate_means(&replicate, &values),
+            None => cell.samples = crate::stats::replicate_means(&replicate, &values),
         }
         cell.value = cell.sample().mean();
         details.dedup();
@@ -983,11 +984,14 @@ struct RetrievalScores {
 
 /// mAP@R and R@1 of a re-ranker on the test split (queries = references).
 fn scores(r: &dyn Reranker, labels: &Labels) -> Result<RetrievalScores> {
-    let opts = RerankEvalOptions {
+    let opts = EvalOptions {
         recall_ks: vec![1],
-        ..RerankEvalOptions::default()
+        hierarchical: false,
+        per_level: false,
+        chunk_size: 128,
+        ..EvalOptions::default()
     };
-    let rep = rerank::evaluate(r, labels, None, &opts)?;
+    let rep = r.evaluate(labels, None, &opts)?;
     let get = |m: &str| -> Result<(f64, Vec<f64>)> {
         let j = rep
             .rows
@@ -1333,7 +1337,7 @@ fn landmarks(
 
 /// The paper's claims, checked on our measurements. Every row is scored on the same test
 /// episodes (few-shot: each episode's accuracy) or queries (retrieval: each query's AP@R), so
-/// each comparison is the paired t-test ([`super::stats::compare`]): with several replicates
+/// each comparison is the paired t-test ([`crate::stats::compare`]): with several replicates
 /// (backbone and meta-training seeds, `[seeds]`), of each replicate's mean difference over the
 /// shared units — the verdict generalises over trained models; with one, over the units.
 pub fn claims(m: &Measurements) -> Vec<Claim> {

@@ -160,7 +160,7 @@ pub fn update_readme(
 mod tests {
     use super::*;
     use crate::experiments::claim::row;
-    use crate::experiments::stats::Sample;
+    use crate::stats::Sample;
 
     #[test]
     fn verdicts_round_trip_and_fill_the_readme_section() {

@@ -5,10 +5,10 @@
 //! row), and the degenerate rows no claim may count ([`find_degenerate`]).
 
 use super::runs::{RunResult, RunSpec, Runner};
-use super::stats::Sample;
 use super::{ExperimentRecipe, Scale};
 use crate::error::Result;
 use crate::report::{Measured, Provenance, Unit};
+use crate::stats::Sample;
 use crate::train::TrainConfig;
 
 /// One row of a paper's table as a run: a change to the scale's base recipe.

@@ -12,17 +12,19 @@
 //!   Table 2's "Baseline" rows (the nearest-neighbour classifier on pretrained features); with
 //!   the squared Euclidean distance it is ProtoNet's rule (Snell et al. 2017, Table 2's ProtoNet
 //!   row, which however meta-trains its backbone).
-//! * [`k_reciprocal::KReciprocalClassifier`] — "+ k-reciprocal": prototypes as the gallery, the
+//! * [`crate::rerank::k_reciprocal::KReciprocalClassifier`] — "+ k-reciprocal": prototypes as the gallery, the
 //!   episode's queries as the queries of k-reciprocal re-ranking, argmin of the final distance.
 //! * [`soft_kmeans::SoftKMeansClassifier`] — a cheap transductive baseline not in Table 2: the
 //!   prototypes refined by soft k-means over the queries (Ren et al., ICLR 2018).
 //! * [`crate::rerank::ssr::SsrClassifier`] — SSR itself ("+ Ours"), through the same trait.
 //!
+//! The re-ranking classifiers live beside their re-rankers in [`crate::rerank`], which depends on
+//! this module and never the reverse.
+//!
 //! [`backbone::quick_backbone_features`] builds the frozen features of the quick scale: the small
 //! CNN trained on the base classes of the embedded shapes dataset, applied to its novel classes.
 
 pub mod backbone;
-pub mod k_reciprocal;
 pub mod prototype;
 pub mod soft_kmeans;
 

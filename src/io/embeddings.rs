@@ -13,7 +13,7 @@
 //! infinity.
 
 use crate::error::{Error, Result};
-use crate::io::results::write_atomically;
+use crate::io::atomic::write_atomically;
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
 use std::io::{BufReader, Read};

@@ -7,8 +7,8 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::io::atomic::write_atomically;
 use crate::io::embeddings::extension;
-use crate::io::results::write_atomically;
 use polars::prelude::{DataType, ParquetReader, SerReader};
 use std::path::Path;
 

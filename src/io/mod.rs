@@ -4,17 +4,16 @@
 //! Every reader validates what it reads and names the file (and the line, row or column) in its
 //! errors, so that a bad input never reaches the ranking engine as a silent NaN or a panic.
 
+pub mod atomic;
 pub mod embeddings;
 pub(crate) mod json_f64;
 pub mod labels;
 pub mod results;
 
+pub use atomic::{check_output_dir, check_output_file, write_atomically};
 pub use embeddings::{read_embeddings, read_npy, read_safetensors, write_npy};
 pub use labels::{read_labels, read_labels_csv, read_labels_parquet, write_labels_csv, LabelTable};
-pub use results::{
-    check_output_dir, check_output_file, write_atomically, write_results, ResultFormat, ResultRow,
-    ResultTable,
-};
+pub use results::{write_results, ResultFormat, ResultRow, ResultTable};
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;

@@ -40,8 +40,8 @@ pub struct Measured {
     /// unit when `units` is set.
     pub samples: Vec<f64>,
     /// `Some` when `samples` holds one value per shared test unit (SSR's episodes or queries),
-    /// so that claims pair rows unit by unit ([`crate::experiments::stats::compare`]).
-    pub units: Option<crate::experiments::stats::Units>,
+    /// so that claims pair rows unit by unit ([`crate::stats::compare`]).
+    pub units: Option<crate::stats::Units>,
     /// Its unit (our metrics are fractions; the comparison converts to the paper's unit).
     pub unit: Unit,
     /// The data, scale and run that produced it.
@@ -74,7 +74,7 @@ impl Measured {
     }
 
     /// A value measured over several seeds: `value` is their mean, and tables show the 95%
-    /// interval of the mean beside it ([`crate::experiments::stats::Sample`]).
+    /// interval of the mean beside it ([`crate::stats::Sample`]).
     pub fn over_seeds(
         table: impl Into<String>,
         method: impl Into<String>,
@@ -92,8 +92,8 @@ impl Measured {
     }
 
     /// The seeds (or test units) as a sample (mean, spread, 95% interval).
-    pub fn sample(&self) -> crate::experiments::stats::Sample {
-        use crate::experiments::stats::Sample;
+    pub fn sample(&self) -> crate::stats::Sample {
+        use crate::stats::Sample;
         match &self.units {
             Some(u) => Sample::on_units(self.samples.clone(), u.clone()),
             None => Sample::new(self.samples.clone()),
@@ -108,7 +108,7 @@ impl Measured {
     }
 
     /// The same value with one value per shared test unit of `units` as its samples.
-    pub fn on_units(mut self, samples: Vec<f64>, units: crate::experiments::stats::Units) -> Self {
+    pub fn on_units(mut self, samples: Vec<f64>, units: crate::stats::Units) -> Self {
         self.samples = samples;
         self.units = Some(units);
         self

@@ -9,24 +9,28 @@
 //! * SSR itself lives in `rerank::ssr` (a separate module).
 //!
 //! Every re-ranker here is a [`Reranker`]: it produces, chunk by chunk, a score (larger is
-//! better) of every query against every reference, so that [`evaluate`] can rank each query's
-//! whole reference list and score it with the crate's metrics without materialising the
-//! `Q × G` matrix, and [`TopN`] can cut the re-ranked list to the top N that SSR refines
+//! better) of every query against every reference, so that the crate's one evaluation engine
+//! ([`crate::retrieval::evaluate_scores`], through [`Reranker::evaluate`]) can rank each
+//! query's whole reference list and score it without materialising the `Q × G` matrix, and [`TopN`] can cut the re-ranked list to the top N that SSR refines
 //! ("SSR is then applied to the top-N of the re-ranked list").
 //!
 //! Convention shared with [`crate::retrieval`]: when the queries are the references themselves
 //! (the SOP/CUB/Cars protocol), query `i` is reference `i` and is removed from its own list.
 
-pub mod evaluate;
 pub mod k_reciprocal;
 pub mod min_norm_point;
 pub mod query_expansion;
+pub mod rankings;
 pub mod ssr;
 
-pub use evaluate::{evaluate, evaluate_revisited, rankings, RerankEvalOptions};
+pub use rankings::{evaluate_revisited, rankings};
 
 use crate::error::{Error, Result};
-use crate::retrieval::{knn, prepare, Knn, SelfMatch, Similarity};
+use crate::hierarchy::Labels;
+use crate::retrieval::{
+    evaluate_scores, knn, prepare, EvalOptions, EvalReport, Knn, ScoreChunk, ScoreSource,
+    SelfMatch, Similarity,
+};
 use candle_core::{Device, Tensor};
 
 /// A second-stage ranking of every query against every reference.
@@ -43,6 +47,64 @@ pub trait Reranker: Sync {
     fn queries_are_references(&self) -> bool;
     /// Scores of queries `start..start + len` against every reference (row-major).
     fn scores(&self, start: usize, len: usize) -> Result<Vec<f32>>;
+
+    /// The metrics of `opts` for this re-ranking, from the crate's one evaluation engine
+    /// ([`evaluate_scores`]): mAP@R, mAP, R@k, … at the fine level (every level with
+    /// [`EvalOptions::per_level`]), H-AP, ASI and NDCG with [`EvalOptions::hierarchical`].
+    /// `reference_labels` is `None` when the queries are the references, and each query is
+    /// then removed from its own list (`opts.self_match` is set from the re-ranker).
+    ///
+    /// Errors if the queries-are-references setting disagrees with `reference_labels`, if the
+    /// label counts do not match the re-ranker's sizes, on invalid options and on a non-finite
+    /// score.
+    fn evaluate(
+        &self,
+        query_labels: &Labels,
+        reference_labels: Option<&Labels>,
+        opts: &EvalOptions,
+    ) -> Result<EvalReport> {
+        let same = self.queries_are_references();
+        if same != reference_labels.is_none() {
+            return Err(Error::invalid(
+                "reference_labels",
+                if same {
+                    "the re-ranker ranks the queries against themselves: pass no reference labels"
+                } else {
+                    "the re-ranker has separate references: pass their labels"
+                },
+            ));
+        }
+        let opts = EvalOptions {
+            self_match: if same {
+                SelfMatch::SameIndex
+            } else {
+                SelfMatch::None
+            },
+            ..opts.clone()
+        };
+        evaluate_scores(
+            self,
+            query_labels,
+            reference_labels.unwrap_or(query_labels),
+            &opts,
+        )
+    }
+}
+
+/// Every re-ranker is a score source of the evaluation engine: its chunk of scores, checked
+/// to be the right size and range (the engine checks that they are finite).
+impl<R: Reranker + ?Sized> ScoreSource for R {
+    fn num_queries(&self) -> usize {
+        Reranker::num_queries(self)
+    }
+    fn num_references(&self) -> usize {
+        Reranker::num_references(self)
+    }
+    fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
+        check_chunk(self, start, len)?;
+        chunk.set(self.scores(start, len)?);
+        Ok(())
+    }
 }
 
 /// No re-ranking: cosine similarity of the features ("Feat. only" in SSR Table 1), the
@@ -155,7 +217,7 @@ impl TopN {
         }
         let mut indices = Vec::with_capacity(reranker.num_queries() * n);
         let mut similarities = Vec::with_capacity(reranker.num_queries() * n);
-        evaluate::for_each_ranking(reranker, 128, |_, ranking, scores| {
+        rankings::for_each_ranking(reranker, 128, |_, ranking, scores| {
             for &j in &ranking[..n] {
                 indices.push(j);
                 similarities.push(scores[j as usize]);

@@ -99,6 +99,24 @@ impl Default for EvalOptions {
     }
 }
 
+impl EvalOptions {
+    /// Errors on options no evaluation can run with: a relevance that does not fit `num_levels`
+    /// label levels, a chunk of 0 queries, a `k` of 0.
+    pub fn validate(&self, num_levels: usize) -> Result<()> {
+        self.relevance.validate(num_levels)?;
+        if self.chunk_size == 0 {
+            return Err(Error::invalid("chunk_size", "must be at least 1"));
+        }
+        if let Some(&k) = self.recall_ks.iter().find(|&&k| k == 0) {
+            return Err(Error::invalid(
+                "recall_ks",
+                format!("k must be ≥ 1, got {k}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// One metric of a report, averaged over the queries that have a positive.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MetricRow {
@@ -332,19 +350,44 @@ pub(crate) fn prepare(
     })
 }
 
+/// Where the engine's scores come from: the `len × N_r` scores (row-major, larger = ranked
+/// first) of a chunk of queries against every reference. Embeddings are one source (the
+/// matrix product of [`evaluate`]); every re-ranker is another ([`crate::rerank::Reranker`]), so
+/// that one engine ranks and scores them all ([`evaluate_scores`]).
+pub trait ScoreSource: Sync {
+    /// Number of queries.
+    fn num_queries(&self) -> usize;
+    /// Number of references.
+    fn num_references(&self) -> usize;
+    /// Writes the scores of queries `start..start + len` into `chunk`
+    /// ([`ScoreChunk::set`]).
+    fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()>;
+    /// Whether every score is finite by construction (products of checked embeddings); when
+    /// not, the engine checks each chunk and names the first non-finite score.
+    fn finite_by_construction(&self) -> bool {
+        false
+    }
+}
+
 /// The `len × N_r` scores of one chunk of queries, on the CPU: a buffer reused from chunk to
 /// chunk (one allocation per evaluation, not a fresh mapping of up to a hundred megabytes, and
 /// its page faults, per chunk), or the tensor a device computed.
 #[derive(Default)]
-pub(crate) struct ScoreChunk {
+pub struct ScoreChunk {
     host: Vec<f32>,
     device: Option<Tensor>,
 }
 
 impl ScoreChunk {
+    /// Takes `scores` (row-major, `len × N_r`) as the chunk's scores.
+    pub fn set(&mut self, scores: Vec<f32>) {
+        self.host = scores;
+        self.device = None;
+    }
+
     /// Runs `f` on the row-major scores of the last chunk without copying them out of the
     /// tensor (a copy of a 512 × 60k chunk cost a fifth of the matrix product itself).
-    pub fn with_slice<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
+    pub(crate) fn with_slice<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
         let Some(scores) = &self.device else {
             return Ok(f(&self.host));
         };
@@ -359,6 +402,21 @@ impl ScoreChunk {
                 Ok(f(&v))
             }
         }
+    }
+}
+
+impl ScoreSource for Operands {
+    fn num_queries(&self) -> usize {
+        self.num_queries
+    }
+    fn num_references(&self) -> usize {
+        self.num_references
+    }
+    fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
+        Operands::chunk_scores(self, start, len, chunk)
+    }
+    fn finite_by_construction(&self) -> bool {
+        true
     }
 }
 
@@ -499,18 +557,9 @@ pub fn evaluate(
     opts: &EvalOptions,
 ) -> Result<EvalReport> {
     let (ref_emb, ref_labels) = references.unwrap_or((queries, query_labels));
+    // Options and labels first: a mistake there fails before the embeddings are prepared.
     query_labels.check_compatible(ref_labels)?;
-    let num_levels = query_labels.num_levels();
-    opts.relevance.validate(num_levels)?;
-    if opts.chunk_size == 0 {
-        return Err(Error::invalid("chunk_size", "must be at least 1"));
-    }
-    if let Some(&k) = opts.recall_ks.iter().find(|&&k| k == 0) {
-        return Err(Error::invalid(
-            "recall_ks",
-            format!("k must be ≥ 1, got {k}"),
-        ));
-    }
+    opts.validate(query_labels.num_levels())?;
     let ops = prepare(queries, ref_emb, opts.similarity, &opts.device)?;
     if ops.num_queries != query_labels.len() {
         return Err(Error::Shape(format!(
@@ -526,7 +575,41 @@ pub fn evaluate(
             ref_labels.len()
         )));
     }
-    if opts.self_match == SelfMatch::SameIndex && ops.num_queries > ops.num_references {
+    evaluate_scores(&ops, query_labels, ref_labels, opts)
+}
+
+/// The engine behind [`evaluate`] for any [`ScoreSource`]: each chunk of queries is scored by
+/// the source, every row ranked completely (ties by reference index), and the metrics of
+/// `opts` computed on the ranked levels of match against `ref_labels` (the query labels
+/// themselves when the queries are the references, with [`EvalOptions::self_match`] saying how
+/// a query appears in its own list). [`EvalOptions::similarity`] and [`EvalOptions::device`]
+/// belong to the source and are not read here.
+///
+/// Errors if the label counts differ from the source's sizes, on invalid options, and on a
+/// non-finite score (naming the query and reference).
+pub fn evaluate_scores<S: ScoreSource + ?Sized>(
+    source: &S,
+    query_labels: &Labels,
+    ref_labels: &Labels,
+    opts: &EvalOptions,
+) -> Result<EvalReport> {
+    query_labels.check_compatible(ref_labels)?;
+    let num_levels = query_labels.num_levels();
+    opts.validate(num_levels)?;
+    let (num_queries, nr) = (source.num_queries(), source.num_references());
+    if num_queries != query_labels.len() {
+        return Err(Error::Shape(format!(
+            "{num_queries} queries but {} query label rows",
+            query_labels.len()
+        )));
+    }
+    if nr != ref_labels.len() {
+        return Err(Error::Shape(format!(
+            "{nr} references but {} reference label rows",
+            ref_labels.len()
+        )));
+    }
+    if opts.self_match == SelfMatch::SameIndex && num_queries > nr {
         return Err(Error::invalid(
             "self_match",
             "SameIndex needs query i to be reference i, but there are more queries than references",
@@ -535,18 +618,35 @@ pub fn evaluate(
     let specs = plan(opts, num_levels);
     let m = specs.len();
     let refs = ReferenceLevels::new(ref_labels);
-    let query_rows: Vec<Vec<i64>> = (0..ops.num_queries)
+    let query_rows: Vec<Vec<i64>> = (0..num_queries)
         .map(|i| query_labels.row(i).iter().rev().copied().collect())
         .collect();
-    let nr = ops.num_references;
-    let mut per_query = vec![f64::NAN; ops.num_queries * m];
-    let pb = Progress::new(ops.num_queries, "queries", "evaluating", opts.progress);
+    let mut per_query = vec![f64::NAN; num_queries * m];
+    let pb = Progress::new(num_queries, "queries", "evaluating", opts.progress);
     let mut start = 0;
     let mut chunk = ScoreChunk::default();
-    while start < ops.num_queries {
-        let len = opts.chunk_size.min(ops.num_queries - start);
-        ops.chunk_scores(start, len, &mut chunk)?;
+    while start < num_queries {
+        let len = opts.chunk_size.min(num_queries - start);
+        source.chunk_scores(start, len, &mut chunk)?;
         chunk.with_slice(|scores| {
+            if scores.len() != len * nr {
+                return Err(Error::Shape(format!(
+                    "the source gave {} scores for {len} queries × {nr} references",
+                    scores.len()
+                )));
+            }
+            if !source.finite_by_construction() {
+                if let Some(bad) = scores.par_iter().position_first(|s| !s.is_finite()) {
+                    return Err(Error::invalid(
+                        "scores",
+                        format!(
+                            "query {}, reference {}: non-finite score",
+                            start + bad / nr,
+                            bad % nr
+                        ),
+                    ));
+                }
+            }
             per_query[start * m..(start + len) * m]
                 .par_chunks_mut(m)
                 .zip(scores.par_chunks(nr))
@@ -576,18 +676,19 @@ pub fn evaluate(
                         }
                     },
                 );
-        })?;
+            Ok(())
+        })??;
         pb.inc(len as u64);
         start += len;
     }
     pb.finish();
-    let rows = reduce(&specs, &per_query, ops.num_queries);
+    let rows = reduce(&specs, &per_query, num_queries);
     let num_references = match opts.self_match {
         SelfMatch::None => nr,
         SelfMatch::SameIndex | SelfMatch::DropFirst => nr.saturating_sub(1),
     };
     Ok(EvalReport {
-        num_queries: ops.num_queries,
+        num_queries,
         num_references,
         rows,
         per_query,

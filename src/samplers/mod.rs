@@ -15,11 +15,13 @@
 //! The *distributions* are those of the authors' samplers; the random draws themselves cannot
 //! match numpy's or MATLAB's generators.
 
+pub mod config;
 pub mod episodes;
 pub mod fastap;
 pub mod hierarchical;
 pub mod m_per_class;
 
+pub use config::{DynSampler, SamplerConfig};
 pub use episodes::{Episode, EpisodeConfig, EpisodeSampler};
 pub use fastap::{FastApConfig, FastApSampler};
 pub use hierarchical::{HierarchicalConfig, HierarchicalSampler};

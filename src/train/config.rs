@@ -1,18 +1,14 @@
 //! The configuration of a training run: serde structures (TOML- and JSON-ready; every field has
 //! a default, unknown fields are errors) that [`super::run`] turns into a [`super::Trainer`].
 
-use super::data::DatasetConfig;
 use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
+use crate::data::dataset::{DatasetConfig, InputNorm};
 use crate::data::ShapesConfig;
 use crate::error::{Error, Result};
-use crate::hierarchy::Labels;
 use crate::losses::config::LossConfig;
 use crate::models::EmbeddingNetConfig;
-use crate::samplers::{
-    BatchSampler, FastApConfig, FastApSampler, HierarchicalConfig, HierarchicalSampler,
-    MPerClassConfig, MPerClassMode, MPerClassSampler,
-};
+use crate::samplers::SamplerConfig;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -139,162 +135,6 @@ impl DataConfig {
             image_size: self.image_size,
             ..ShapesConfig::default()
         }
-    }
-}
-
-/// How images are normalised before the network.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum InputNorm {
-    /// Per-channel mean and standard deviation of the training images.
-    #[default]
-    Dataset,
-    /// torchvision's ImageNet statistics (for pretrained backbones).
-    Imagenet,
-    /// None.
-    None,
-}
-
-/// The batch sampler (see [`crate::samplers`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum SamplerConfig {
-    /// [`MPerClassSampler`].
-    MPerClass {
-        /// Items per batch.
-        batch_size: usize,
-        /// Items of each class in a batch.
-        samples_per_class: usize,
-        /// Label level that defines a class.
-        #[serde(default)]
-        level: usize,
-        /// `Some(n)`: pytorch-metric-learning's sampler with `n` batches per epoch (with
-        /// replacement); `None`: the Smooth-AP / HAPPIER epoch without replacement.
-        #[serde(default)]
-        batches_per_epoch: Option<usize>,
-        /// Shuffle the items inside each batch (HAPPIER) rather than keep classes contiguous
-        /// (Smooth-AP). Only for the epoch mode.
-        #[serde(default = "default_true")]
-        shuffle_within_batch: bool,
-    },
-    /// [`HierarchicalSampler`].
-    Hierarchical {
-        /// Items per batch.
-        batch_size: usize,
-        /// Items of each class in a batch.
-        samples_per_class: usize,
-        /// Batches per combination of super-classes.
-        batches_per_super_pair: usize,
-        /// Super-classes per batch.
-        super_classes_per_batch: usize,
-        /// Level of the classes.
-        class_level: usize,
-        /// Level of the super-classes.
-        super_level: usize,
-        /// Keep only this many batches per epoch.
-        #[serde(default)]
-        max_batches: Option<usize>,
-    },
-    /// [`FastApSampler`].
-    FastAp {
-        /// Items per batch (even).
-        batch_size: usize,
-        /// Batches per pair of meta-classes.
-        batches_per_meta_pair: usize,
-        /// Level of the classes.
-        class_level: usize,
-        /// Level of the meta-classes.
-        meta_level: usize,
-        /// Shuffle the items inside each class every epoch.
-        #[serde(default)]
-        shuffle_within_class: bool,
-    },
-}
-
-fn default_true() -> bool {
-    true
-}
-
-impl Default for SamplerConfig {
-    /// Batches of 64 with 4 images per fine class, one pass per epoch.
-    fn default() -> Self {
-        SamplerConfig::MPerClass {
-            batch_size: 64,
-            samples_per_class: 4,
-            level: 0,
-            batches_per_epoch: None,
-            shuffle_within_batch: true,
-        }
-    }
-}
-
-/// A sampler that can be moved across threads.
-pub type DynSampler = Box<dyn BatchSampler + Send + Sync>;
-
-impl SamplerConfig {
-    /// Builds the sampler over `labels` with `seed`.
-    pub fn build(&self, labels: &Labels, seed: u64) -> Result<DynSampler> {
-        Ok(match self.clone() {
-            SamplerConfig::MPerClass {
-                batch_size,
-                samples_per_class,
-                level,
-                batches_per_epoch,
-                shuffle_within_batch,
-            } => {
-                let mode = match batches_per_epoch {
-                    Some(n) => MPerClassMode::WithReplacement {
-                        batches_per_epoch: n,
-                    },
-                    None => MPerClassMode::Epoch {
-                        shuffle_within_batch,
-                    },
-                };
-                let config = MPerClassConfig {
-                    batch_size,
-                    samples_per_class,
-                    level,
-                    mode,
-                };
-                Box::new(MPerClassSampler::new(labels, config, seed)?)
-            }
-            SamplerConfig::Hierarchical {
-                batch_size,
-                samples_per_class,
-                batches_per_super_pair,
-                super_classes_per_batch,
-                class_level,
-                super_level,
-                max_batches,
-            } => {
-                let config = HierarchicalConfig {
-                    batch_size,
-                    samples_per_class,
-                    batches_per_super_pair,
-                    super_classes_per_batch,
-                    class_level,
-                    super_level,
-                    max_batches,
-                };
-                Box::new(HierarchicalSampler::new(labels, config, seed)?)
-            }
-            SamplerConfig::FastAp {
-                batch_size,
-                batches_per_meta_pair,
-                class_level,
-                meta_level,
-                shuffle_within_class,
-            } => {
-                let config = FastApConfig {
-                    batch_size,
-                    batches_per_meta_pair,
-                    class_level,
-                    meta_level,
-                    shuffle_within_class,
-                };
-                Box::new(FastApSampler::new(labels, config, seed)?)
-            }
-        })
     }
 }
 
@@ -458,6 +298,15 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// This recipe with its dataset root replaced by `root` ([`DatasetConfig::with_root`]; errors
+    /// for the embedded dataset).
+    pub fn with_dataset_root(&self, root: &std::path::Path) -> Result<TrainConfig> {
+        Ok(TrainConfig {
+            dataset: self.dataset.with_root(root)?,
+            ..self.clone()
+        })
+    }
+
     /// Reads a TOML recipe (e.g. `configs/embedded_smooth_ap.toml`). Missing fields take their
     /// defaults; an unknown field or a wrong type is an error naming the file, the line and the
     /// key, and the result is validated.

@@ -15,13 +15,15 @@ pub mod run_dir;
 pub mod schedule;
 pub mod trainer;
 
+/// The recipe's dataset and input normalisation, defined with the datasets
+/// ([`crate::data::dataset`]).
+pub use crate::data::dataset::{DatasetConfig, ImageSettings, InputNorm, TransformPreset};
+/// The recipe's sampler, defined beside the samplers ([`crate::samplers::config`]).
+pub use crate::samplers::SamplerConfig;
 pub use config::{
-    DataConfig, DeviceChoice, EvalConfig, GroupConfig, InputNorm, OptimizerConfig, OutputConfig,
-    SamplerConfig, TrainConfig,
+    DataConfig, DeviceChoice, EvalConfig, GroupConfig, OptimizerConfig, OutputConfig, TrainConfig,
 };
-pub use data::{
-    load_data, DatasetConfig, EvalSet, ImageSettings, RunData, TestProtocol, TransformPreset,
-};
+pub use data::{check_recipe, load_data, EvalSet, RecipeCheck, RunData, TestProtocol};
 pub use log::{LogRow, MetricsLog};
 pub use optim::{AdamConfig, Algorithm, Optimizer, ParamGroup, SgdConfig};
 pub use overrides::{apply_overrides, load_with_overrides, Override};

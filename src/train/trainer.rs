@@ -20,7 +20,7 @@
 //! images read from disk).
 
 use super::checkpoint;
-use super::config::{DynSampler, TrainConfig};
+use super::config::TrainConfig;
 use super::data::{load_data, RunData, TestProtocol};
 use super::large_batch::{chunked_gradients, direct_gradients};
 use super::log::MetricsLog;
@@ -35,6 +35,7 @@ use crate::models::{EmbeddingNet, ParamStore, BACKBONE_PREFIX, HEAD_PREFIX};
 use crate::progress::Progress;
 use crate::retrieval::dyml::{evaluate_dyml, DymlResult, DymlScale};
 use crate::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch};
+use crate::samplers::DynSampler;
 use crate::samplers::SamplerState;
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};

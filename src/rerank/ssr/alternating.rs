@@ -29,9 +29,8 @@
 //! the MLP's parameters, so meta-training differentiates through them with first-order
 //! autograd, as PyTorch's `create_graph=True` does (candle has no double backward).
 
-use super::graph::SubgraphIndex;
+use super::graph::{cosine_graph, graph_sum, SubgraphIndex};
 use super::model::{MlpAt, SsrModel};
-use super::update::{cosine_graph, graph_sum};
 use crate::error::Result;
 use candle_core::Tensor;
 
@@ -186,7 +185,8 @@ pub(crate) fn push_forward(
 mod tests {
     use super::*;
     use crate::rerank::ssr::graph::Layout;
-    use crate::rerank::ssr::model::{GroupSchedule, SsrConfig, SsrInput, Task, UpdateRule};
+    use crate::rerank::ssr::graph::Task;
+    use crate::rerank::ssr::model::{GroupSchedule, SsrConfig, SsrInput, UpdateRule};
     use candle_core::{DType, Device};
     use candle_nn::Module;
 

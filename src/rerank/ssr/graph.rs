@@ -10,8 +10,8 @@
 //! subgraph or in one shared order ([`ColumnOrder`], "w.o local sort"), and whether the graph
 //! is decomposed at all ([`Decomposition`], "w.o subgraph").
 
-use super::model::Task;
 use crate::error::{Error, Result};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 /// How `M_i` is laid out (where SSR's paper and its authors' code differ).
@@ -410,6 +410,43 @@ pub fn subgraphs(sim: &[f64], task: Task, spec: &SubgraphSpec) -> SubgraphIndex 
         flat,
     }
 }
+/// Row norms `‖f_i‖` (`n × 1`), unit rows `f̂` and cosine similarities `S = F̂F̂ᵀ`
+/// (SSR Eq. 1 / Eq. 3).
+pub fn cosine_graph(f: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let norms = f.sqr()?.sum_keepdim(1)?.sqrt()?;
+    let fhat = f.broadcast_div(&norms)?;
+    let s = fhat.matmul(&fhat.t()?)?;
+    Ok((norms, fhat, s))
+}
+
+/// SSR Eq. 5: GraphSum — the MLP's outputs `g` (`n × D`) scatter-added to their positions of
+/// the `n × n` matrix.
+pub fn graph_sum(g: &Tensor, index: &SubgraphIndex, idx: &Tensor) -> Result<Tensor> {
+    let n = index.nodes;
+    let zeros = Tensor::zeros(n * n, g.dtype(), g.device())?;
+    Ok(zeros
+        .index_add(idx, &g.flatten_all()?, 0)?
+        .reshape((n, n))?)
+}
+
+/// Which graphs a model refines; fixes the MLP's input width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Task {
+    /// A query and its top-`k` references (Fig. 2b).
+    Retrieval {
+        /// References re-ranked per query.
+        k: usize,
+    },
+    /// `supports` support nodes (class prototypes or shots) and `queries` queries (Fig. 2c).
+    FewShot {
+        /// Support nodes.
+        supports: usize,
+        /// Queries.
+        queries: usize,
+    },
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,9 +31,9 @@ pub mod select;
 pub mod train;
 pub mod update;
 
-pub use graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphIndex, SubgraphSpec};
+pub use graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphIndex, SubgraphSpec, Task};
 pub use model::{
-    GroupSchedule, RetrievalLoss, SsrConfig, SsrInput, SsrModel, Task, UpdateRule, UpdateSpace,
+    GroupSchedule, RetrievalLoss, SsrConfig, SsrInput, SsrModel, UpdateRule, UpdateSpace,
 };
 pub use train::{meta_train, FewShotTasks, MetaTrainConfig, RetrievalTasks, Stage, TaskSource};
 

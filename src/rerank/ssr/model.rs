@@ -2,7 +2,7 @@
 //! to an update signal of the same shape, and the learnable temperature `τ` of the losses
 //! (Eqs. 6–7).
 
-use super::graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphSpec};
+use super::graph::{ColumnOrder, Decomposition, Layout, NodeGroup, SubgraphSpec, Task};
 use crate::error::{Error, Result};
 use crate::models::ParamStore;
 use candle_core::{DType, Device, Tensor, Var};
@@ -399,24 +399,6 @@ impl MlpAt<'_> {
         let g = (g * &self.masks[0])?.matmul(m.l1.weight())?;
         Ok(m.norm0.vjp(x0, s0, &g)?)
     }
-}
-
-/// Which graphs a model refines; fixes the MLP's input width.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "kind")]
-pub enum Task {
-    /// A query and its top-`k` references (Fig. 2b).
-    Retrieval {
-        /// References re-ranked per query.
-        k: usize,
-    },
-    /// `supports` support nodes (class prototypes or shots) and `queries` queries (Fig. 2c).
-    FewShot {
-        /// Support nodes.
-        supports: usize,
-        /// Queries.
-        queries: usize,
-    },
 }
 
 /// A (meta-trained) SSR module: its configuration, task, MLP(s) and temperature.

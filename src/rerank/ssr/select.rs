@@ -2,7 +2,8 @@
 //! meta-trained per candidate step size `λ` (and list length `k` for retrieval), scored after
 //! each stage of the schedule (so `T` is chosen too), the best kept.
 
-use super::model::{SsrConfig, SsrModel, Task};
+use super::graph::Task;
+use super::model::{SsrConfig, SsrModel};
 use super::train::{train_stage, MetaTrainConfig, TaskSource};
 use crate::error::{Error, Result};
 use candle_core::{DType, Tensor};

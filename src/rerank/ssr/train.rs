@@ -8,7 +8,8 @@
 //! its top k, keeping only hard lists (initial AP below a threshold, enough positives — the
 //! code's filter); [`FewShotTasks`] draws episodes.
 
-use super::model::{SsrModel, Task};
+use super::graph::Task;
+use super::model::SsrModel;
 use super::SupportNodes;
 use crate::error::{Error, Result};
 use crate::fewshot::EpisodeFeatures;

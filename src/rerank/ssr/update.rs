@@ -9,23 +9,12 @@
 //! differentiable w.r.t. the MLP's parameters and `τ`.
 
 use super::alternating::{pull_back, HalfStep, Linearization};
-use super::graph::{subgraphs, SubgraphIndex};
-use super::model::{
-    GroupSchedule, RetrievalLoss, SsrInput, SsrModel, Task, UpdateRule, UpdateSpace,
-};
+use super::graph::{cosine_graph, graph_sum, subgraphs, SubgraphIndex, Task};
+use super::model::{GroupSchedule, RetrievalLoss, SsrInput, SsrModel, UpdateRule, UpdateSpace};
 use crate::error::{Error, Result};
 use crate::rerank::k_reciprocal::KReciprocal;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::Module;
-
-/// Row norms `‖f_i‖` (`n × 1`), unit rows `f̂` and cosine similarities `S = F̂F̂ᵀ`
-/// (SSR Eq. 1 / Eq. 3).
-pub fn cosine_graph(f: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-    let norms = f.sqr()?.sum_keepdim(1)?.sqrt()?;
-    let fhat = f.broadcast_div(&norms)?;
-    let s = fhat.matmul(&fhat.t()?)?;
-    Ok((norms, fhat, s))
-}
 
 /// SSR Eq. 4 for every node at once: the feature step `Σ_j A_ij ∂s_ij/∂f_i`
 /// `= (A F̂ − (A ⊙ S)𝟙 ⊙ F̂) / ‖f_i‖` for a signal matrix `A` (`n × n`), with
@@ -53,16 +42,6 @@ pub fn feature_step(
     };
     let dir = feature_direction(&a, &norms, &fhat, &s)?;
     Ok((f + (dir.broadcast_mul(mask)? * (sign * lambda))?)?)
-}
-
-/// SSR Eq. 5: GraphSum — the MLP's outputs `g` (`n × D`) scatter-added to their positions of
-/// the `n × n` matrix.
-pub fn graph_sum(g: &Tensor, index: &SubgraphIndex, idx: &Tensor) -> Result<Tensor> {
-    let n = index.nodes;
-    let zeros = Tensor::zeros(n * n, g.dtype(), g.device())?;
-    Ok(zeros
-        .index_add(idx, &g.flatten_all()?, 0)?
-        .reshape((n, n))?)
 }
 
 impl SsrModel {

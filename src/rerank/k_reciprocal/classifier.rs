@@ -1,18 +1,20 @@
 //! "+ k-reciprocal" of SSR Table 2 (`transductive_few_shot/src/few_shot_kreciprocal.py`): the
 //! class prototypes (mean of the shots, L2-normalised) are the gallery and the episode's
 //! L2-normalised queries are the queries of k-reciprocal re-ranking
-//! ([`crate::rerank::k_reciprocal`]); each query takes the class of minimal final distance.
-//! Transductive: every query's neighbourhood involves the other queries.
+//! ([`super`]); each query takes the class of minimal final distance. Transductive: every
+//! query's neighbourhood involves the other queries. It lives beside the re-ranker it wraps, as
+//! SSR's classifier does ([`crate::rerank::ssr::SsrClassifier`]): `fewshot` defines episodes and
+//! the [`EpisodeClassifier`] trait, the re-rankers implement it, and no import goes back.
 //!
 //! SSR picks `(k1, k2, λ)` from [`SSR_FEWSHOT_GRID`] by the mean accuracy **on the test
 //! episodes themselves** (the script reports the best grid point); [`best_of_grid`] reproduces
 //! that protocol, which is optimistic — select on validation classes for a fair number.
 
-use super::{argmax, evaluate, EpisodeClassifier, EpisodeFeatures};
+use super::KReciprocal;
 use crate::error::{Error, Result};
+use crate::fewshot::{argmax, evaluate, EpisodeClassifier, EpisodeFeatures};
 use crate::hierarchy::Labels;
 use crate::metrics::fewshot::AccuracyInterval;
-use crate::rerank::k_reciprocal::KReciprocal;
 use crate::samplers::episodes::EpisodeConfig;
 use candle_core::{Device, Tensor};
 

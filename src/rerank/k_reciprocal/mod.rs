@@ -41,6 +41,10 @@
 //! distances); here ties are broken by node index. Results differ only where distances tie
 //! exactly (duplicate features).
 
+pub mod classifier;
+
+pub use classifier::{best_of_grid, ssr_fewshot_grid, KReciprocalClassifier, SSR_FEWSHOT_GRID};
+
 use super::{check_chunk, cosine_chunk, Reranker};
 use crate::error::{Error, Result};
 use crate::retrieval::{knn, prepare, SelfMatch, Similarity};
