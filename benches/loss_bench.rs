@@ -26,11 +26,11 @@
 //! the process's baseline; for a clean number run one configuration per process. One JSON line
 //! per configuration on stdout.
 //!
-//! The allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train`,
+//! The allocator is tuned first ([`rankwise::cpu::alloc::tune_allocator`], as `rankwise train`,
 //! `reproduce` and the notebooks do); `--no-malloc-tuning` leaves glibc's defaults, under which
 //! every `B × B` intermediate above 128 KiB is a fresh `mmap` whose pages fault in again.
 //! candle's thread pools are then set as `rankwise train` sets them
-//! ([`rankwise::cpu_threads::tune_candle_threads`]: on at most two cores, element-wise ops on the
+//! ([`rankwise::cpu::threads::tune_candle_threads`]: on at most two cores, element-wise ops on the
 //! calling thread; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default); the JSON line says
 //! which (`candle_threads`).
 //!
@@ -128,7 +128,7 @@ fn bench(
     b: usize,
     reps: Option<usize>,
     malloc_tuned: bool,
-    threads: rankwise::cpu_threads::ThreadTuning,
+    threads: rankwise::cpu::threads::ThreadTuning,
 ) -> Result<()> {
     // `--reps N`: exactly N timed steps. Default: at least MIN_REPS(B), then more until the
     // timed steps add up to TIME_BUDGET (at most MAX_REPS), so that a fast configuration is
@@ -267,11 +267,11 @@ fn main() -> Result<()> {
     }
     // As `rankwise train` / `reproduce` and the notebooks run the losses: glibc keeps freed
     // buffers instead of mapping and zero-filling fresh pages for every B × B intermediate.
-    let tuned = tune_malloc && rankwise::alloc::tune_allocator();
+    let tuned = tune_malloc && rankwise::cpu::alloc::tune_allocator();
     // As `rankwise train` runs on a machine of at most two cores: candle's element-wise ops on
     // the calling thread, so that its pool's spinning worker does not hold a core
-    // (`rankwise::cpu_threads`; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default).
-    let threads = rankwise::cpu_threads::tune_candle_threads();
+    // (`rankwise::cpu::threads`; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default).
+    let threads = rankwise::cpu::threads::tune_candle_threads();
     if losses.is_empty() {
         losses = LOSSES.iter().map(|s| s.to_string()).collect();
     }

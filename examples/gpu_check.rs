@@ -1120,7 +1120,7 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    rankwise::alloc::tune_allocator();
+    rankwise::cpu::alloc::tune_allocator();
     let device = DeviceChoice::parse(&args.device)?.device()?;
     let mut report = Report::new(&args.out, &args.device, args.budget_s)?;
     let wants = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);

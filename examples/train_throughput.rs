@@ -8,9 +8,9 @@
 //! ```
 //!
 //! The dev profile already compiles candle (where the time goes) at `opt-level = 3`. The glibc
-//! allocator is tuned first ([`rankwise::alloc::tune_allocator`], as `rankwise train` does)
+//! allocator is tuned first ([`rankwise::cpu::alloc::tune_allocator`], as `rankwise train` does)
 //! unless `--no-malloc-tuning` is given, and candle's thread pools are set as `rankwise train`
-//! sets them ([`rankwise::cpu_threads::tune_candle_threads`]; `RANKWISE_NO_THREAD_TUNING=1`
+//! sets them ([`rankwise::cpu::threads::tune_candle_threads`]; `RANKWISE_NO_THREAD_TUNING=1`
 //! leaves candle's default). The PyTorch counterpart is
 //! `benches/train_throughput_vs_torch.py`; results in `benches/train_throughput_vs_torch.md`.
 
@@ -79,8 +79,8 @@ impl RankLoss for Contrastive {
 
 fn main() -> Result<()> {
     let args = Args::parse();
-    let threads = rankwise::cpu_threads::tune_candle_threads();
-    let tuned = !args.no_malloc_tuning && rankwise::alloc::tune_allocator();
+    let threads = rankwise::cpu::threads::tune_candle_threads();
+    let tuned = !args.no_malloc_tuning && rankwise::cpu::alloc::tune_allocator();
     let backbone = match args.model.as_str() {
         "small" => BackboneConfig::SmallCnn(SmallCnnConfig {
             widths: args

@@ -9,17 +9,13 @@
 //! relevance functions, [`metrics`] scores one ranked list, and [`retrieval`] ranks every query
 //! against the references exactly, in chunks, and accumulates the metrics.
 
-pub mod alloc;
 pub(crate) mod attach;
 pub mod cpu;
-pub mod cpu_threads;
 pub mod data;
 pub mod error;
 pub mod experiments;
 pub mod fewshot;
-pub(crate) mod helper_threads;
 pub mod hierarchy;
-pub(crate) mod host_sums;
 pub mod io;
 pub mod losses;
 pub mod metrics;
@@ -32,7 +28,6 @@ pub mod samplers;
 pub mod stats;
 pub mod synthetic_embeddings;
 pub mod train;
-pub(crate) mod work_phases;
 
 /// candle, re-exported so that notebooks and users name the same `Tensor`, `Device` and `DType`
 /// as the library without a dependency (and a rebuild) of their own.

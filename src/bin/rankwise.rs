@@ -785,8 +785,8 @@ fn load_recipe(path: &Path, set: &[String], device: Option<&str>) -> Result<Trai
 }
 
 fn train(args: &TrainArgs) -> Result<()> {
-    rankwise::alloc::tune_allocator();
-    rankwise::cpu_threads::tune_candle_threads();
+    rankwise::cpu::alloc::tune_allocator();
+    rankwise::cpu::threads::tune_candle_threads();
     let started = Instant::now();
     let mut config = load_recipe(&args.config, &args.set, args.device.as_deref())?;
     config.progress = !args.quiet;
@@ -852,8 +852,8 @@ fn level_names(config: &TrainConfig, levels: usize) -> Vec<String> {
 }
 
 fn embed(args: &EmbedArgs) -> Result<()> {
-    rankwise::alloc::tune_allocator();
-    rankwise::cpu_threads::tune_candle_threads();
+    rankwise::cpu::alloc::tune_allocator();
+    rankwise::cpu::threads::tune_candle_threads();
     if ext(&args.out).as_deref() != Some("npy") {
         bail!(
             "--out {}: write embeddings to a .npy file",
@@ -896,8 +896,8 @@ fn embed(args: &EmbedArgs) -> Result<()> {
 }
 
 fn reproduce(args: &ReproduceArgs) -> Result<()> {
-    rankwise::alloc::tune_allocator();
-    rankwise::cpu_threads::tune_candle_threads();
+    rankwise::cpu::alloc::tune_allocator();
+    rankwise::cpu::threads::tune_candle_threads();
     let scale: Scale = match &args.scale {
         Some(s) => s.parse().context("--scale")?,
         None => experiments::scale_from_env(Scale::Quick)?,

@@ -1,7 +1,48 @@
-//! Shared CPU kernels: the pieces the tuned CPU paths of several modules build on (the
-//! convolution of `models::conv`, the score products of `retrieval`).
+//! The CPU engine: everything the crate does to be fast on a CPU, behind one door, so that
+//! the domain modules read as the papers do.
+//!
+//! # Why a CPU engine
+//!
+//! candle's CPU backend is correct but pays, on the small machines our users train on, costs
+//! that have nothing to do with the arithmetic (profiles in `benches/losses_vs_torch.md` and
+//! `benches/train_throughput_vs_torch.md`, 2-core VMs):
+//!
+//! | cost | where it showed | what answers it |
+//! |---|---|---|
+//! | every op's output is a fresh `mmap`, page-faulted and unmapped each step | 38% of a ResNet step in the kernel | [`alloc::tune_allocator`] (glibc keeps freed buffers) |
+//! | candle's barrier pool spins beside rayon's pool on 2 cores | a loss step on about one core after each backward | [`threads::tune_candle_threads`] |
+//! | one rayon hand-off (wake, run, wait) per parallel loop | 37 µs back to back, 62–102 µs after a gap, per loop | `work_phases::run_phases`: a step's loops in one hand-off, with dedicated spinning `helper_threads` |
+//! | a running `f64` sum is bound by the add latency | several times slower on `B × 512` passes | `host_sums`: independent partial sums, read in place |
+//! | strided packing of a transposed view | 125–185 against 175–215 GFLOP/s at SOP scale | [`gemm::gemm_into`] on laid-out operands |
+//!
+//! # Who uses it
+//!
+//! * `retrieval`: the chunked score products of the evaluation engine ([`gemm`]) and the input
+//!   checks (`host_sums`).
+//! * `losses::pairwise_rows`: the row-loss engine of FastAP, RaMBO, contrastive and triplet; on
+//!   the CPU with the batch in one chunk its `fused` path runs each pass in one hand-off
+//!   (`work_phases`, `host_sums`).
+//! * `models::conv`, `models::cpu_ops`: the CPU convolution and fused layers ([`gemm`],
+//!   `with_values`).
+//! * The binary, the trainer's examples and the notebooks call [`alloc::tune_allocator`] and
+//!   [`threads::tune_candle_threads`] once at start.
+//!
+//! # The contract
+//!
+//! Nothing here changes a result beyond float rounding. Every fast path has a plain candle
+//! formulation beside it — the one the CUDA path runs, and the one a reader should read first —
+//! and a test that the two agree on values and gradients (`losses::pairwise_rows` against
+//! autograd of the same loss, `models::conv` against candle's `conv2d`, the engine against the
+//! per-query metrics). Off the CPU the fast paths step aside: the kernels fall back to candle's
+//! ops on the tensor's device. A constant tuned to a machine (a chunk size, a spin window) says
+//! in its comment which measurement chose it.
 
+pub mod alloc;
 pub mod gemm;
+pub(crate) mod helper_threads;
+pub(crate) mod host_sums;
+pub mod threads;
+pub(crate) mod work_phases;
 
 use candle_core::{CpuStorage, Layout, Tensor, WithDType};
 

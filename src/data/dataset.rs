@@ -37,11 +37,11 @@ pub enum InputNorm {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DatasetConfig {
-    /// The embedded shapes dataset of `[data]` ([`super::DataConfig`]) and its class-disjoint
+    /// The embedded shapes dataset of `[data]` ([`crate::train::DataConfig`]) and its class-disjoint
     /// retrieval split, in memory. Default.
     #[default]
     Embedded,
-    /// Stanford Online Products ([`sop`]): labels `[class, super-class]`.
+    /// Stanford Online Products ([`sop`](super::loaders::sop)): labels `[class, super-class]`.
     Sop {
         /// The unpacked `Stanford_Online_Products/` folder (`data_scripts/sop.sh`).
         root: PathBuf,
@@ -49,7 +49,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// iNaturalist-2018 with Smooth-AP's retrieval split ([`inaturalist`]): iNat-base
+    /// iNaturalist-2018 with Smooth-AP's retrieval split ([`inaturalist`](super::loaders::inaturalist)): iNat-base
     /// `[species, super-category]` or iNat-full (7 levels), HAPPIER's two hierarchies.
     Inaturalist {
         /// The folder holding `train_val2018/`, `Inat_dataset_splits/` and the category list
@@ -69,7 +69,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// DyML-Vehicle, -Animal or -Product ([`dyml`]): training labels `[fine, middle, coarse]`.
+    /// DyML-Vehicle, -Animal or -Product ([`dyml`](super::loaders::dyml)): training labels `[fine, middle, coarse]`.
     Dyml {
         /// The `dyml_vehicle/`, `dyml_animal/` or `dyml_product/` folder (`data_scripts/dyml.sh`).
         root: PathBuf,
@@ -83,7 +83,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// CUB-200-2011 ([`cub_cars`]): first 100 classes for training, last 100 for test.
+    /// CUB-200-2011 ([`cub_cars`](super::loaders::cub_cars)): first 100 classes for training, last 100 for test.
     Cub {
         /// The unpacked `CUB_200_2011/` folder (`data_scripts/cub.sh`).
         root: PathBuf,
@@ -91,7 +91,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// Cars196 ([`cub_cars`]): first 98 classes for training, last 98 for test.
+    /// Cars196 ([`cub_cars`](super::loaders::cub_cars)): first 98 classes for training, last 98 for test.
     Cars {
         /// The folder holding `cars_annos.mat` and `car_ims/` (`data_scripts/cars196.sh`).
         root: PathBuf,
@@ -99,7 +99,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// In-Shop Clothes ([`inshop`]): labels `[item, category]`; queries against the gallery.
+    /// In-Shop Clothes ([`inshop`](super::loaders::inshop)): labels `[item, category]`; queries against the gallery.
     Inshop {
         /// The "In-shop Clothes Retrieval Benchmark" folder (`data_scripts/inshop.sh`).
         root: PathBuf,
@@ -107,7 +107,7 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// PKU VehicleID ([`vehicleid`]): flat vehicle labels; Small / Medium / Large test sets.
+    /// PKU VehicleID ([`vehicleid`](super::loaders::vehicleid)): flat vehicle labels; Small / Medium / Large test sets.
     #[serde(rename = "vehicleid")]
     VehicleId {
         /// The `VehicleID_V1.0/` folder (`data_scripts/vehicleid.sh`).
@@ -132,7 +132,7 @@ pub enum InatLevels {
     Full,
 }
 
-/// How iNat-full keys the taxa above species ([`TaxonKey`]).
+/// How iNat-full keys the taxa above species ([`TaxonKey`](super::loaders::inaturalist::TaxonKey)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TaxonKeying {
@@ -155,7 +155,7 @@ pub enum DymlSubset {
     Product,
 }
 
-/// The row glued to the header of the DyML csv files ([`GluedRow`]).
+/// The row glued to the header of the DyML csv files ([`GluedRow`](super::loaders::dyml::GluedRow)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GluedRowChoice {

@@ -51,14 +51,14 @@ impl NotebookPaths {
 }
 
 /// Runs `paper`'s experiments at `scale` (cached runs are reused, the others train now, one
-/// progress line each; the allocator is tuned first, [`crate::alloc::tune_allocator`]) and
+/// progress line each; the allocator is tuned first, [`crate::cpu::alloc::tune_allocator`]) and
 /// writes `paper_tables/<paper>.md`, the per-table CSV/Markdown and the figures under
 /// `paths.output` (`paper_tables/standard/` and `figures/standard/` at the standard scale).
 /// Returns the results for the notebook to show.
 pub fn run_paper(paper: &str, scale: Scale, paths: &NotebookPaths) -> Result<PaperResults> {
     // The notebooks train on the CPU like `rankwise reproduce`: keep freed tensor buffers for
     // reuse (×1.74 on the small CNN, benches/train_throughput_vs_torch.md).
-    crate::alloc::tune_allocator();
+    crate::cpu::alloc::tune_allocator();
     let runner = Runner::new(Some(paths.cache.clone()), true);
     let results = super::reproduce_paper(paper, &paths.root, &runner, scale)?;
     // Where `rankwise reproduce` writes the same scale (the standard tables sit beside the

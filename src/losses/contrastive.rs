@@ -14,9 +14,9 @@
 //! [`PairReduction::Mean`] averages over all pairs of the kind instead. A batch without
 //! positive pairs (or without negative pairs) gets 0 from that term, as in pml.
 
+use crate::cpu::host_sums::vectorised;
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::host_sums::vectorised;
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;

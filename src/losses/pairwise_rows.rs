@@ -20,10 +20,10 @@
 //! On the CPU with the batch in one chunk (the default) both passes take the path of [`fused`]:
 //! the same arithmetic, each pass handed to the thread pool once instead of once per step.
 
+use crate::cpu::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};
+use crate::cpu::work_phases::Slot;
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};
-use crate::work_phases::Slot;
 use candle_core::{DType, Device, Tensor, WithDType};
 use rayon::prelude::*;
 use std::sync::Arc;

@@ -256,7 +256,7 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
     }
     // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
     // overflowing on large but finite values.
-    use crate::host_sums::{host_f64, sum_abs, vectorised, with_host_values, HostValues};
+    use crate::cpu::host_sums::{host_f64, sum_abs, vectorised, with_host_values, HostValues};
     let d = dims[1].max(1);
     let borrowed = with_host_values(x, |v| {
         vectorised(

@@ -3,7 +3,7 @@
 //! product's own split.
 //!
 //! Why: a parallel loop started from outside the pool pays a hand-off to threads that may
-//! have gone to sleep (tens of µs on the 2-core VM, see [`crate::work_phases`]); the rayon
+//! have gone to sleep (tens of µs on the 2-core VM, see [`crate::cpu::work_phases`]); the rayon
 //! path paid it in every step (normalisation, product, conversion, summaries, gradient rows,
 //! input gradient), which at B = 256 is a sizeable part of a 1–2 ms step. Here:
 //!
@@ -24,11 +24,11 @@ use super::{
     check_norms, columns_of, finish_row, nonzeros_up_to, normalise_row, GradRows, Input, RowLoss,
     RowLossOp, SparseRows, UnitRows, SPARSE_BACKWARD_DENSITY,
 };
-use crate::error::{Error, Result};
-use crate::host_sums::{vectorised, with_host_values, HostValues};
-use crate::work_phases::{
+use crate::cpu::host_sums::{vectorised, with_host_values, HostValues};
+use crate::cpu::work_phases::{
     assume_written, filled, into_written, run_phases, unwritten, DisjointChunks, Phase,
 };
+use crate::error::{Error, Result};
 use candle_core::{Device, Tensor, WithDType};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;

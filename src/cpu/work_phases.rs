@@ -9,7 +9,7 @@
 //!
 //! [`run_phases`] runs all the loops of a step in one go: the calling thread starts on the first
 //! phase at once, and `n − 1` other threads join in when they wake: the process's dedicated
-//! helpers ([`crate::helper_threads`]) for a caller outside the rayon pool, else workers of the
+//! helpers ([`crate::cpu::helper_threads`]) for a caller outside the rayon pool, else workers of the
 //! current pool. Chunks of
 //! work are *claimed* rather than assigned: each thread has a slot (the caller 0, helper `i`
 //! `i + 1`) that owns the same runs of chunks in every phase ([`owned_runs`]) and claims those
@@ -22,7 +22,7 @@
 //! [`DisjointChunks`] lets the chunks of a phase write their own parts of one buffer, and a
 //! later phase read the whole of it.
 
-use crate::helper_threads;
+use crate::cpu::helper_threads;
 use crossbeam_utils::CachePadded;
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;

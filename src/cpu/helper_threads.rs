@@ -1,5 +1,5 @@
 //! A fixed set of helper threads that wait for work by spinning for a short while before they
-//! sleep, for [`crate::work_phases::run_phases`] called from outside the rayon pool.
+//! sleep, for [`crate::cpu::work_phases::run_phases`] called from outside the rayon pool.
 //!
 //! Why not rayon's own workers: with them as the helpers of a call made from outside the pool,
 //! *both* workers of a 2-thread pool took CPU time (sampled over a second of the contrastive
@@ -190,7 +190,7 @@ thread_local! {
 }
 
 /// The calling thread's slot in a job: `i + 1` on helper `i`, 0 on any other thread (the
-/// caller), so that [`crate::work_phases`] gives each thread the same share of every call.
+/// caller), so that [`crate::cpu::work_phases`] gives each thread the same share of every call.
 pub(crate) fn current_slot() -> usize {
     SLOT.with(|s| s.get())
 }
