@@ -130,6 +130,32 @@ impl CosineRanking {
     }
 }
 
+impl CosineRanking {
+    /// The normalised queries (`Q × D`).
+    pub(crate) fn queries(&self) -> &Tensor {
+        &self.queries
+    }
+
+    /// The normalised references (`N_r × D`).
+    pub(crate) fn references(&self) -> &Tensor {
+        &self.references
+    }
+
+    /// The same references and self-match with other (already normalised) queries: the
+    /// bookkeeping every cosine-based re-ranker shares (query expansion swaps the queries, SSR
+    /// overwrites the scores of each top-k).
+    pub(crate) fn with_queries(self, queries: Tensor) -> Result<Self> {
+        if queries.dims() != self.queries.dims() {
+            return Err(Error::Shape(format!(
+                "{:?} queries to replace {:?}",
+                queries.dims(),
+                self.queries.dims()
+            )));
+        }
+        Ok(CosineRanking { queries, ..self })
+    }
+}
+
 impl Reranker for CosineRanking {
     fn num_queries(&self) -> usize {
         self.queries.dims()[0]

@@ -24,7 +24,7 @@
 //! query's own entry is excluded from its top-k (otherwise it would count twice).
 
 use super::min_norm_point::min_norm_point;
-use super::{check_chunk, cosine_chunk, Reranker};
+use super::{CosineRanking, Reranker};
 use crate::error::{Error, Result};
 use crate::retrieval::{knn, prepare, SelfMatch, Similarity};
 use candle_core::{Device, Tensor};
@@ -164,14 +164,10 @@ impl QueryExpansion {
     /// The expanded queries scored against the references: a [`Reranker`].
     pub fn fit(&self, queries: &Tensor, references: Option<&Tensor>) -> Result<ExpandedQueries> {
         let expanded = self.expanded_queries(queries, references)?;
-        let refs = references.unwrap_or(queries);
-        // Normalise the references the same way as the first stage (inner products of unit
-        // vectors); the expanded queries are already unit (or zero) vectors.
-        let ops = prepare(queries, refs, Similarity::Cosine, &Device::Cpu)?;
+        // The references normalised as by the first stage (inner products of unit vectors); the
+        // expanded queries are already unit (or zero) vectors.
         Ok(ExpandedQueries {
-            queries: expanded,
-            references: ops.references,
-            same: references.is_none(),
+            cosine: CosineRanking::new(queries, references)?.with_queries(expanded)?,
         })
     }
 }
@@ -286,31 +282,28 @@ pub fn dqe(query: &[f32], neighbours: &[&[f32]], negatives: &[&[f32]]) -> Result
 
 /// Expanded queries scored against the references by inner product (unit vectors: cosine).
 pub struct ExpandedQueries {
-    queries: Tensor,
-    references: Tensor,
-    same: bool,
+    cosine: CosineRanking,
 }
 
 impl ExpandedQueries {
     /// The expanded queries (`Q × D`, unit rows).
     pub fn queries(&self) -> &Tensor {
-        &self.queries
+        self.cosine.queries()
     }
 }
 
 impl Reranker for ExpandedQueries {
     fn num_queries(&self) -> usize {
-        self.queries.dims()[0]
+        self.cosine.num_queries()
     }
     fn num_references(&self) -> usize {
-        self.references.dims()[0]
+        self.cosine.num_references()
     }
     fn queries_are_references(&self) -> bool {
-        self.same
+        self.cosine.queries_are_references()
     }
     fn scores(&self, start: usize, len: usize) -> Result<Vec<f32>> {
-        check_chunk(self, start, len)?;
-        cosine_chunk(&self.queries, &self.references, start, len)
+        self.cosine.scores(start, len)
     }
 }
 

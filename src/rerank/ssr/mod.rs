@@ -37,10 +37,9 @@ pub use model::{
 };
 pub use train::{meta_train, FewShotTasks, MetaTrainConfig, RetrievalTasks, Stage, TaskSource};
 
-use super::{check_chunk, Reranker, TopN};
+use super::{CosineRanking, Reranker, TopN};
 use crate::error::{Error, Result};
 use crate::fewshot::{argmax, EpisodeClassifier, EpisodeFeatures};
-use crate::retrieval::{prepare, Similarity};
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 
@@ -84,9 +83,7 @@ pub fn episode_nodes(
 /// first-stage list) refined by the model; their scores become `3 + s^T(q, j)` so that they
 /// stay ahead of every other reference, whose scores (cosine similarity) are unchanged.
 pub struct SsrRanking {
-    queries: Tensor,
-    references: Tensor,
-    same: bool,
+    cosine: CosineRanking,
     top: TopN,
     refined: Vec<f64>,
 }
@@ -104,10 +101,8 @@ impl SsrRanking {
         references: Option<&Tensor>,
         top: TopN,
     ) -> Result<Self> {
-        let refs = references.unwrap_or(queries);
-        let ops = prepare(queries, refs, Similarity::Cosine, &Device::Cpu)?;
-        let nq = ops.queries.dims()[0];
-        let nr = ops.references.dims()[0];
+        let cosine = CosineRanking::new(queries, references)?;
+        let (nq, nr) = (cosine.num_queries(), cosine.num_references());
         if model.task != (Task::Retrieval { k: top.n }) {
             return Err(Error::invalid(
                 "top",
@@ -129,17 +124,15 @@ impl SsrRanking {
             let idx_t = Tensor::from_vec(idx, top.n, &Device::Cpu)?;
             let nodes = Tensor::cat(
                 &[
-                    ops.queries.narrow(0, q, 1)?,
-                    ops.references.index_select(&idx_t, 0)?,
+                    cosine.queries().narrow(0, q, 1)?,
+                    cosine.references().index_select(&idx_t, 0)?,
                 ],
                 0,
             )?;
             refined.extend(model.refine_retrieval(&nodes)?);
         }
         Ok(SsrRanking {
-            queries: ops.queries,
-            references: ops.references,
-            same: references.is_none(),
+            cosine,
             top,
             refined,
         })
@@ -153,17 +146,17 @@ impl SsrRanking {
 
 impl Reranker for SsrRanking {
     fn num_queries(&self) -> usize {
-        self.queries.dims()[0]
+        self.cosine.num_queries()
     }
     fn num_references(&self) -> usize {
-        self.references.dims()[0]
+        self.cosine.num_references()
     }
     fn queries_are_references(&self) -> bool {
-        self.same
+        self.cosine.queries_are_references()
     }
+    /// The cosine scores, with each query's top-k replaced by `3 + s^T` (above every cosine).
     fn scores(&self, start: usize, len: usize) -> Result<Vec<f32>> {
-        check_chunk(self, start, len)?;
-        let mut s = super::cosine_chunk(&self.queries, &self.references, start, len)?;
+        let mut s = self.cosine.scores(start, len)?;
         let nr = self.num_references();
         for r in 0..len {
             let q = start + r;
