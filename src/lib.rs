@@ -5,9 +5,23 @@
 //! (Rolínek et al., CVPR 2020), HAPPIER (Ramzi et al., ECCV 2022) and SSR (Shen et al.,
 //! NeurIPS 2021).
 //!
-//! The data flows top to bottom through the modules: [`hierarchy`] holds the labels and the
-//! relevance functions, [`metrics`] scores one ranked list, and [`retrieval`] ranks every query
-//! against the references exactly, in chunks, and accumulates the metrics.
+//! The data flows one way through the modules (`tests/architecture.rs` fails on any import
+//! cycle between modules or between files); each layer uses only the layers above it:
+//!
+//! | layer | modules | what they hold |
+//! |---|---|---|
+//! | 0 | [`error`], [`progress`], [`stats`] | the error type, progress bars, the tests behind the verdicts |
+//! | 1 | [`hierarchy`], [`metrics`], [`cpu`] | labels and relevance; the metrics of one ranked list; the CPU engine |
+//! | 2 | [`io`], [`retrieval`], [`samplers`], [`synthetic_embeddings`] | files in and out; the exact evaluation engine (any score source); batch and episode samplers; synthetic embedding sets |
+//! | 3 | [`data`], [`losses`], [`models`] | the datasets (the one list: [`data::dataset`]) and image pipeline; every rank loss; backbones and heads |
+//! | 4 | [`train`] | recipes, optimisers, schedules, the trainer, run folders |
+//! | 5 | [`fewshot`], [`report`] | episodes and few-shot classifiers; tables and figures |
+//! | 6 | [`rerank`] | re-rankers (k-reciprocal, query expansion, SSR), scored by the retrieval engine |
+//! | 7 | [`experiments`] | one plug-in per paper: recipes, tables, claims |
+//!
+//! [`hierarchy`] holds the labels and the relevance functions, [`metrics`] scores one ranked
+//! list, and [`retrieval`] ranks every query against the references exactly, in chunks, and
+//! accumulates the metrics; every re-ranker is scored by that same engine.
 
 pub(crate) mod attach;
 pub mod cpu;
