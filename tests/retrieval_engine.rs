@@ -124,13 +124,24 @@ fn engine_equals_one_shot_computation_for_every_chunk_size() {
     assert_eq!(first.num_references, n - 1);
 
     let l = labels.num_levels();
+    let m = first.rows.len();
     let check = |metric: &str, level: Option<usize>, f: &dyn Fn(&[u8]) -> Option<f64>| {
         let (expect, count) = mean_of(ranked.iter().map(|r| f(r)));
-        let row = first
+        let s = first
             .rows
             .iter()
-            .find(|r| r.metric == metric && r.level == level)
+            .position(|r| r.metric == metric && r.level == level)
             .unwrap_or_else(|| panic!("no row {metric} {level:?}"));
+        let row = &first.rows[s];
+        // Every query's value is the dense list's to the last bit: the engine ranks only the
+        // positives of a row, and the metrics read them in the same order.
+        for (q, r) in ranked.iter().enumerate() {
+            let got = first.per_query[q * m + s];
+            match f(r) {
+                Some(v) => assert_eq!(got.to_bits(), v.to_bits(), "{metric} {level:?} query {q}"),
+                None => assert!(got.is_nan(), "{metric} {level:?} query {q}: {got}"),
+            }
+        }
         assert_eq!(row.queries, count, "{metric} {level:?} count");
         assert_eq!(row.skipped, n - count, "{metric} {level:?} skipped");
         assert!(

@@ -9,6 +9,8 @@
 //! Positions are 1-based in the formulas below (`rank(k)` of the item at 0-based index `i` is
 //! `i + 1`).
 
+use super::{levels_up_to, RankedLevels};
+
 /// One ranked list seen as a binary problem (positives: level `≥ min_level`), its positives
 /// counted once: the evaluation engine scores about twenty binary metrics of every row, and
 /// counting the positives of a 60k-item list again for each of them was a large part of a
@@ -25,32 +27,46 @@
 /// assert!(Binary::new(&[0, 0], 1).is_none());
 /// ```
 #[derive(Debug, Clone, Copy)]
-pub struct Binary<'a> {
-    ranked: &'a [u8],
+pub struct Binary<'a, L: RankedLevels + ?Sized = [u8]> {
+    ranked: &'a L,
     min_level: u8,
     positives: usize,
 }
 
-impl<'a> Binary<'a> {
+impl<'a> Binary<'a, [u8]> {
     /// `None` if the list holds no positive or `min_level` is 0 (which would make the negatives
     /// positives).
     pub fn new(ranked: &'a [u8], min_level: u8) -> Option<Self> {
-        let positives = ranked.iter().filter(|&&l| l >= min_level).count();
+        Binary::on(ranked, min_level)
+    }
+}
+
+impl<'a, L: RankedLevels + ?Sized> Binary<'a, L> {
+    /// [`Binary::new`] for any view of a ranked list ([`RankedLevels`]), e.g. the engine's
+    /// [`super::Positives`].
+    pub fn on(ranked: &'a L, min_level: u8) -> Option<Self> {
+        if min_level == 0 {
+            return None;
+        }
+        let positives = ranked.positives().filter(|&(_, l)| l >= min_level).count();
         Self::with_positives(ranked, min_level, positives)
     }
 
-    /// [`Binary::new`] with the positives read from `counts`, the number of items of each
+    /// [`Binary::on`] with the positives read from `counts`, the number of items of each
     /// level of `ranked` ([`crate::hierarchy::level_counts`]).
-    pub(crate) fn from_counts(ranked: &'a [u8], min_level: u8, counts: &[usize]) -> Option<Self> {
+    pub(crate) fn from_counts(ranked: &'a L, min_level: u8, counts: &[usize]) -> Option<Self> {
+        if min_level == 0 {
+            return None;
+        }
         let positives = counts.iter().skip(min_level as usize).sum::<usize>();
         debug_assert_eq!(
             positives,
-            ranked.iter().filter(|&&l| l >= min_level).count()
+            ranked.positives().filter(|&(_, l)| l >= min_level).count()
         );
         Self::with_positives(ranked, min_level, positives)
     }
 
-    fn with_positives(ranked: &'a [u8], min_level: u8, positives: usize) -> Option<Self> {
+    fn with_positives(ranked: &'a L, min_level: u8, positives: usize) -> Option<Self> {
         (min_level > 0 && positives > 0).then_some(Binary {
             ranked,
             min_level,
@@ -58,21 +74,24 @@ impl<'a> Binary<'a> {
         })
     }
 
-    fn is_positive(&self, level: u8) -> bool {
-        level >= self.min_level
+    /// Positions of this problem's positives (level `≥ min_level`), increasing.
+    fn hit_positions(&self) -> impl Iterator<Item = usize> + '_ {
+        let m = self.min_level;
+        self.ranked
+            .positives()
+            .filter(move |&(_, l)| l >= m)
+            .map(|(i, _)| i)
     }
 
     /// See [`average_precision`]. The scan stops at the last positive: the rest adds nothing.
     pub fn average_precision(&self) -> f64 {
         let mut hits = 0usize;
         let mut sum = 0.0;
-        for (i, &level) in self.ranked.iter().enumerate() {
-            if self.is_positive(level) {
-                hits += 1;
-                sum += hits as f64 / (i + 1) as f64;
-                if hits == self.positives {
-                    break;
-                }
+        for i in self.hit_positions() {
+            hits += 1;
+            sum += hits as f64 / (i + 1) as f64;
+            if hits == self.positives {
+                break;
             }
         }
         sum / hits as f64
@@ -80,7 +99,13 @@ impl<'a> Binary<'a> {
 
     /// See [`map_at_r`].
     pub fn map_at_r(&self) -> f64 {
-        self.precision_sum_to_r(false) / self.positives as f64
+        // Σ P(i) at the positives among the first R positions (R = the number of positives).
+        let r = self.positives;
+        let mut sum = 0.0;
+        for (hits, i) in self.hit_positions().take_while(|&i| i < r).enumerate() {
+            sum += (hits + 1) as f64 / (i + 1) as f64;
+        }
+        sum / r as f64
     }
 
     /// See [`r_precision`].
@@ -91,8 +116,8 @@ impl<'a> Binary<'a> {
 
     /// See [`recall_at_k`].
     pub fn recall_at_k(&self, k: usize) -> f64 {
-        let top = k.min(self.ranked.len());
-        if self.ranked[..top].iter().any(|&l| self.is_positive(l)) {
+        let top = k.min(self.ranked.list_len());
+        if self.hit_positions().next().is_some_and(|i| i < top) {
             1.0
         } else {
             0.0
@@ -106,32 +131,23 @@ impl<'a> Binary<'a> {
 
     /// See [`binary_asi`].
     pub fn asi(&self) -> f64 {
-        self.precision_sum_to_r(true) / self.positives as f64
-    }
-
-    /// `Σ P(i)` over the first `R` positions (`R` = the number of positives), at the positives
-    /// only (mAP@R) or at every position (binary ASI).
-    fn precision_sum_to_r(&self, at_every_position: bool) -> f64 {
+        // Σ P(i) at every one of the first R positions. `R ≤ len` because the positives are
+        // counted in the list itself.
+        let r = self.positives;
+        let m = self.min_level;
         let mut hits = 0usize;
         let mut sum = 0.0;
-        // `R ≤ ranked.len()` because the positives are counted in the list itself.
-        for (i, &level) in self.ranked[..self.positives].iter().enumerate() {
-            let positive = self.is_positive(level);
-            hits += usize::from(positive);
-            if positive || at_every_position {
-                sum += hits as f64 / (i + 1) as f64;
-            }
+        for (i, level) in levels_up_to(self.ranked.positives(), r).enumerate() {
+            hits += usize::from(level >= m);
+            sum += hits as f64 / (i + 1) as f64;
         }
-        sum
+        sum / r as f64
     }
 
     /// Positives among the first `k` items (all items when `k > n`).
     fn hits(&self, k: usize) -> usize {
-        let top = k.min(self.ranked.len());
-        self.ranked[..top]
-            .iter()
-            .filter(|&&l| self.is_positive(l))
-            .count()
+        let top = k.min(self.ranked.list_len());
+        self.hit_positions().take_while(|&i| i < top).count()
     }
 }
 

@@ -1,7 +1,7 @@
 //! Normalised discounted cumulative gain over levels, HAPPIER supp. B.3 (after Croft et al.),
 //! as the authors' `metrics.ndcg` computes it.
 
-use super::MAX_LEVELS;
+use super::{RankedLevels, MAX_LEVELS};
 
 /// Gain of an item of level `l`: `2^l − 1` (the level index, not the relevance value).
 fn gain(level: usize) -> f64 {
@@ -32,20 +32,25 @@ fn discount(rank: usize) -> f64 {
 /// ```
 pub fn ndcg(ranked: &[u8]) -> Option<f64> {
     let mut counts = [0usize; MAX_LEVELS];
+    for &level in ranked {
+        counts[level as usize] += 1;
+    }
+    ndcg_of(ranked, &counts)
+}
+
+/// [`ndcg`] of a list read through its positives ([`RankedLevels`]), given the number of items
+/// of each level (`counts[l]`): the engine's path, bit for bit [`ndcg`] of the dense list.
+pub(crate) fn ndcg_of(ranked: &(impl RankedLevels + ?Sized), counts: &[usize]) -> Option<f64> {
     let mut dcg = 0.0;
-    for (i, &level) in ranked.iter().enumerate() {
-        let l = level as usize;
-        counts[l] += 1;
-        if l > 0 {
-            dcg += gain(l) / discount(i + 1);
-        }
+    for (i, level) in ranked.positives() {
+        dcg += gain(level as usize) / discount(i + 1);
     }
     // The ideal list: every item of the highest level first, and so on down to level 1.
     let mut idcg = 0.0;
     let mut rank = 0;
-    for l in (1..MAX_LEVELS).rev() {
+    for (l, &count) in counts.iter().enumerate().skip(1).rev() {
         let g = gain(l);
-        for _ in 0..counts[l] {
+        for _ in 0..count {
             rank += 1;
             idcg += g / discount(rank);
         }

@@ -93,6 +93,34 @@ fn walk_h_ranks(
     ranked: &[u8],
     rel: &[f64],
     matching: Matching,
+    visit: impl FnMut(usize, f64, f64),
+) -> Option<f64> {
+    // Every item, level 0 included: a table may give level 0 a relevance.
+    walk_h_ranks_of(ranked.iter().copied().enumerate(), rel, matching, visit)
+}
+
+/// H-AP of a list read through its positives ([`super::RankedLevels`]): the engine's path.
+/// Equal to [`h_ap`] of the dense list, bit for bit, when `rel[0] = 0` (level-0 items then
+/// only shift positions, and the walk visits the same items in the same order).
+pub(crate) fn h_ap_of(ranked: &(impl super::RankedLevels + ?Sized), rel: &[f64]) -> Option<f64> {
+    debug_assert!(rel.first().is_none_or(|&r| r == 0.0));
+    let mut sum = 0.0;
+    let total = walk_h_ranks_of(
+        ranked.positives(),
+        rel,
+        Matching::ByLevel,
+        |i, _, h_rank| {
+            sum += h_rank / (i + 1) as f64;
+        },
+    )?;
+    Some(sum / total)
+}
+
+/// [`walk_h_ranks`] over `(position, level)` items in rank order.
+fn walk_h_ranks_of(
+    items: impl Iterator<Item = (usize, u8)>,
+    rel: &[f64],
+    matching: Matching,
     mut visit: impl FnMut(usize, f64, f64),
 ) -> Option<f64> {
     let top = top_level(rel)?;
@@ -106,7 +134,7 @@ fn walk_h_ranks(
     }
     let mut seen = [0usize; MAX_LEVELS];
     let mut total = 0.0;
-    for (i, &level) in ranked.iter().enumerate() {
+    for (i, level) in items {
         let l = level as usize;
         if l > top {
             return None;

@@ -59,3 +59,76 @@ pub use set_intersection::asi;
 
 /// Number of distinct levels a `u8` can hold; the size of the per-level stack counters.
 pub(crate) const MAX_LEVELS: usize = 256;
+
+/// A ranked list of levels as the metrics read it: its length and, in rank order, the position
+/// and level of every item of level ≥ 1. The negatives only shift the positions of the items
+/// after them, so every metric here reads a list through this view; a dense list (`[u8]`, one
+/// level per position) and the evaluation engine's sparse list ([`Positives`]) are both one.
+pub trait RankedLevels {
+    /// Items in the list, negatives included.
+    fn list_len(&self) -> usize;
+    /// `(position, level)` of every item of level ≥ 1, by increasing 0-based position.
+    fn positives(&self) -> impl Iterator<Item = (usize, u8)> + '_;
+}
+
+impl RankedLevels for [u8] {
+    fn list_len(&self) -> usize {
+        self.len()
+    }
+    fn positives(&self) -> impl Iterator<Item = (usize, u8)> + '_ {
+        self.iter()
+            .enumerate()
+            .filter(|&(_, &l)| l > 0)
+            .map(|(i, &l)| (i, l))
+    }
+}
+
+/// A ranked list given by its items of level ≥ 1 only: their 0-based positions (increasing)
+/// and levels, and the length of the whole list. What the evaluation engine builds for each
+/// query: it ranks the positives of a row exactly and counts the negatives above each one
+/// instead of sorting every reference (`crate::retrieval`).
+///
+/// ```
+/// use rankwise::metrics::{average_precision, Binary, Positives};
+/// // The list [0, 2, 0, 0, 1]: positives at positions 1 and 4.
+/// let sparse = Positives { positions: &[1, 4], levels: &[2, 1], len: 5 };
+/// let ap = Binary::on(&sparse, 1).unwrap().average_precision();
+/// assert_eq!(Some(ap), average_precision(&[0, 2, 0, 0, 1], 1));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Positives<'a> {
+    /// 0-based positions of the items of level ≥ 1, increasing.
+    pub positions: &'a [u32],
+    /// Their levels (each ≥ 1), in the same order.
+    pub levels: &'a [u8],
+    /// Length of the whole list.
+    pub len: usize,
+}
+
+impl RankedLevels for Positives<'_> {
+    fn list_len(&self) -> usize {
+        self.len
+    }
+    fn positives(&self) -> impl Iterator<Item = (usize, u8)> + '_ {
+        self.positions
+            .iter()
+            .zip(self.levels)
+            .map(|(&p, &l)| (p as usize, l))
+    }
+}
+
+/// The level at each position `0..n` of a list read through its positives (0 between them):
+/// a walk over the first `n` positions for the metrics that visit every position.
+pub(crate) fn levels_up_to(
+    positives: impl Iterator<Item = (usize, u8)>,
+    n: usize,
+) -> impl Iterator<Item = u8> {
+    let mut next = positives.peekable();
+    (0..n).map(move |i| match next.peek() {
+        Some(&(p, l)) if p == i => {
+            next.next();
+            l
+        }
+        _ => 0,
+    })
+}

@@ -1,7 +1,7 @@
 //! Average Set Intersection (ASI) over semantic levels, HAPPIER supp. B.3 (after Fagin et al.
 //! and the DyML paper), as the authors' `metrics.asi` computes it.
 
-use super::MAX_LEVELS;
+use super::{levels_up_to, RankedLevels, MAX_LEVELS};
 
 /// Hierarchical ASI of one query:
 /// `ASI = 1/N · Σ_{n=1..N} SI(n)`, `SI(n) = |{a_1..a_n} ∩ {b_1..b_n}| / n`, where `a` is the
@@ -23,16 +23,27 @@ use super::MAX_LEVELS;
 /// assert_eq!(asi(&[2, 1, 0], 2), Some(1.0));
 /// ```
 pub fn asi(ranked: &[u8], num_levels: usize) -> Option<f64> {
-    let top = num_levels.min(MAX_LEVELS - 1);
     let mut counts = [0usize; MAX_LEVELS];
     for &level in ranked {
-        let l = level as usize;
-        if l > top {
-            return None;
-        }
-        counts[l] += 1;
+        counts[level as usize] += 1;
     }
-    let positives = ranked.len() - counts[0];
+    asi_of(ranked, &counts, num_levels)
+}
+
+/// [`asi`] of a list read through its positives ([`RankedLevels`]), given the number of items
+/// of each level (`counts[l]`, negatives at 0; levels beyond `counts` count 0): the engine's
+/// path, bit for bit [`asi`] of the dense list.
+pub(crate) fn asi_of(
+    ranked: &(impl RankedLevels + ?Sized),
+    counts: &[usize],
+    num_levels: usize,
+) -> Option<f64> {
+    let top = num_levels.min(MAX_LEVELS - 1);
+    if counts.iter().skip(top + 1).any(|&c| c > 0) {
+        return None;
+    }
+    let count = |l: usize| counts.get(l).copied().unwrap_or(0);
+    let positives = ranked.list_len() - count(0);
     if positives == 0 {
         return None;
     }
@@ -40,13 +51,13 @@ pub fn asi(ranked: &[u8], num_levels: usize) -> Option<f64> {
     let mut in_ideal = [0usize; MAX_LEVELS]; // c_v(b_1..n)
     let mut common = 0usize; // Σ_v min(c_v(a_1..n), c_v(b_1..n))
     let mut ideal_level = top;
-    let mut ideal_left = counts[top];
+    let mut ideal_left = count(top);
     let mut sum = 0.0;
-    for (i, &level) in ranked[..positives].iter().enumerate() {
+    for (i, level) in levels_up_to(ranked.positives(), positives).enumerate() {
         // b_{i+1}: the next level of the ideal list (levels L, L−1, …, 1 by population).
         while ideal_left == 0 && ideal_level > 1 {
             ideal_level -= 1;
-            ideal_left = counts[ideal_level];
+            ideal_left = count(ideal_level);
         }
         ideal_left -= 1;
         // min(x, y) grows by one when the smaller side grows.

@@ -14,17 +14,18 @@
 pub mod dyml;
 mod knn;
 pub mod order;
+mod positives;
 
 pub use knn::{knn, knn_with, Knn};
 
 use crate::cpu::gemm::{gemm_into, transposed, Matrix};
 use crate::cpu::with_values;
 use crate::error::{Error, Result};
-use crate::hierarchy::{level_counts, Labels, Relevance};
+use crate::hierarchy::{Labels, Relevance};
 use crate::metrics;
 use crate::progress::Progress;
 use candle_core::{DType, Device, Tensor};
-use order::{descending_key, sort_by_key_stable, RadixScratch};
+use positives::{rank_row, PositivesScratch};
 use rayon::prelude::*;
 use serde::Serialize;
 
@@ -191,11 +192,11 @@ impl MetricSpec {
         }
     }
 
-    /// The metric of one query's ranked levels; `None` if the query has no positive. `counts`
-    /// holds the number of items of each level of `ranked` (counted once per row).
+    /// The metric of one query's ranked list (read through its positives); `None` if the query
+    /// has no positive. `counts` holds the number of items of each level of the list.
     fn score(
         &self,
-        ranked: &[u8],
+        ranked: &metrics::Positives<'_>,
         num_levels: usize,
         rel: &[f64],
         counts: &[usize],
@@ -205,9 +206,9 @@ impl MetricSpec {
         let min_level = self.column.map(|c| (num_levels - c) as u8).unwrap_or(1);
         let binary = || metrics::Binary::from_counts(ranked, min_level, counts);
         match self.kind {
-            MetricKind::HAp => metrics::h_ap(ranked, rel),
-            MetricKind::Asi => metrics::asi(ranked, num_levels),
-            MetricKind::Ndcg => metrics::ndcg(ranked),
+            MetricKind::HAp => metrics::hierarchical::h_ap_of(ranked, rel),
+            MetricKind::Asi => metrics::set_intersection::asi_of(ranked, counts, num_levels),
+            MetricKind::Ndcg => metrics::discounted_gain::ndcg_of(ranked, counts),
             MetricKind::Map => binary().map(|b| b.average_precision()),
             MetricKind::MapAtR => binary().map(|b| b.map_at_r()),
             MetricKind::RPrecision => binary().map(|b| b.r_precision()),
@@ -484,13 +485,6 @@ impl Operands {
     }
 }
 
-/// Per-thread buffers for ranking one row.
-struct RowScratch {
-    keys: Vec<u32>,
-    levels: Vec<u8>,
-    radix: RadixScratch<u8>,
-}
-
 /// Label columns of the references, coarsest first, so the level of match is a short loop that
 /// stops at the first mismatch.
 struct ReferenceLevels {
@@ -515,32 +509,6 @@ impl ReferenceLevels {
             level += 1;
         }
         level
-    }
-}
-
-/// Ranks one query's row and returns its levels of match in rank order (query removed).
-fn ranked_levels<'a>(
-    scores: &[f32],
-    query_coarse_first: &[i64],
-    refs: &ReferenceLevels,
-    skip: Option<usize>,
-    drop_first: bool,
-    scratch: &'a mut RowScratch,
-) -> &'a [u8] {
-    scratch.keys.clear();
-    scratch.levels.clear();
-    for (j, &s) in scores.iter().enumerate() {
-        if Some(j) == skip {
-            continue;
-        }
-        scratch.keys.push(descending_key(s));
-        scratch.levels.push(refs.level(query_coarse_first, j));
-    }
-    sort_by_key_stable(&mut scratch.keys, &mut scratch.levels, &mut scratch.radix);
-    if drop_first && !scratch.levels.is_empty() {
-        &scratch.levels[1..]
-    } else {
-        &scratch.levels[..]
     }
 }
 
@@ -651,31 +619,31 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
                 .par_chunks_mut(m)
                 .zip(scores.par_chunks(nr))
                 .enumerate()
-                .for_each_init(
-                    || RowScratch {
-                        keys: Vec::with_capacity(nr),
-                        levels: Vec::with_capacity(nr),
-                        radix: RadixScratch::default(),
-                    },
-                    |scratch, (r, (out, row))| {
-                        let qi = start + r;
-                        let skip = (opts.self_match == SelfMatch::SameIndex).then_some(qi);
-                        let drop_first = opts.self_match == SelfMatch::DropFirst;
-                        let ranked =
-                            ranked_levels(row, &query_rows[qi], &refs, skip, drop_first, scratch);
-                        let counts = level_counts(ranked, num_levels);
-                        let rel = if opts.hierarchical {
-                            opts.relevance.level_values(&counts)
-                        } else {
-                            Vec::new()
-                        };
-                        for (o, spec) in out.iter_mut().zip(&specs) {
-                            *o = spec
-                                .score(ranked, num_levels, &rel, &counts)
-                                .unwrap_or(f64::NAN);
-                        }
-                    },
-                );
+                .for_each_init(PositivesScratch::default, |scratch, (r, (out, row))| {
+                    let qi = start + r;
+                    let skip = (opts.self_match == SelfMatch::SameIndex).then_some(qi);
+                    let drop_first = opts.self_match == SelfMatch::DropFirst;
+                    let query = &query_rows[qi];
+                    rank_row(
+                        row,
+                        |j| refs.level(query, j),
+                        num_levels,
+                        skip,
+                        drop_first,
+                        scratch,
+                    );
+                    let (ranked, counts) = (scratch.ranked(), scratch.counts());
+                    let rel = if opts.hierarchical {
+                        opts.relevance.level_values(counts)
+                    } else {
+                        Vec::new()
+                    };
+                    for (o, spec) in out.iter_mut().zip(&specs) {
+                        *o = spec
+                            .score(&ranked, num_levels, &rel, counts)
+                            .unwrap_or(f64::NAN);
+                    }
+                });
             Ok(())
         })??;
         pb.inc(len as u64);
