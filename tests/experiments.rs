@@ -144,7 +144,7 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
             quick, standard,
             "{paper}: standard differs from quick beyond its schedule"
         );
-        assert_eq!(recipe.seeds(Scale::Standard).unwrap(), [0, 1, 2]);
+        assert_eq!(recipe.seeds(Scale::Standard).unwrap(), [0, 1, 2, 3, 4]);
         if recipe.paper.is_none() {
             let e = recipe.base(Scale::Paper).unwrap_err().to_string();
             assert!(e.contains("[paper]"), "{e}");
