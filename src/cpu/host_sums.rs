@@ -2,11 +2,11 @@
 //! (borrowed when they already sit in CPU memory, else as an `f64` copy), and reductions with
 //! independent partial sums.
 //!
-//! Why partial sums: a single running sum `s += x` is bound by the latency of the floating-point add (about
-//! four cycles per element), because the compiler may not reorder floating-point additions.
-//! Eight partial sums break that chain and let it use SIMD registers; on the loss engine's
-//! `B × 512` passes that is several times faster. The results differ from a left-to-right sum
-//! only by rounding. The sums take `f32` or `f64` slices and accumulate in `f64`, so an `f32`
+//! Why partial sums: a single running sum `s += x` is bound by the latency of the floating-point
+//! add (about four cycles per element), because the compiler may not reorder floating-point
+//! additions. Eight partial sums break that chain and let it use SIMD registers; on the loss
+//! engine's `B × 512` passes that is several times faster. The results differ from a left-to-right
+//! sum only by rounding. The sums take `f32` or `f64` slices and accumulate in `f64`, so an `f32`
 //! batch is read where it lies instead of being copied to `f64` first.
 
 use crate::error::Result;

@@ -7,13 +7,17 @@
 //! that have nothing to do with the arithmetic (profiles in `benches/losses_vs_torch.md` and
 //! `benches/train_throughput_vs_torch.md`, 2-core VMs):
 //!
-//! | cost | where it showed | what answers it |
-//! |---|---|---|
-//! | every op's output is a fresh `mmap`, page-faulted and unmapped each step | 38% of a ResNet step in the kernel | [`alloc::tune_allocator`] (glibc keeps freed buffers) |
-//! | candle's barrier pool spins beside rayon's pool on 2 cores | a loss step on about one core after each backward | [`threads::tune_candle_threads`] |
-//! | one rayon hand-off (wake, run, wait) per parallel loop | 37 µs back to back, 62–102 µs after a gap, per loop | `work_phases::run_phases`: a step's loops in one hand-off, with dedicated spinning `helper_threads` |
-//! | a running `f64` sum is bound by the add latency | several times slower on `B × 512` passes | `host_sums`: independent partial sums, read in place |
-//! | strided packing of a transposed view | 125–185 against 175–215 GFLOP/s at SOP scale | [`gemm::gemm_into`] on laid-out operands |
+//! * Every op's output is a fresh `mmap`, page-faulted and unmapped each step (38% of a ResNet
+//!   step was in the kernel): [`alloc::tune_allocator`] makes glibc keep freed buffers.
+//! * candle's barrier pool spins beside rayon's pool on 2 cores (after each backward pass a
+//!   loss step ran on about one core): [`threads::tune_candle_threads`].
+//! * One rayon hand-off (wake, run, wait) per parallel loop (37 µs back to back, 62–102 µs
+//!   after a gap, per loop): `work_phases::run_phases` runs a step's loops in one hand-off,
+//!   with dedicated spinning `helper_threads`.
+//! * A running `f64` sum is bound by the add latency (several times slower on `B × 512`
+//!   passes): `host_sums` keeps independent partial sums and reads values in place.
+//! * Strided packing of a transposed view (125–185 against 175–215 GFLOP/s at SOP scale):
+//!   [`gemm::gemm_into`] on laid-out operands.
 //!
 //! # Who uses it
 //!

@@ -9,15 +9,14 @@
 //!
 //! [`run_phases`] runs all the loops of a step in one go: the calling thread starts on the first
 //! phase at once, and `n − 1` other threads join in when they wake: the process's dedicated
-//! helpers ([`crate::cpu::helper_threads`]) for a caller outside the rayon pool, else workers of the
-//! current pool. Chunks of
-//! work are *claimed* rather than assigned: each thread has a slot (the caller 0, helper `i`
-//! `i + 1`) that owns the same runs of chunks in every phase ([`owned_runs`]) and claims those
-//! first, then takes chunks from the back of the other slots' runs; so a thread that wakes late
-//! (or never) only means the others claim more, and no thread ever waits for work that nobody
-//! has started. Between two phases a thread waits (spinning) only for chunks another thread has
-//! claimed and is running, which is what makes the phases ordered: everything phase `p` wrote
-//! is visible to phase `p + 1`.
+//! helpers ([`crate::cpu::helper_threads`]) for a caller outside the rayon pool, else workers of
+//! the current pool. Chunks of work are *claimed* rather than assigned: each thread has a slot (the
+//! caller 0, helper `i` `i + 1`) that owns the same runs of chunks in every phase ([`owned_runs`])
+//! and claims those first, then takes chunks from the back of the other slots' runs; so a thread
+//! that wakes late (or never) only means the others claim more, and no thread ever waits for work
+//! that nobody has started. Between two phases a thread waits (spinning) only for chunks another
+//! thread has claimed and is running, which is what makes the phases ordered: everything phase `p`
+//! wrote is visible to phase `p + 1`.
 //!
 //! [`DisjointChunks`] lets the chunks of a phase write their own parts of one buffer, and a
 //! later phase read the whole of it.

@@ -37,8 +37,8 @@ pub enum InputNorm {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DatasetConfig {
-    /// The embedded shapes dataset of `[data]` ([`crate::train::DataConfig`]) and its class-disjoint
-    /// retrieval split, in memory. Default.
+    /// The embedded shapes dataset of `[data]` ([`crate::train::DataConfig`]) and its
+    /// class-disjoint retrieval split, in memory. Default.
     #[default]
     Embedded,
     /// Stanford Online Products ([`sop`](super::loaders::sop)): labels `[class, super-class]`.
@@ -49,8 +49,9 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// iNaturalist-2018 with Smooth-AP's retrieval split ([`inaturalist`](super::loaders::inaturalist)): iNat-base
-    /// `[species, super-category]` or iNat-full (7 levels), HAPPIER's two hierarchies.
+    /// iNaturalist-2018 with Smooth-AP's retrieval split
+    /// ([`inaturalist`](super::loaders::inaturalist)): iNat-base `[species, super-category]` or
+    /// iNat-full (7 levels), HAPPIER's two hierarchies.
     Inaturalist {
         /// The folder holding `train_val2018/`, `Inat_dataset_splits/` and the category list
         /// (`data_scripts/inaturalist.sh`).
@@ -69,7 +70,8 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// DyML-Vehicle, -Animal or -Product ([`dyml`](super::loaders::dyml)): training labels `[fine, middle, coarse]`.
+    /// DyML-Vehicle, -Animal or -Product ([`dyml`](super::loaders::dyml)): training labels `[fine,
+    /// middle, coarse]`.
     Dyml {
         /// The `dyml_vehicle/`, `dyml_animal/` or `dyml_product/` folder (`data_scripts/dyml.sh`).
         root: PathBuf,
@@ -83,7 +85,8 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// CUB-200-2011 ([`cub_cars`](super::loaders::cub_cars)): first 100 classes for training, last 100 for test.
+    /// CUB-200-2011 ([`cub_cars`](super::loaders::cub_cars)): first 100 classes for training, last
+    /// 100 for test.
     Cub {
         /// The unpacked `CUB_200_2011/` folder (`data_scripts/cub.sh`).
         root: PathBuf,
@@ -91,7 +94,8 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// Cars196 ([`cub_cars`](super::loaders::cub_cars)): first 98 classes for training, last 98 for test.
+    /// Cars196 ([`cub_cars`](super::loaders::cub_cars)): first 98 classes for training, last 98 for
+    /// test.
     Cars {
         /// The folder holding `cars_annos.mat` and `car_ims/` (`data_scripts/cars196.sh`).
         root: PathBuf,
@@ -99,7 +103,8 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// In-Shop Clothes ([`inshop`](super::loaders::inshop)): labels `[item, category]`; queries against the gallery.
+    /// In-Shop Clothes ([`inshop`](super::loaders::inshop)): labels `[item, category]`; queries
+    /// against the gallery.
     Inshop {
         /// The "In-shop Clothes Retrieval Benchmark" folder (`data_scripts/inshop.sh`).
         root: PathBuf,
@@ -107,7 +112,8 @@ pub enum DatasetConfig {
         #[serde(default)]
         images: ImageSettings,
     },
-    /// PKU VehicleID ([`vehicleid`](super::loaders::vehicleid)): flat vehicle labels; Small / Medium / Large test sets.
+    /// PKU VehicleID ([`vehicleid`](super::loaders::vehicleid)): flat vehicle labels; Small /Medium
+    /// /Large test sets.
     #[serde(rename = "vehicleid")]
     VehicleId {
         /// The `VehicleID_V1.0/` folder (`data_scripts/vehicleid.sh`).
@@ -155,7 +161,8 @@ pub enum DymlSubset {
     Product,
 }
 
-/// The row glued to the header of the DyML csv files ([`GluedRow`](super::loaders::dyml::GluedRow)).
+/// The row glued to the header of the DyML csv files
+/// ([`GluedRow`](super::loaders::dyml::GluedRow)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GluedRowChoice {

@@ -37,8 +37,8 @@
 //! so `batches_per_super_pair` batches per epoch, or `max_batches`); FastAP's sampler two
 //! meta-classes of half a batch each (`batches_per_meta_pair` batches). The test split has 16
 //! classes of 4 images unless told otherwise (CUB: as many classes as training, its split being
-//! the first half of the classes). [`crate::train::check_recipe`] loads a written dataset through the
-//! recipe's loader and sampler and counts the full batches.
+//! the first half of the classes). [`crate::train::check_recipe`] loads a written dataset through
+//! the recipe's loader and sampler and counts the full batches.
 //!
 //! **Writing.** [`write_dataset`] writes into a temporary folder beside `root` and renames it to
 //! `root` when complete, so an interrupted run never leaves a half-written dataset that looks

@@ -12,8 +12,9 @@
 //!   Table 2's "Baseline" rows (the nearest-neighbour classifier on pretrained features); with
 //!   the squared Euclidean distance it is ProtoNet's rule (Snell et al. 2017, Table 2's ProtoNet
 //!   row, which however meta-trains its backbone).
-//! * [`crate::rerank::k_reciprocal::KReciprocalClassifier`] — "+ k-reciprocal": prototypes as the gallery, the
-//!   episode's queries as the queries of k-reciprocal re-ranking, argmin of the final distance.
+//! * [`crate::rerank::k_reciprocal::KReciprocalClassifier`] — "+ k-reciprocal": prototypes as the
+//!   gallery, the episode's queries as the queries of k-reciprocal re-ranking, argmin of the final
+//!   distance.
 //! * [`soft_kmeans::SoftKMeansClassifier`] — a cheap transductive baseline not in Table 2: the
 //!   prototypes refined by soft k-means over the queries (Ren et al., ICLR 2018).
 //! * [`crate::rerank::ssr::SsrClassifier`] — SSR itself ("+ Ours"), through the same trait.

@@ -11,8 +11,9 @@
 //! Every re-ranker here is a [`Reranker`]: it produces, chunk by chunk, a score (larger is
 //! better) of every query against every reference, so that the crate's one evaluation engine
 //! ([`crate::retrieval::evaluate_scores`], through [`Reranker::evaluate`]) can rank each
-//! query's whole reference list and score it without materialising the `Q × G` matrix, and [`TopN`] can cut the re-ranked list to the top N that SSR refines
-//! ("SSR is then applied to the top-N of the re-ranked list").
+//! query's whole reference list and score it without materialising the `Q × G` matrix, and [`TopN`]
+//! can cut the re-ranked list to the top N that SSR refines ("SSR is then applied to the top-N of
+//! the re-ranked list").
 //!
 //! Convention shared with [`crate::retrieval`]: when the queries are the references themselves
 //! (the SOP/CUB/Cars protocol), query `i` is reference `i` and is removed from its own list.
