@@ -187,14 +187,14 @@ fn every_paper_recipe_forms_full_batches_on_its_synthetic_dataset() {
         // fixed number per pair of (two) super-classes; every batch is full.
         let expected = match recipe.sampler {
             SamplerConfig::MPerClass { .. } => 2,
-            SamplerConfig::Hierarchical {
+            SamplerConfig::Hierarchical(rankwise::samplers::HierarchicalConfig {
                 batches_per_super_pair,
                 ..
-            } => batches_per_super_pair,
-            SamplerConfig::FastAp {
+            }) => batches_per_super_pair,
+            SamplerConfig::FastAp(rankwise::samplers::FastApConfig {
                 batches_per_meta_pair,
                 ..
-            } => batches_per_meta_pair,
+            }) => batches_per_meta_pair,
         };
         assert_eq!(
             (check.batches, check.full_batches),
@@ -302,13 +302,13 @@ fn bad_input_is_refused_naming_the_problem() {
     .unwrap_err()
     .to_string();
     assert!(e.contains("dataset.kind") && e.contains("embedded"), "{e}");
-    let fastap = SamplerConfig::FastAp {
+    let fastap = SamplerConfig::FastAp(rankwise::samplers::FastApConfig {
         batch_size: 16,
         batches_per_meta_pair: 2,
         class_level: 0,
         meta_level: 1,
         shuffle_within_class: false,
-    };
+    });
     let e = OnDiskSpec::for_sampler(SyntheticKind::Cub, &fastap, 2)
         .unwrap_err()
         .to_string();

@@ -449,14 +449,14 @@ impl OnDiskSpec {
                     ..base
                 }
             }
-            SamplerConfig::Hierarchical {
+            SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig {
                 batch_size,
                 samples_per_class: m,
                 super_classes_per_batch: k,
                 class_level,
                 super_level,
                 ..
-            } => {
+            }) => {
                 level_1("super_level", class_level, super_level)?;
                 let unit = k.checked_mul(m).unwrap_or(0);
                 let per_part = whole_multiple(
@@ -474,12 +474,12 @@ impl OnDiskSpec {
                     ..base
                 }
             }
-            SamplerConfig::FastAp {
+            SamplerConfig::FastAp(crate::samplers::FastApConfig {
                 batch_size,
                 class_level,
                 meta_level,
                 ..
-            } => {
+            }) => {
                 level_1("meta_level", class_level, meta_level)?;
                 let half = whole_multiple(batch_size, 2, "2")?;
                 // Two meta-classes of half a batch each: every batch takes a whole meta-class

@@ -89,13 +89,13 @@ pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
             // quick scale, exactly the m-per-class epoch, so the two rows train the same number
             // of steps. (Pairs of variants, one level down, gave 496 pairs: 18× the steps,
             // which would credit the sampler with the longer training.)
-            c.sampler = SamplerConfig::FastAp {
+            c.sampler = SamplerConfig::FastAp(crate::samplers::FastApConfig {
                 batch_size: b,
                 batches_per_meta_pair: 2,
                 class_level: 0,
                 meta_level: 2,
                 shuffle_within_class: false,
-            };
+            });
         })
         .note("ours: pairs of families (the coarsest level), 2 batches per pair"),
     ];

@@ -356,10 +356,15 @@ pub fn describe_recipe(config: &TrainConfig) -> String {
             samples_per_class,
             ..
         } => format!("batch {batch_size} ({samples_per_class} per class)"),
-        crate::train::SamplerConfig::Hierarchical { batch_size, .. } => {
+        crate::train::SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig {
+            batch_size,
+            ..
+        }) => {
             format!("batch {batch_size} (hierarchical)")
         }
-        crate::train::SamplerConfig::FastAp { batch_size, .. } => {
+        crate::train::SamplerConfig::FastAp(crate::samplers::FastApConfig {
+            batch_size, ..
+        }) => {
             format!("batch {batch_size} (meta-class pairs)")
         }
     };
@@ -385,8 +390,8 @@ pub fn batch_size(config: &TrainConfig) -> usize {
     use crate::train::SamplerConfig;
     match &config.sampler {
         SamplerConfig::MPerClass { batch_size, .. }
-        | SamplerConfig::Hierarchical { batch_size, .. }
-        | SamplerConfig::FastAp { batch_size, .. } => *batch_size,
+        | SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig { batch_size, .. })
+        | SamplerConfig::FastAp(crate::samplers::FastApConfig { batch_size, .. }) => *batch_size,
     }
 }
 

@@ -1,6 +1,9 @@
 //! The sampler of a recipe (`[sampler]` in TOML, `kind = "m_per_class" | "hierarchical" |
 //! "fast_ap"`): a serde description that [`SamplerConfig::build`] turns into a [`BatchSampler`]
-//! over a dataset's labels.
+//! over a dataset's labels. The hierarchical and FastAP samplers are configured by their own
+//! types ([`HierarchicalConfig`], [`FastApConfig`]), so each hyperparameter is written once; the
+//! m-per-class recipe keeps its two flat fields (`batches_per_epoch`, `shuffle_within_batch`),
+//! which [`MPerClassConfig`]'s mode enum does not read as.
 
 use super::{
     BatchSampler, FastApConfig, FastApSampler, HierarchicalConfig, HierarchicalSampler,
@@ -32,38 +35,10 @@ pub enum SamplerConfig {
         #[serde(default = "default_true")]
         shuffle_within_batch: bool,
     },
-    /// [`HierarchicalSampler`].
-    Hierarchical {
-        /// Items per batch.
-        batch_size: usize,
-        /// Items of each class in a batch.
-        samples_per_class: usize,
-        /// Batches per combination of super-classes.
-        batches_per_super_pair: usize,
-        /// Super-classes per batch.
-        super_classes_per_batch: usize,
-        /// Level of the classes.
-        class_level: usize,
-        /// Level of the super-classes.
-        super_level: usize,
-        /// Keep only this many batches per epoch.
-        #[serde(default)]
-        max_batches: Option<usize>,
-    },
-    /// [`FastApSampler`].
-    FastAp {
-        /// Items per batch (even).
-        batch_size: usize,
-        /// Batches per pair of meta-classes.
-        batches_per_meta_pair: usize,
-        /// Level of the classes.
-        class_level: usize,
-        /// Level of the meta-classes.
-        meta_level: usize,
-        /// Shuffle the items inside each class every epoch.
-        #[serde(default)]
-        shuffle_within_class: bool,
-    },
+    /// [`HierarchicalSampler`], configured by its own type (the recipe's fields are its fields).
+    Hierarchical(HierarchicalConfig),
+    /// [`FastApSampler`], configured by its own type.
+    FastAp(FastApConfig),
 }
 
 fn default_true() -> bool {
@@ -113,42 +88,47 @@ impl SamplerConfig {
                 };
                 Box::new(MPerClassSampler::new(labels, config, seed)?)
             }
-            SamplerConfig::Hierarchical {
-                batch_size,
-                samples_per_class,
-                batches_per_super_pair,
-                super_classes_per_batch,
-                class_level,
-                super_level,
-                max_batches,
-            } => {
-                let config = HierarchicalConfig {
-                    batch_size,
-                    samples_per_class,
-                    batches_per_super_pair,
-                    super_classes_per_batch,
-                    class_level,
-                    super_level,
-                    max_batches,
-                };
+            SamplerConfig::Hierarchical(config) => {
                 Box::new(HierarchicalSampler::new(labels, config, seed)?)
             }
-            SamplerConfig::FastAp {
-                batch_size,
-                batches_per_meta_pair,
-                class_level,
-                meta_level,
-                shuffle_within_class,
-            } => {
-                let config = FastApConfig {
-                    batch_size,
-                    batches_per_meta_pair,
-                    class_level,
-                    meta_level,
-                    shuffle_within_class,
-                };
-                Box::new(FastApSampler::new(labels, config, seed)?)
-            }
+            SamplerConfig::FastAp(config) => Box::new(FastApSampler::new(labels, config, seed)?),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize, Serialize)]
+    struct Recipe {
+        sampler: SamplerConfig,
+    }
+
+    #[test]
+    fn the_samplers_own_configs_are_the_recipe() {
+        let text = "[sampler]\nkind = \"hierarchical\"\nbatch_size = 256\nsamples_per_class = 4\n\
+                    batches_per_super_pair = 5\nsuper_classes_per_batch = 2\nclass_level = 0\n\
+                    super_level = 1\n";
+        let r: Recipe = toml::from_str(text).unwrap();
+        assert_eq!(
+            r.sampler,
+            SamplerConfig::Hierarchical(HierarchicalConfig::default())
+        );
+        // Written back, it reads the same (the run cache keys on this text).
+        let again: Recipe = toml::from_str(&toml::to_string(&r).unwrap()).unwrap();
+        assert_eq!(again.sampler, r.sampler);
+        let fast = "[sampler]\nkind = \"fast_ap\"\nbatch_size = 64\nbatches_per_meta_pair = 2\n\
+                    class_level = 0\nmeta_level = 2\n";
+        let r: Recipe = toml::from_str(fast).unwrap();
+        let SamplerConfig::FastAp(c) = r.sampler else {
+            panic!("not FastAP: {:?}", r.sampler)
+        };
+        assert!(!c.shuffle_within_class);
+        // A misspelt field is an error that names it.
+        let e = toml::from_str::<Recipe>(&format!("{fast}shuffle_within_clas = true\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shuffle_within_clas"), "{e}");
     }
 }

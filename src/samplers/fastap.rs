@@ -21,8 +21,9 @@ use crate::hierarchy::{ClassId, Labels};
 use rand::seq::SliceRandom;
 use std::collections::BTreeMap;
 
-/// Configuration of the [`FastApSampler`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Configuration of the [`FastApSampler`], and its recipe (`[sampler] kind = "fast_ap"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct FastApConfig {
     /// Items per batch (even).
     pub batch_size: usize,
@@ -34,6 +35,7 @@ pub struct FastApConfig {
     pub meta_level: usize,
     /// Shuffle the items inside each class every epoch. The authors keep the dataset order
     /// (`metaC{i}.groups` are fixed lists), which is the default `false`.
+    #[serde(default)]
     pub shuffle_within_class: bool,
 }
 

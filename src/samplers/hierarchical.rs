@@ -20,8 +20,10 @@ use crate::hierarchy::{ClassId, Labels};
 use rand::seq::SliceRandom;
 use std::collections::BTreeMap;
 
-/// Configuration of the [`HierarchicalSampler`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Configuration of the [`HierarchicalSampler`], and its recipe (`[sampler] kind =
+/// "hierarchical"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HierarchicalConfig {
     /// Items per batch; a multiple of `super_classes_per_batch × samples_per_class`.
     pub batch_size: usize,
@@ -38,6 +40,7 @@ pub struct HierarchicalConfig {
     pub super_level: usize,
     /// Keep only the first `max_batches` of the shuffled epoch (HAPPIER
     /// `restrict_number_of_batches`); `None` keeps all.
+    #[serde(default)]
     pub max_batches: Option<usize>,
 }
 

@@ -334,8 +334,8 @@ pub fn check_recipe(config: &TrainConfig) -> Result<RecipeCheck> {
     let batches = sampler.batches(0);
     let size = match config.sampler {
         SamplerConfig::MPerClass { batch_size, .. }
-        | SamplerConfig::Hierarchical { batch_size, .. }
-        | SamplerConfig::FastAp { batch_size, .. } => batch_size,
+        | SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig { batch_size, .. })
+        | SamplerConfig::FastAp(crate::samplers::FastApConfig { batch_size, .. }) => batch_size,
     };
     let full_batches = batches.iter().filter(|b| b.len() == size).count();
     if full_batches == 0 {
