@@ -8,7 +8,7 @@
 
 use super::claim::{row, Claim, Row};
 use super::table::{
-    batch_size, data_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Variant,
+    data_name, run_tables, set_batch_size, Column, Measurements, TableSpec, Variant,
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
@@ -53,7 +53,7 @@ fn samples_per_class(config: &TrainConfig) -> usize {
 
 /// The tables' rows and columns for a base recipe.
 pub fn tables(base: &TrainConfig) -> Vec<TableSpec> {
-    let b = batch_size(base);
+    let b = base.sampler.batch_size();
     let m = samples_per_class(base);
     let small = ((b * 96 / 256) / m).max(2) * m;
     let recall = vec![
@@ -140,7 +140,7 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
 /// The poster's claims ("larger batches give longer lists and harder retrieval problems";
 /// "use side information: meta-class labels"), checked on our measurements.
 pub fn claims(m: &Measurements, base: &TrainConfig) -> Vec<Claim> {
-    let b = batch_size(base);
+    let b = base.sampler.batch_size();
     let m_pc = samples_per_class(base);
     let sweep = |metric: &str| -> Vec<Row> {
         sweep_batches(b, m_pc)

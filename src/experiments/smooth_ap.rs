@@ -10,8 +10,7 @@
 
 use super::claim::{row, Claim};
 use super::table::{
-    batch_size, run_tables, set_batch_size, set_samples_per_class, Column, Measurements, TableSpec,
-    Variant,
+    run_tables, set_batch_size, set_samples_per_class, Column, Measurements, TableSpec, Variant,
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
@@ -95,7 +94,7 @@ pub const EXPERIMENT: super::TrainedPaper = super::TrainedPaper {
 
 /// The tables' rows and columns for a base recipe.
 pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
-    let b = batch_size(base);
+    let b = base.sampler.batch_size();
     let m = samples_per_class(base);
     let big = scaled_batch(b, 384, 224, m);
     let recall = |ks: [&'static str; 4]| ks.map(|k| Column::same(k, Some(0))).to_vec();

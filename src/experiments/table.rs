@@ -356,16 +356,11 @@ pub fn describe_recipe(config: &TrainConfig) -> String {
             samples_per_class,
             ..
         } => format!("batch {batch_size} ({samples_per_class} per class)"),
-        crate::train::SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig {
-            batch_size,
-            ..
-        }) => {
-            format!("batch {batch_size} (hierarchical)")
+        crate::train::SamplerConfig::Hierarchical(c) => {
+            format!("batch {} (hierarchical)", c.batch_size)
         }
-        crate::train::SamplerConfig::FastAp(crate::samplers::FastApConfig {
-            batch_size, ..
-        }) => {
-            format!("batch {batch_size} (meta-class pairs)")
+        crate::train::SamplerConfig::FastAp(c) => {
+            format!("batch {} (meta-class pairs)", c.batch_size)
         }
     };
     let epochs = match config.epochs {
@@ -382,16 +377,6 @@ pub fn describe_recipe(config: &TrainConfig) -> String {
 pub fn set_batch_size(config: &mut TrainConfig, b: usize) {
     if let crate::train::SamplerConfig::MPerClass { batch_size, .. } = &mut config.sampler {
         *batch_size = b;
-    }
-}
-
-/// The batch size of the recipe's sampler.
-pub fn batch_size(config: &TrainConfig) -> usize {
-    use crate::train::SamplerConfig;
-    match &config.sampler {
-        SamplerConfig::MPerClass { batch_size, .. }
-        | SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig { batch_size, .. })
-        | SamplerConfig::FastAp(crate::samplers::FastApConfig { batch_size, .. }) => *batch_size,
     }
 }
 

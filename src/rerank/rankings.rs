@@ -12,6 +12,7 @@
 use super::Reranker;
 use crate::error::{Error, Result};
 use crate::metrics::revisited::{self, GroundTruth, Protocol, RevisitedReport};
+use crate::retrieval::check_chunk_scores;
 use crate::retrieval::order::{descending_key, sort_by_key_stable, RadixScratch};
 use rayon::prelude::*;
 
@@ -33,22 +34,7 @@ pub(crate) fn for_each_ranking(
     while start < nq {
         let len = chunk_size.min(nq - start);
         let scores = reranker.scores(start, len)?;
-        if scores.len() != len * nr {
-            return Err(Error::Shape(format!(
-                "the re-ranker returned {} scores for {len} queries × {nr} references",
-                scores.len()
-            )));
-        }
-        if let Some(bad) = scores.iter().position(|s| !s.is_finite()) {
-            return Err(Error::invalid(
-                "scores",
-                format!(
-                    "query {}, reference {}: the re-ranker gave a non-finite score",
-                    start + bad / nr,
-                    bad % nr
-                ),
-            ));
-        }
+        check_chunk_scores(&scores, start, len, nr, true)?;
         let ranked: Vec<Vec<u32>> = scores
             .par_chunks(nr)
             .enumerate()

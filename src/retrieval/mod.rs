@@ -529,21 +529,44 @@ pub fn evaluate(
     query_labels.check_compatible(ref_labels)?;
     opts.validate(query_labels.num_levels())?;
     let ops = prepare(queries, ref_emb, opts.similarity, &opts.device)?;
-    if ops.num_queries != query_labels.len() {
+    score_all(
+        &ops,
+        query_labels,
+        ref_labels,
+        opts,
+        ["query embeddings", "reference embeddings"],
+    )
+}
+
+/// Errors unless `scores` holds the `len × nr` scores of queries `start..start + len`, and,
+/// with `check_finite`, names the first non-finite one (its query and reference): what the
+/// engine and the re-rankers' rankings ([`crate::rerank::rankings`]) ask of a chunk.
+pub(crate) fn check_chunk_scores(
+    scores: &[f32],
+    start: usize,
+    len: usize,
+    nr: usize,
+    check_finite: bool,
+) -> Result<()> {
+    if scores.len() != len * nr {
         return Err(Error::Shape(format!(
-            "{} query embeddings but {} query label rows",
-            ops.num_queries,
-            query_labels.len()
+            "{} scores for {len} queries × {nr} references",
+            scores.len()
         )));
     }
-    if ops.num_references != ref_labels.len() {
-        return Err(Error::Shape(format!(
-            "{} reference embeddings but {} reference label rows",
-            ops.num_references,
-            ref_labels.len()
-        )));
+    if check_finite {
+        if let Some(bad) = scores.par_iter().position_first(|s| !s.is_finite()) {
+            return Err(Error::invalid(
+                "scores",
+                format!(
+                    "query {}, reference {}: non-finite score",
+                    start + bad / nr,
+                    bad % nr
+                ),
+            ));
+        }
     }
-    evaluate_scores(&ops, query_labels, ref_labels, opts)
+    Ok(())
 }
 
 /// The engine behind [`evaluate`] for any [`ScoreSource`]: each chunk of queries is scored by
@@ -562,18 +585,38 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
     opts: &EvalOptions,
 ) -> Result<EvalReport> {
     query_labels.check_compatible(ref_labels)?;
+    opts.validate(query_labels.num_levels())?;
+    score_all(
+        source,
+        query_labels,
+        ref_labels,
+        opts,
+        ["queries", "references"],
+    )
+}
+
+/// [`evaluate_scores`] once the labels and options are checked; `names` are what the errors
+/// call the source's queries and references.
+fn score_all<S: ScoreSource + ?Sized>(
+    source: &S,
+    query_labels: &Labels,
+    ref_labels: &Labels,
+    opts: &EvalOptions,
+    names: [&str; 2],
+) -> Result<EvalReport> {
     let num_levels = query_labels.num_levels();
-    opts.validate(num_levels)?;
     let (num_queries, nr) = (source.num_queries(), source.num_references());
     if num_queries != query_labels.len() {
         return Err(Error::Shape(format!(
-            "{num_queries} queries but {} query label rows",
+            "{num_queries} {} but {} query label rows",
+            names[0],
             query_labels.len()
         )));
     }
     if nr != ref_labels.len() {
         return Err(Error::Shape(format!(
-            "{nr} references but {} reference label rows",
+            "{nr} {} but {} reference label rows",
+            names[1],
             ref_labels.len()
         )));
     }
@@ -597,24 +640,7 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
         let len = opts.chunk_size.min(num_queries - start);
         source.chunk_scores(start, len, &mut chunk)?;
         chunk.with_slice(|scores| {
-            if scores.len() != len * nr {
-                return Err(Error::Shape(format!(
-                    "the source gave {} scores for {len} queries × {nr} references",
-                    scores.len()
-                )));
-            }
-            if !source.finite_by_construction() {
-                if let Some(bad) = scores.par_iter().position_first(|s| !s.is_finite()) {
-                    return Err(Error::invalid(
-                        "scores",
-                        format!(
-                            "query {}, reference {}: non-finite score",
-                            start + bad / nr,
-                            bad % nr
-                        ),
-                    ));
-                }
-            }
+            check_chunk_scores(scores, start, len, nr, !source.finite_by_construction())?;
             per_query[start * m..(start + len) * m]
                 .par_chunks_mut(m)
                 .zip(scores.par_chunks(nr))
@@ -644,7 +670,7 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
                             .unwrap_or(f64::NAN);
                     }
                 });
-            Ok(())
+            Ok::<(), Error>(())
         })??;
         pb.inc(len as u64);
         start += len;

@@ -62,6 +62,15 @@ impl Default for SamplerConfig {
 pub type DynSampler = Box<dyn BatchSampler + Send + Sync>;
 
 impl SamplerConfig {
+    /// Items per batch.
+    pub fn batch_size(&self) -> usize {
+        match self {
+            SamplerConfig::MPerClass { batch_size, .. } => *batch_size,
+            SamplerConfig::Hierarchical(c) => c.batch_size,
+            SamplerConfig::FastAp(c) => c.batch_size,
+        }
+    }
+
     /// Builds the sampler over `labels` with `seed`.
     pub fn build(&self, labels: &Labels, seed: u64) -> Result<DynSampler> {
         Ok(match self.clone() {

@@ -23,7 +23,6 @@ use crate::data::pipeline::{LoaderConfig, Normalize};
 use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource};
 use crate::data::{retrieval_split, ImageSet};
 use crate::error::{Error, Result};
-use crate::samplers::SamplerConfig;
 use std::sync::Arc;
 
 /// One test set of a [`TestProtocol`].
@@ -332,11 +331,7 @@ pub fn check_recipe(config: &TrainConfig) -> Result<RecipeCheck> {
     let data = load_data(config)?;
     let sampler = config.sampler.build(data.train.labels(), config.seed)?;
     let batches = sampler.batches(0);
-    let size = match config.sampler {
-        SamplerConfig::MPerClass { batch_size, .. }
-        | SamplerConfig::Hierarchical(crate::samplers::HierarchicalConfig { batch_size, .. })
-        | SamplerConfig::FastAp(crate::samplers::FastApConfig { batch_size, .. }) => batch_size,
-    };
+    let size = config.sampler.batch_size();
     let full_batches = batches.iter().filter(|b| b.len() == size).count();
     if full_batches == 0 {
         return Err(Error::invalid(
