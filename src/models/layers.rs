@@ -491,13 +491,18 @@ mod tests {
             (6, 3, 3, 1),
         ] {
             let x = Var::randn(0f64, 1.0, (2, 3, hw, hw), &d).unwrap();
-            let (a, b) = both_paths(
-                &x,
-                &[],
-                |t| max_pool2d(t, k, s, p).unwrap(),
-                |t| max_pool2d_generic(t, k, s, p).unwrap(),
-            );
-            assert_all_close(&a, &b, &format!("{hw} k{k} s{s} p{p}"));
+            // Rounded to few values, most windows hold ties: the gradient must go to the same
+            // (first) maximum on both paths.
+            let tied = Var::from_tensor(&x.as_tensor().round().unwrap()).unwrap();
+            for (x, what) in [(&x, ""), (&tied, " tied")] {
+                let (a, b) = both_paths(
+                    x,
+                    &[],
+                    |t| max_pool2d(t, k, s, p).unwrap(),
+                    |t| max_pool2d_generic(t, k, s, p).unwrap(),
+                );
+                assert_all_close(&a, &b, &format!("{hw} k{k} s{s} p{p}{what}"));
+            }
         }
     }
 
