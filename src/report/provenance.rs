@@ -80,9 +80,23 @@ impl Provenance {
     }
 }
 
+/// What decides a table's numbers: the code, the build, the recipes and the published values
+/// the tables compare against. A change to any of these, tracked and uncommitted, makes
+/// [`git_commit`] say `-dirty`; the outputs (tables, figures, executed notebooks, the README)
+/// do not, since regenerating them is what a reproduction does: before, the second paper of
+/// `rankwise reproduce` named `<commit>-dirty` because the first one had rewritten its tables.
+pub const PROVENANCE_INPUTS: [&str; 6] = [
+    "src",
+    "build.rs",
+    "Cargo.toml",
+    "Cargo.lock",
+    "configs",
+    "paper_tables/published",
+];
+
 /// The commit checked out in the git repository at `root` (12 hex digits), with `-dirty` when
-/// tracked files differ from it; `None` when `root` is not a git checkout or git is missing.
-/// Tables name it so that a reader can find the code behind them.
+/// tracked files among [`PROVENANCE_INPUTS`] differ from it; `None` when `root` is not a git
+/// checkout or git is missing. Tables name it so that a reader can find the code behind them.
 pub fn git_commit(root: &std::path::Path) -> Option<String> {
     let git = |args: &[&str]| -> Option<String> {
         let out = std::process::Command::new("git")
@@ -96,7 +110,9 @@ pub fn git_commit(root: &std::path::Path) -> Option<String> {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
     };
     let head = git(&["rev-parse", "--short=12", "HEAD"])?;
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"])?;
+    let mut args = vec!["status", "--porcelain", "--untracked-files=no", "--"];
+    args.extend(PROVENANCE_INPUTS);
+    let dirty = git(&args)?;
     Some(if dirty.is_empty() {
         head
     } else {
@@ -122,6 +138,62 @@ mod tests {
             p.describe(),
             "`paper` scale, SOP; 3 seeds (0, 1, 2), device cuda:0, run code 00ff"
         );
+    }
+
+    #[test]
+    fn regenerated_outputs_leave_the_commit_clean_and_changed_inputs_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let git = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+                .args(args)
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        for (path, text) in [
+            ("src/lib.rs", "a"),
+            ("configs/fastap.toml", "a"),
+            ("paper_tables/published/fastap.csv", "a"),
+            ("paper_tables/fastap_quick.csv", "a"),
+            ("figures/fastap.svg", "a"),
+            ("README.md", "a"),
+        ] {
+            std::fs::create_dir_all(root.join(path).parent().unwrap()).unwrap();
+            std::fs::write(root.join(path), text).unwrap();
+        }
+        git(&["add", "-A"]);
+        git(&["commit", "-qm", "init"]);
+        let clean = git_commit(root).unwrap();
+        assert!(!clean.ends_with("-dirty"), "{clean}");
+        // A reproduction rewrites its outputs: still the same, clean commit.
+        for path in [
+            "paper_tables/fastap_quick.csv",
+            "figures/fastap.svg",
+            "README.md",
+        ] {
+            std::fs::write(root.join(path), "b").unwrap();
+        }
+        assert_eq!(git_commit(root).unwrap(), clean);
+        // Any input changed: dirty.
+        for path in [
+            "src/lib.rs",
+            "configs/fastap.toml",
+            "paper_tables/published/fastap.csv",
+        ] {
+            std::fs::write(root.join(path), "b").unwrap();
+            assert_eq!(
+                git_commit(root).unwrap(),
+                format!("{clean}-dirty"),
+                "{path}"
+            );
+            std::fs::write(root.join(path), "a").unwrap();
+        }
     }
 
     #[test]
