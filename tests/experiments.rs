@@ -214,6 +214,50 @@ fn happier_sum_weighted_ap_follows_property_1() {
 }
 
 #[test]
+fn happier_dyml_averages_each_metric_over_the_label_columns() {
+    use rankwise::experiments::{MetricValue, RunResult};
+    let value = |metric: &str, level: usize, value: f64| MetricValue {
+        metric: metric.into(),
+        level: Some(level),
+        value,
+    };
+    let mut metrics = Vec::new();
+    for (l, (ap, asi, r1)) in [(0.2, 0.3, 0.5), (0.4, 0.5, 0.7), (0.9, 0.7, 0.9)]
+        .into_iter()
+        .enumerate()
+    {
+        metrics.extend([
+            value("mAP", l, ap),
+            value("ASI", l, asi),
+            value("R@1", l, r1),
+        ]);
+    }
+    // The hierarchical ASI (no column) must not enter the binary average.
+    metrics.push(MetricValue {
+        metric: "ASI".into(),
+        level: None,
+        value: 0.0,
+    });
+    let run = RunResult {
+        label: "x".into(),
+        recipe: String::new(),
+        metrics,
+        log: Vec::new(),
+        seconds: 0.0,
+        test_queries: 1,
+        seed: 0,
+        device: "cpu".into(),
+        code: String::new(),
+    };
+    let avg = |m: &str| experiments::happier::dyml_average(&run, m, 3).unwrap();
+    assert!((avg("mAP") - 0.5).abs() < 1e-15);
+    assert!((avg("ASI") - 0.5).abs() < 1e-15);
+    assert!((avg("R@1") - 0.7).abs() < 1e-15);
+    // A run evaluated without the column's metric is an error, not a silent 0.
+    assert!(experiments::happier::dyml_average(&run, "ASI", 4).is_err());
+}
+
+#[test]
 fn reproduce_paper_joins_the_published_values_and_writes_tables_and_figures() {
     let cache = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();

@@ -160,6 +160,8 @@ fn engine_equals_one_shot_computation_for_every_chunk_size() {
         check("mAP", Some(c), &|r| metrics::average_precision(r, min));
         check("mAP@R", Some(c), &|r| metrics::map_at_r(r, min));
         check("R-precision", Some(c), &|r| metrics::r_precision(r, min));
+        // Each column's binary ASI (the DyML protocol's per-scale ASI).
+        check("ASI", Some(c), &|r| metrics::binary_asi(r, min));
         for k in [1, 4, 16] {
             check(&format!("R@{k}"), Some(c), &|r| {
                 metrics::recall_at_k(r, min, k)

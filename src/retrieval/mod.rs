@@ -75,7 +75,7 @@ pub struct EvalOptions {
     pub similarity: Similarity,
     /// Show a progress bar on stderr.
     pub progress: bool,
-    /// Compute H-AP, ASI and NDCG.
+    /// Compute H-AP, ASI and NDCG, and the binary ASI of each label column evaluated.
     pub hierarchical: bool,
     /// Compute the binary metrics at every level (positives = same class at that label column),
     /// not only at the fine level.
@@ -121,7 +121,8 @@ impl EvalOptions {
 /// One metric of a report, averaged over the queries that have a positive.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MetricRow {
-    /// `"mAP"`, `"mAP@R"`, `"R-precision"`, `"R@k"`, `"P@k"`, `"H-AP"`, `"ASI"` or `"NDCG"`.
+    /// `"mAP"`, `"mAP@R"`, `"R-precision"`, `"R@k"`, `"P@k"`, `"H-AP"`, `"ASI"` or `"NDCG"`
+    /// (`"ASI"` at a label column: that column's binary ASI, with hierarchical metrics on).
     pub metric: String,
     /// The label column a binary metric uses (0 = finest); `None` for the hierarchical metrics.
     pub level: Option<usize>,
@@ -169,6 +170,8 @@ enum MetricKind {
     RPrecision,
     RecallAt(usize),
     PrecisionAt(usize),
+    /// ASI of one label column's binary problem (the DyML protocol's per-scale ASI).
+    BinaryAsi,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -182,7 +185,7 @@ impl MetricSpec {
     fn name(&self) -> String {
         match self.kind {
             MetricKind::HAp => "H-AP".into(),
-            MetricKind::Asi => "ASI".into(),
+            MetricKind::Asi | MetricKind::BinaryAsi => "ASI".into(),
             MetricKind::Ndcg => "NDCG".into(),
             MetricKind::Map => "mAP".into(),
             MetricKind::MapAtR => "mAP@R".into(),
@@ -214,6 +217,7 @@ impl MetricSpec {
             MetricKind::RPrecision => binary().map(|b| b.r_precision()),
             MetricKind::RecallAt(k) => binary().map(|b| b.recall_at_k(k)),
             MetricKind::PrecisionAt(k) => binary().and_then(|b| b.precision_at_k(k)),
+            MetricKind::BinaryAsi => binary().map(|b| b.asi()),
         }
     }
 }
@@ -230,6 +234,12 @@ fn plan(opts: &EvalOptions, num_levels: usize) -> Vec<MetricSpec> {
         let mut kinds = vec![MetricKind::Map, MetricKind::MapAtR, MetricKind::RPrecision];
         kinds.extend(opts.recall_ks.iter().map(|&k| MetricKind::RecallAt(k)));
         kinds.extend(opts.recall_ks.iter().map(|&k| MetricKind::PrecisionAt(k)));
+        if opts.hierarchical {
+            // Beside the hierarchical ASI, each column's binary ASI: with mAP and R@1 per
+            // column, the DyML protocol's per-scale metrics (HAPPIER Table 2) on one test set.
+            // O(R) per query on the list of positives.
+            kinds.push(MetricKind::BinaryAsi);
+        }
         for kind in kinds {
             specs.push(MetricSpec {
                 kind,
