@@ -214,6 +214,58 @@ fn happier_sum_weighted_ap_follows_property_1() {
 }
 
 #[test]
+fn recipe_changes_merge_over_the_file_key_by_key() {
+    // A table merges, any other value replaces.
+    let mut base: toml::Table = toml::from_str("a = 1\n[t]\nx = 1\ny = [1, 2]\n").unwrap();
+    let changes: toml::Table = toml::from_str("[t]\ny = [3]\nz = 'new'\n").unwrap();
+    experiments::recipe::merge_toml(&mut base, changes);
+    let want: toml::Table = toml::from_str("a = 1\n[t]\nx = 1\ny = [3]\nz = 'new'\n").unwrap();
+    assert_eq!(base, want);
+
+    // A paper's recipe with one quick key changed: that key differs, nothing else does.
+    let plain = ExperimentRecipe::for_paper(root(), "fastap").unwrap();
+    let changed =
+        ExperimentRecipe::for_paper_with(root(), "fastap", "[quick]\nepochs = 9\n").unwrap();
+    let mut quick = plain.base(Scale::Quick).unwrap();
+    assert_ne!(quick.epochs, 9);
+    quick.epochs = 9;
+    assert_eq!(changed.base(Scale::Quick).unwrap(), quick);
+    assert_eq!(
+        changed.base(Scale::Tiny).unwrap(),
+        plain.base(Scale::Tiny).unwrap()
+    );
+    // Comments only: no change (a notebook's recipe cell holds a commented example).
+    assert!(!experiments::recipe::has_changes(
+        "\n# [quick]\n# epochs = 8\n"
+    ));
+    assert!(experiments::recipe::has_changes("[quick]\nepochs = 8"));
+    assert_eq!(
+        ExperimentRecipe::for_paper_with(root(), "fastap", "# [quick]\n").unwrap(),
+        plain
+    );
+    // SSR's recipe reads the same way.
+    let ssr = experiments::ssr::SsrRecipe::for_root_with(root(), "[seeds]\nquick = 2\n").unwrap();
+    assert_eq!(ssr.seeds.count(Scale::Quick), 2);
+
+    // Bad changes are errors that say where: not TOML, an unknown key, an invalid value.
+    let e = ExperimentRecipe::for_paper_with(root(), "fastap", "[quick\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("recipe changes"), "{e}");
+    let e = ExperimentRecipe::for_paper_with(root(), "fastap", "[quick]\nepochz = 9\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("epochz") && e.contains("recipe changes merged"),
+        "{e}"
+    );
+    let e = ExperimentRecipe::for_paper_with(root(), "fastap", "[quick]\nepochs = 0\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[quick]") && e.contains("fastap.toml"), "{e}");
+}
+
+#[test]
 fn happier_dyml_averages_each_metric_over_the_label_columns() {
     use rankwise::experiments::{MetricValue, RunResult};
     let value = |metric: &str, level: usize, value: f64| MetricValue {
@@ -585,14 +637,25 @@ fn every_paper_notebook_names_what_its_experiment_produces() {
             .flat_map(|c| c["source"].as_array().unwrap().iter())
             .map(|line| line.as_str().unwrap())
             .collect();
-        let papers = quoted_after(&source, "notebook::run_paper(");
+        let papers = quoted_after(&source, "notebook::run_paper_with(");
         let Some(paper) = papers.first() else {
-            continue; // the quickstart
+            continue; // the quickstart and the tutorial
         };
         assert_eq!(papers.len(), 1, "{}", path.display());
         let mut paths =
             NotebookPaths::new(root().to_path_buf(), out.path().to_path_buf(), Scale::Tiny);
         paths.cache = cache.path().to_path_buf();
+        // The recipe cell shows the file the run starts from.
+        assert_eq!(
+            quoted_after(&source, "notebook::show_recipe("),
+            std::slice::from_ref(paper),
+            "{}",
+            path.display()
+        );
+        let recipe = notebook::recipe_markdown(paper, &paths).unwrap();
+        let file =
+            std::fs::read_to_string(experiments::recipe::recipe_path(root(), paper)).unwrap();
+        assert!(recipe.contains(file.trim_end()), "{}", path.display());
         let r = notebook::run_paper(paper, Scale::Tiny, &paths)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         notebook::check_results(&r).unwrap();

@@ -23,6 +23,9 @@ pub struct Context<'a> {
     pub runner: &'a Runner,
     /// The scale of every run.
     pub scale: Scale,
+    /// TOML merged over the paper's recipe file before anything runs (a notebook's recipe
+    /// cell; empty for the file as it is).
+    pub changes: &'a str,
 }
 
 /// One paper's experiments: the rows of its tables as runs, its claims checked on them, and
@@ -79,12 +82,13 @@ impl Experiment for TrainedPaper {
     }
 
     fn measure(&self, cx: &Context) -> Result<Measurements> {
-        let recipe = ExperimentRecipe::for_paper(cx.root, self.key)?;
+        let recipe = ExperimentRecipe::for_paper_with(cx.root, self.key, cx.changes)?;
         (self.measure)(cx.runner, &recipe, cx.scale)
     }
 
     fn claims(&self, cx: &Context, m: &Measurements) -> Result<Vec<Claim>> {
-        let base = ExperimentRecipe::for_paper(cx.root, self.key)?.base(cx.scale)?;
+        let base =
+            ExperimentRecipe::for_paper_with(cx.root, self.key, cx.changes)?.base(cx.scale)?;
         Ok((self.claims)(m, &base))
     }
 

@@ -49,11 +49,24 @@ pub fn measure_paper(
     runner: &Runner,
     scale: Scale,
 ) -> Result<(Measurements, Vec<Claim>)> {
+    measure_paper_with(paper, root, runner, scale, "")
+}
+
+/// [`measure_paper`] with `changes`, TOML merged over the paper's recipe file
+/// ([`recipe::merge_toml`]).
+pub fn measure_paper_with(
+    paper: &str,
+    root: &Path,
+    runner: &Runner,
+    scale: Scale,
+    changes: &str,
+) -> Result<(Measurements, Vec<Claim>)> {
     let experiment = find(paper)?;
     let cx = Context {
         root,
         runner,
         scale,
+        changes,
     };
     let mut m = experiment.measure(&cx)?;
     m.flag_degenerate();
@@ -70,8 +83,22 @@ pub fn reproduce_paper(
     runner: &Runner,
     scale: Scale,
 ) -> Result<PaperResults> {
+    reproduce_paper_with(paper, root, runner, scale, "")
+}
+
+/// [`reproduce_paper`] with `changes`, TOML merged over the paper's recipe file; the results'
+/// commit then says that the recipe was changed, since the file at that commit no longer
+/// describes the runs.
+pub fn reproduce_paper_with(
+    paper: &str,
+    root: &Path,
+    runner: &Runner,
+    scale: Scale,
+    changes: &str,
+) -> Result<PaperResults> {
     let experiment = find(paper)?;
-    let (measurements, claims) = measure_paper(experiment.key(), root, runner, scale)?;
+    let (measurements, claims) =
+        measure_paper_with(experiment.key(), root, runner, scale, changes)?;
     let published = Published::for_key(
         root.join("paper_tables").join("published"),
         experiment.key(),
@@ -86,7 +113,13 @@ pub fn reproduce_paper(
         claims,
         tables,
         figures,
-        commit: crate::report::git_commit(root),
+        commit: crate::report::git_commit(root).map(|c| {
+            if !recipe::has_changes(changes) {
+                c
+            } else {
+                format!("{c} with recipe changes")
+            }
+        }),
     })
 }
 

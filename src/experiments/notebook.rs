@@ -56,11 +56,24 @@ impl NotebookPaths {
 /// `paths.output` (`paper_tables/standard/` and `figures/standard/` at the standard scale).
 /// Returns the results for the notebook to show.
 pub fn run_paper(paper: &str, scale: Scale, paths: &NotebookPaths) -> Result<PaperResults> {
+    run_paper_with(paper, scale, paths, "")
+}
+
+/// [`run_paper`] with `changes`: TOML merged over `configs/experiments/<paper>.toml` before
+/// the rows run (a table merges key by key, any other value replaces the file's), e.g.
+/// `"[quick]\nepochs = 8"`. The notebooks' recipe cell: rows whose resolved recipe changed
+/// train, the others come from the run cache; the tables' commit says "with recipe changes".
+pub fn run_paper_with(
+    paper: &str,
+    scale: Scale,
+    paths: &NotebookPaths,
+    changes: &str,
+) -> Result<PaperResults> {
     // The notebooks train on the CPU like `rankwise reproduce`: keep freed tensor buffers for
     // reuse (×1.74 on the small CNN, benches/train_throughput_vs_torch.md).
     crate::cpu::alloc::tune_allocator();
     let runner = Runner::new(Some(paths.cache.clone()), true);
-    let results = super::reproduce_paper(paper, &paths.root, &runner, scale)?;
+    let results = super::reproduce_paper_with(paper, &paths.root, &runner, scale, changes)?;
     // Where `rankwise reproduce` writes the same scale (the standard tables sit beside the
     // quick ones).
     let (mut tables, mut figures_dir) = (
@@ -77,6 +90,24 @@ pub fn run_paper(paper: &str, scale: Scale, paths: &NotebookPaths) -> Result<Pap
         println!("wrote {}", f.display());
     }
     Ok(results)
+}
+
+/// The recipe file a paper notebook runs (`configs/experiments/<paper>.toml` under the
+/// repository root), as Markdown for the notebook to show.
+pub fn recipe_markdown(paper: &str, paths: &NotebookPaths) -> Result<String> {
+    let key = super::find(paper)?.key();
+    let path = super::recipe::recipe_path(&paths.root, key);
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    Ok(format!(
+        "`configs/experiments/{key}.toml`:\n\n```toml\n{}\n```\n",
+        text.trim_end()
+    ))
+}
+
+/// Shows [`recipe_markdown`] inline in evcxr (printed as text elsewhere).
+pub fn show_recipe(paper: &str, paths: &NotebookPaths) -> Result<()> {
+    display_markdown(&recipe_markdown(paper, paths)?);
+    Ok(())
 }
 
 /// The Markdown of one reproduced table (caption with the scale and provenance of ours, then

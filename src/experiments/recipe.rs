@@ -153,9 +153,16 @@ pub struct ExperimentRecipe {
 impl ExperimentRecipe {
     /// Reads a recipe; errors name the file, line and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_toml_file_with(path, "")
+    }
+
+    /// [`Self::from_toml_file`] with `changes`, TOML merged over the file's ([`merge_toml`]):
+    /// what a notebook's recipe cell passes.
+    pub fn from_toml_file_with(path: impl AsRef<Path>, changes: &str) -> Result<Self> {
         let path = path.as_ref();
         let recipe: Self = read_per_scale(
             path,
+            changes,
             |r: &ExperimentRecipe| {
                 [
                     Some(&r.tiny),
@@ -186,6 +193,11 @@ impl ExperimentRecipe {
         Self::from_toml_file(recipe_path(root, paper))
     }
 
+    /// [`Self::for_paper`] with `changes` merged over the file ([`merge_toml`]).
+    pub fn for_paper_with(root: &Path, paper: &str, changes: &str) -> Result<Self> {
+        Self::from_toml_file_with(recipe_path(root, paper), changes)
+    }
+
     /// The base recipe of `scale`; an error if the file has none for the standard or paper
     /// scale.
     pub fn base(&self, scale: Scale) -> Result<TrainConfig> {
@@ -211,10 +223,12 @@ impl ExperimentRecipe {
 }
 
 /// Reads a recipe file with one section per scale (`[tiny]`, `[quick]`, optional `[standard]`
-/// and `[paper]`, listed by `scales` in the order of [`Scale::ALL`]) and validates each section
-/// present with `validate`; errors name the file, and the section for a validation error.
+/// and `[paper]`, listed by `scales` in the order of [`Scale::ALL`]), with `changes` (TOML,
+/// empty for none) merged over it, and validates each section present with `validate`; errors
+/// name the file, and the section for a validation error, and say when changes were merged.
 pub(crate) fn read_per_scale<R, C>(
     path: &Path,
+    changes: &str,
     scales: impl for<'a> Fn(&'a R) -> [Option<&'a C>; 4],
     validate: impl Fn(&C) -> Result<()>,
 ) -> Result<R>
@@ -222,13 +236,45 @@ where
     R: serde::de::DeserializeOwned,
 {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let recipe: R = toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+    let recipe: R = if !has_changes(changes) {
+        toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?
+    } else {
+        let mut merged: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        let changes: toml::Table = toml::from_str(changes)
+            .map_err(|e| Error::invalid("recipe changes", format!("not TOML: {e}")))?;
+        merge_toml(&mut merged, changes);
+        merged.try_into().map_err(|e: toml::de::Error| {
+            Error::file(path, format!("with the recipe changes merged: {e}"))
+        })?
+    };
     for (scale, section) in Scale::ALL.into_iter().zip(scales(&recipe)) {
         if let Some(c) = section {
             validate(c).map_err(|e| Error::file(path, format!("[{scale}]: {e}")))?;
         }
     }
     Ok(recipe)
+}
+
+/// Whether `changes` (TOML) sets any key: empty text and comments only do not (a notebook's
+/// recipe cell holds a commented example). Text that is not TOML counts as changes, so that
+/// reading it reports the error.
+pub fn has_changes(changes: &str) -> bool {
+    toml::from_str::<toml::Table>(changes).map_or(true, |t| !t.is_empty())
+}
+
+/// Merges `changes` into `base`: a table merges key by key, recursively; any other value
+/// (a number, a string, an array) replaces the one in `base`. So `[quick]` + `epochs = 8`
+/// changes one key of the quick recipe and keeps the rest.
+pub fn merge_toml(base: &mut toml::Table, changes: toml::Table) {
+    for (key, value) in changes {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(c)) => merge_toml(b, c),
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
 }
 
 /// `configs/experiments/<paper>.toml` under `root`.

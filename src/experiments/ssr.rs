@@ -324,8 +324,15 @@ pub struct RetrievalRecipe {
 impl SsrRecipe {
     /// Reads `configs/experiments/ssr.toml`-like files; errors name the file and key.
     pub fn from_toml_file(path: impl AsRef<Path>) -> Result<Self> {
+        Self::from_toml_file_with(path, "")
+    }
+
+    /// [`Self::from_toml_file`] with `changes` merged over the file
+    /// ([`super::recipe::merge_toml`]).
+    pub fn from_toml_file_with(path: impl AsRef<Path>, changes: &str) -> Result<Self> {
         let recipe: SsrRecipe = super::recipe::read_per_scale(
             path.as_ref(),
+            changes,
             |r: &SsrRecipe| {
                 [
                     Some(&r.tiny),
@@ -345,7 +352,12 @@ impl SsrRecipe {
 
     /// The recipe under the repository root.
     pub fn for_root(root: &Path) -> Result<Self> {
-        Self::from_toml_file(super::recipe::recipe_path(root, PAPER))
+        Self::for_root_with(root, "")
+    }
+
+    /// [`Self::for_root`] with `changes` merged over the file.
+    pub fn for_root_with(root: &Path, changes: &str) -> Result<Self> {
+        Self::from_toml_file_with(super::recipe::recipe_path(root, PAPER), changes)
     }
 
     /// The recipe of `scale`.
@@ -459,7 +471,7 @@ impl super::Experiment for Ssr {
     fn measure(&self, cx: &super::Context) -> Result<Measurements> {
         // SSR trains no network through the runner: its backbone and meta-training run in
         // `measure` (the selected modules are saved beside the run cache).
-        measure(cx.root, cx.scale)
+        measure_with(cx.root, cx.scale, cx.changes)
     }
 
     fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
@@ -481,7 +493,12 @@ impl super::Experiment for Ssr {
 /// tests run concurrently), the selected SSR modules are saved under
 /// `root/target/rankwise-runs/<scale>/ssr/` (replicate `i ≥ 1` under `replicate_<i>/`).
 pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
-    let all = SsrRecipe::for_root(root)?;
+    measure_with(root, scale, "")
+}
+
+/// [`measure`] with `changes` (TOML) merged over the recipe file.
+pub fn measure_with(root: &Path, scale: Scale, changes: &str) -> Result<Measurements> {
+    let all = SsrRecipe::for_root_with(root, changes)?;
     let recipe = all.at(scale)?;
     let dir = root
         .join("target")
