@@ -266,6 +266,47 @@ fn recipe_changes_merge_over_the_file_key_by_key() {
 }
 
 #[test]
+fn the_readme_verdict_table_follows_only_the_committed_tables() {
+    use experiments::summary::{claims_csv_path, markers};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (start, end) = markers(Scale::Quick);
+    let readme = root.join("README.md");
+    std::fs::write(&readme, format!("intro\n{start}\nSTALE\n{end}\nrest\n")).unwrap();
+    let write_claims = |tables: &Path| {
+        let path = claims_csv_path(tables, "fastap", Scale::Quick);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            "claim,verdict,evidence\nM = 256 beats M = 96,holds,p=0.001\n",
+        )
+        .unwrap();
+    };
+    // A scratch folder (a notebook run with --out-dir) leaves the README alone.
+    let scratch = root.join("scratch").join("paper_tables");
+    write_claims(&scratch);
+    assert!(!experiments::update_committed_readme(root, &scratch, Scale::Quick).unwrap());
+    // The committed quick tables rewrite the table between the markers, nothing else.
+    let tables = root.join("paper_tables");
+    write_claims(&tables);
+    assert!(!experiments::update_committed_readme(root, &tables, Scale::Tiny).unwrap());
+    assert!(experiments::update_committed_readme(root, &tables, Scale::Quick).unwrap());
+    let text = std::fs::read_to_string(&readme).unwrap();
+    assert!(
+        text.starts_with("intro\n") && text.ends_with("rest\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("STALE") && text.contains("M = 256 beats M = 96"),
+        "{text}"
+    );
+    assert!(
+        text.contains("(paper_tables/measured/fastap_quick_claims.md)"),
+        "{text}"
+    );
+}
+
+#[test]
 fn happier_dyml_averages_each_metric_over_the_label_columns() {
     use rankwise::experiments::{MetricValue, RunResult};
     let value = |metric: &str, level: usize, value: f64| MetricValue {

@@ -278,19 +278,23 @@ pub fn reproduce(
             writeln!(out, "  figure: {}", f.display()).map_err(io)?;
         }
     }
-    // The README's verdict table reads the claims just written (only the committed tables'
-    // folders feed it, never a scratch one).
-    let readme = dirs.root.join("README.md");
-    let committed =
-        dirs.tables == ReproduceDirs::defaults(&dirs.root, scale).tables && scale != Scale::Tiny;
-    let link = dirs
-        .tables
-        .strip_prefix(&dirs.root)
-        .map(|p| p.to_string_lossy().replace('\\', "/"))
-        .unwrap_or_default();
-    if committed && readme.exists() && summary::update_readme(&readme, &dirs.tables, scale, &link)?
-    {
+    if update_committed_readme(&dirs.root, &dirs.tables, scale)? {
         writeln!(out, "  README: the `{scale}` verdict table rewritten").map_err(io)?;
     }
     Ok(())
+}
+
+/// Rewrites the README's verdict table of `scale` ([`summary::update_readme`]) from the claims
+/// under `tables`, when those are the repository's committed tables of that scale (only they
+/// feed it, never a scratch folder or the tiny scale); `Ok(true)` when it was rewritten. Called
+/// after [`reproduce`] and after a notebook's run ([`notebook::run_paper`]), so that the
+/// README's table reads the verdicts the main job just computed.
+pub fn update_committed_readme(root: &Path, tables: &Path, scale: Scale) -> Result<bool> {
+    let readme = root.join("README.md");
+    let committed = tables == ReproduceDirs::defaults(root, scale).tables && scale != Scale::Tiny;
+    let link = tables
+        .strip_prefix(root)
+        .map(|p| p.to_string_lossy().replace('\\', "/"))
+        .unwrap_or_default();
+    Ok(committed && readme.exists() && summary::update_readme(&readme, tables, scale, &link)?)
 }

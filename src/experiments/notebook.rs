@@ -89,6 +89,13 @@ pub fn run_paper_with(
     for f in figures {
         println!("wrote {}", f.display());
     }
+    // The main job: the README's verdict table follows the tables just written (not for a
+    // changed recipe, whose verdicts the committed README should not show).
+    if !super::recipe::has_changes(changes)
+        && super::update_committed_readme(&paths.root, &tables, scale)?
+    {
+        println!("wrote the README's `{scale}` verdict table");
+    }
     Ok(results)
 }
 
