@@ -167,6 +167,8 @@ fn affine<T: WithDType>(
     )
 }
 
+/// The batch norm of `x` (`B × C × H·W` values, `dims`), plus `residual` when given (same
+/// shape, added after the affine map), then the ReLU when `relu`.
 fn bn_forward<T: WithDType>(
     x: &[T],
     gamma: &[T],
@@ -174,6 +176,7 @@ fn bn_forward<T: WithDType>(
     dims: (usize, usize, usize),
     eps: f64,
     relu: bool,
+    residual: Option<&[T]>,
 ) -> (Vec<T>, BatchStats) {
     let (b, c, hw) = dims;
     let m = (b * hw) as f64;
@@ -194,10 +197,21 @@ fn bn_forward<T: WithDType>(
     y.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
         let ch = p % c;
         let (scale, shift) = affine(ch, &mean, &inv_std, gamma, beta);
-        for (o, &v) in out.iter_mut().zip(&x[p * hw..(p + 1) * hw]) {
-            let y = v * scale + shift;
-            // Not `max`: a NaN stays NaN (as in PyTorch), so a diverged run shows.
-            *o = if relu && y < T::zero() { T::zero() } else { y };
+        let plane = p * hw..(p + 1) * hw;
+        // Not `max`: a NaN stays NaN (as in PyTorch), so a diverged run shows.
+        let cut = |y: T| if relu && y < T::zero() { T::zero() } else { y };
+        match residual {
+            // The sum rounded as the separate ops round it: the affine map, then the addition.
+            Some(r) => {
+                for ((o, &v), &r) in out.iter_mut().zip(&x[plane.clone()]).zip(&r[plane]) {
+                    *o = cut((v * scale + shift) + r);
+                }
+            }
+            None => {
+                for (o, &v) in out.iter_mut().zip(&x[plane]) {
+                    *o = cut(v * scale + shift);
+                }
+            }
         }
     });
     (y, BatchStats { mean, var, inv_std })
@@ -228,6 +242,7 @@ impl CustomOp3 for BatchNormOp {
                     dims,
                     self.eps,
                     self.relu,
+                    None,
                 );
                 (CpuStorage::F32(y), s)
             }
@@ -239,6 +254,7 @@ impl CustomOp3 for BatchNormOp {
                     dims,
                     self.eps,
                     self.relu,
+                    None,
                 );
                 (CpuStorage::F64(y), s)
             }
@@ -296,59 +312,238 @@ impl BatchNormOp {
         grad: &Tensor,
         stats: &BatchStats,
     ) -> candle_core::Result<(Option<Tensor>, Vec<f64>, Vec<f64>)> {
-        let (b, c, h, w) = x.dims4()?;
-        let hw = h * w;
-        let m = (b * hw) as f64;
         let gam: Vec<T> = gamma.to_vec1()?;
         let bet: Vec<T> = beta.to_vec1()?;
-        let relu = self.relu;
-        with_values::<T, _>(x, |xs| {
-            with_values::<T, _>(grad, |gs| {
-                let plane = |p: usize| p * hw..(p + 1) * hw;
-                // ∂β and ∂γ per channel, summed in f64.
-                let (d_beta, d_gamma): (Vec<f64>, Vec<f64>) = (0..c)
-                    .into_par_iter()
-                    .map(|ch| {
-                        let r = Reaching::of(ch, stats, &gam, &bet);
-                        (0..b)
-                            .map(|n| {
-                                let p = plane(n * c + ch);
-                                let (x, g) = (&xs[p.clone()], &gs[p]);
-                                vectorised(
-                                    #[inline(always)]
-                                    || match relu {
-                                        true => grad_sums::<T, true>(x, g, r),
-                                        false => grad_sums::<T, false>(x, g, r),
-                                    },
-                                )
-                            })
-                            .fold((0.0, 0.0), |(a, b), (u, v)| (a + u, b + v))
-                    })
-                    .unzip();
-                let grad_x = if x.track_op() {
-                    let mut dx = vec![T::zero(); xs.len()];
-                    dx.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
-                        let ch = p % c;
-                        let r = Reaching::of(ch, stats, &gam, &bet);
-                        let scale = T::from_f64(gam[ch].to_f64() * stats.inv_std[ch]);
-                        let (mb, mg) = (T::from_f64(d_beta[ch] / m), T::from_f64(d_gamma[ch] / m));
-                        let p = plane(p);
-                        for ((o, &x), &g) in out.iter_mut().zip(&xs[p.clone()]).zip(&gs[p]) {
-                            let (g, xhat) = if relu {
-                                r.at::<true>(x, g)
-                            } else {
-                                r.at::<false>(x, g)
-                            };
-                            *o = scale * (g - mb - xhat * mg);
+        bn_backward(x, &gam, &bet, grad, stats, self.relu)
+    }
+}
+
+/// The batch norm's backward pass: `(∂x, ∂γ, ∂β)` from the output gradient `grad` (cut where
+/// the fused ReLU cut the output when `relu`), `∂x` only when `x` tracks a gradient; the sums
+/// accumulated in `f64` straight from the `T` values.
+fn bn_backward<T: WithDType>(
+    x: &Tensor,
+    gam: &[T],
+    bet: &[T],
+    grad: &Tensor,
+    stats: &BatchStats,
+    relu: bool,
+) -> candle_core::Result<(Option<Tensor>, Vec<f64>, Vec<f64>)> {
+    let (b, c, h, w) = x.dims4()?;
+    let hw = h * w;
+    let m = (b * hw) as f64;
+    with_values::<T, _>(x, |xs| {
+        with_values::<T, _>(grad, |gs| {
+            let plane = |p: usize| p * hw..(p + 1) * hw;
+            // ∂β and ∂γ per channel, summed in f64.
+            let (d_beta, d_gamma): (Vec<f64>, Vec<f64>) = (0..c)
+                .into_par_iter()
+                .map(|ch| {
+                    let r = Reaching::of(ch, stats, gam, bet);
+                    (0..b)
+                        .map(|n| {
+                            let p = plane(n * c + ch);
+                            let (x, g) = (&xs[p.clone()], &gs[p]);
+                            vectorised(
+                                #[inline(always)]
+                                || match relu {
+                                    true => grad_sums::<T, true>(x, g, r),
+                                    false => grad_sums::<T, false>(x, g, r),
+                                },
+                            )
+                        })
+                        .fold((0.0, 0.0), |(a, b), (u, v)| (a + u, b + v))
+                })
+                .unzip();
+            let grad_x = if x.track_op() {
+                let mut dx = vec![T::zero(); xs.len()];
+                dx.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
+                    let ch = p % c;
+                    let r = Reaching::of(ch, stats, gam, bet);
+                    let scale = T::from_f64(gam[ch].to_f64() * stats.inv_std[ch]);
+                    let (mb, mg) = (T::from_f64(d_beta[ch] / m), T::from_f64(d_gamma[ch] / m));
+                    let p = plane(p);
+                    for ((o, &x), &g) in out.iter_mut().zip(&xs[p.clone()]).zip(&gs[p]) {
+                        let (g, xhat) = if relu {
+                            r.at::<true>(x, g)
+                        } else {
+                            r.at::<false>(x, g)
+                        };
+                        *o = scale * (g - mb - xhat * mg);
+                    }
+                });
+                Some(Tensor::from_vec(dx, x.shape(), x.device())?)
+            } else {
+                None
+            };
+            Ok((grad_x, d_gamma, d_beta))
+        })
+    })
+}
+
+/// `relu(batch_norm(x) + residual)` in training mode, one op (a ResNet block's end: the second
+/// batch norm, the shortcut's addition and the ReLU): returns the output and the batch
+/// statistics. `x`, `residual`: `B × C × H × W` on the CPU; `gamma`, `beta`: `C`.
+///
+/// Why: as three ops, the addition and the ReLU each made a pass forward and several backward
+/// (the ReLU's mask, its cast, the product), and candle's backward pass added each of their
+/// gradients into a fresh zero tensor — about 20 % of a ResNet-18 training step (perf, AMD
+/// EPYC 2-core VM, benches/train_throughput_vs_torch.md). Here the backward pass cuts the
+/// gradient once where the output is 0 (`y > 0`, PyTorch's `threshold_backward`), hands that to
+/// the residual as it is, and runs the batch norm's backward on it. candle's custom ops take
+/// three inputs, so γ and β travel as one `2C` tensor (`[γ, β]`; its gradient is split back by
+/// the concatenation's backward).
+pub(crate) fn batch_norm_add_relu_train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    residual: &Tensor,
+    eps: f64,
+) -> candle_core::Result<(Tensor, BatchStats)> {
+    let stats = Arc::new(Mutex::new(BatchStats::default()));
+    let op = BatchNormAddReluOp {
+        eps,
+        stats: stats.clone(),
+    };
+    let affine = Tensor::cat(&[gamma, beta], 0)?;
+    let y = x
+        .contiguous()?
+        .apply_op3(&affine, &residual.contiguous()?, op)?;
+    let s = stats.lock().expect("batch-norm statistics lock").clone();
+    Ok((y, s))
+}
+
+struct BatchNormAddReluOp {
+    eps: f64,
+    stats: Arc<Mutex<BatchStats>>,
+}
+
+impl CustomOp3 for BatchNormAddReluOp {
+    fn name(&self) -> &'static str {
+        "rankwise-batch-norm-add-relu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (b, c, h, w) = l1.shape().dims4()?;
+        if l3.shape() != l1.shape() || l2.shape().elem_count() != 2 * c {
+            candle_core::bail!(
+                "rankwise batch norm + residual: x {:?}, [γ, β] {:?}, residual {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            );
+        }
+        let dims = (b, c, h * w);
+        // (storage, layout) of x, [γ, β] and the residual.
+        type Input<'a> = (&'a CpuStorage, &'a Layout);
+        fn run<T: WithDType>(
+            [x, affine, residual]: [Input<'_>; 3],
+            dims: (usize, usize, usize),
+            eps: f64,
+        ) -> candle_core::Result<(Vec<T>, BatchStats)> {
+            let affine: &[T] = slice(affine.0, affine.1)?;
+            let (gamma, beta) = affine.split_at(dims.1);
+            Ok(bn_forward::<T>(
+                slice(x.0, x.1)?,
+                gamma,
+                beta,
+                dims,
+                eps,
+                true,
+                Some(slice(residual.0, residual.1)?),
+            ))
+        }
+        let inputs = [(s1, l1), (s2, l2), (s3, l3)];
+        let (out, stats) = match s1 {
+            CpuStorage::F32(_) => {
+                let (y, s) = run::<f32>(inputs, dims, self.eps)?;
+                (CpuStorage::F32(y), s)
+            }
+            CpuStorage::F64(_) => {
+                let (y, s) = run::<f64>(inputs, dims, self.eps)?;
+                (CpuStorage::F64(y), s)
+            }
+            other => candle_core::bail!(
+                "rankwise batch norm + residual: unsupported dtype {:?}",
+                other.dtype()
+            ),
+        };
+        *self.stats.lock().expect("batch-norm statistics lock") = stats;
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        affine: &Tensor,
+        residual: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let stats = self
+            .stats
+            .lock()
+            .expect("batch-norm statistics lock")
+            .clone();
+        let c = affine.elem_count() / 2;
+        // The gradient through the ReLU: zero where the output is 0.
+        fn cut<T: WithDType>(res: &Tensor, grad: &Tensor) -> candle_core::Result<Tensor> {
+            let g = with_values::<T, _>(res, |ys| {
+                with_values::<T, _>(grad, |gs| {
+                    let mut out = vec![T::zero(); gs.len()];
+                    out.par_chunks_mut(1 << 14).enumerate().for_each(|(i, o)| {
+                        let at = i << 14;
+                        for ((o, &y), &g) in o.iter_mut().zip(&ys[at..]).zip(&gs[at..]) {
+                            *o = if y > T::zero() { g } else { T::zero() };
                         }
                     });
-                    Some(Tensor::from_vec(dx, x.shape(), x.device())?)
-                } else {
-                    None
-                };
-                Ok((grad_x, d_gamma, d_beta))
-            })
-        })
+                    Ok(out)
+                })
+            })?;
+            Tensor::from_vec(g, grad.shape(), grad.device())
+        }
+        fn grads<T: WithDType>(
+            x: &Tensor,
+            affine: &Tensor,
+            c: usize,
+            g: &Tensor,
+            stats: &BatchStats,
+        ) -> candle_core::Result<(Option<Tensor>, Vec<f64>, Vec<f64>)> {
+            let ab: Vec<T> = affine.to_vec1()?;
+            let (gam, bet) = ab.split_at(c);
+            bn_backward(x, gam, bet, g, stats, false)
+        }
+        let (g, (grad_x, d_gamma, d_beta)) = match x.dtype() {
+            candle_core::DType::F32 => {
+                let g = cut::<f32>(res, grad)?;
+                let r = grads::<f32>(x, affine, c, &g, &stats)?;
+                (g, r)
+            }
+            candle_core::DType::F64 => {
+                let g = cut::<f64>(res, grad)?;
+                let r = grads::<f64>(x, affine, c, &g, &stats)?;
+                (g, r)
+            }
+            other => {
+                candle_core::bail!("rankwise batch norm + residual: unsupported dtype {other:?}")
+            }
+        };
+        let grad_affine = if affine.track_op() {
+            let both: Vec<f64> = d_gamma.into_iter().chain(d_beta).collect();
+            Some(Tensor::from_vec(both, 2 * c, x.device())?.to_dtype(x.dtype())?)
+        } else {
+            None
+        };
+        let grad_residual = residual.track_op().then_some(g);
+        Ok((grad_x, grad_affine, grad_residual))
     }
 }
 

@@ -113,6 +113,27 @@ impl BatchNorm2d {
         self.forward_maybe_relu(x, train, true)
     }
 
+    /// `relu(forward(x, train) + residual)`, a ResNet block's end: on the CPU in training one
+    /// fused op (see [`super::cpu_ops::batch_norm_add_relu_train`]), elsewhere the three ops.
+    pub fn forward_add_relu(&self, x: &Tensor, residual: &Tensor, train: bool) -> Result<Tensor> {
+        if !train || self.frozen || !x.device().is_cpu() {
+            return Ok((self.forward(x, train)? + residual)?.relu()?);
+        }
+        let (n, _, h, w) = x.dims4()?;
+        let (y, stats) = super::cpu_ops::batch_norm_add_relu_train(
+            x,
+            &self.weight,
+            &self.bias,
+            residual,
+            self.eps,
+        )?;
+        let dev = x.device();
+        let mean = Tensor::new(stats.mean, dev)?.to_dtype(x.dtype())?;
+        let var = Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?;
+        self.update_running_stats(&mean, &var, n * h * w)?;
+        Ok(y)
+    }
+
     fn forward_maybe_relu(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
         let then_relu = |y: Tensor| -> Result<Tensor> { Ok(if relu { y.relu()? } else { y }) };
         if !train || self.frozen {
@@ -504,6 +525,80 @@ mod tests {
                 assert_all_close(&a, &b, &format!("{hw} k{k} s{s} p{p}{what}"));
             }
         }
+    }
+
+    #[test]
+    fn cpu_batch_norm_add_relu_equals_the_three_ops() {
+        let d = Device::Cpu;
+        let store = ParamStore::new(1);
+        let vb = store.var_builder(DType::F64, &d);
+        let fast = BatchNorm2d::new(3, false, vb.pp("fast")).unwrap();
+        let generic = BatchNorm2d::new(3, false, vb.pp("generic")).unwrap();
+        for name in ["fast.weight", "generic.weight"] {
+            let w = Tensor::new(&[0.5f64, -1.5, 2.0], &d).unwrap();
+            store.get(name).unwrap().set(&w).unwrap();
+        }
+        // Odd sizes; a residual large enough that the ReLU cuts about half of the outputs.
+        for (b, hw) in [(4, 5), (3, 1), (2, 7)] {
+            let x = Var::randn(1f64, 2.0, (b, 3, hw, hw), &d).unwrap();
+            let r = Var::randn(0f64, 1.5, (b, 3, hw, hw), &d).unwrap();
+            let with = |bn: &BatchNorm2d, fused: bool| {
+                let (w, bias) = if fused {
+                    ("fast.weight", "fast.bias")
+                } else {
+                    ("generic.weight", "generic.bias")
+                };
+                let (w, bias) = (store.get(w).unwrap(), store.get(bias).unwrap());
+                let y = if fused {
+                    bn.forward_add_relu(x.as_tensor(), r.as_tensor(), true)
+                        .unwrap()
+                } else {
+                    (bn.forward_train_generic(x.as_tensor()).unwrap().0 + r.as_tensor())
+                        .unwrap()
+                        .relu()
+                        .unwrap()
+                };
+                let weights = Tensor::arange(0f64, y.elem_count() as f64, &d)
+                    .unwrap()
+                    .reshape(y.dims())
+                    .unwrap()
+                    .sin()
+                    .unwrap();
+                let g = (&y * weights)
+                    .unwrap()
+                    .sum_all()
+                    .unwrap()
+                    .backward()
+                    .unwrap();
+                let flat = |t: &Tensor| -> Vec<f64> { t.flatten_all().unwrap().to_vec1().unwrap() };
+                vec![
+                    flat(&y),
+                    flat(g.get(x.as_tensor()).unwrap()),
+                    flat(g.get(r.as_tensor()).unwrap()),
+                    flat(g.get(w.as_tensor()).unwrap()),
+                    flat(g.get(bias.as_tensor()).unwrap()),
+                ]
+            };
+            let (a, b2) = (with(&fast, true), with(&generic, false));
+            assert!(a[0].iter().filter(|&&v| v == 0.0).count() > a[0].len() / 5);
+            assert_all_close(
+                &a,
+                &b2,
+                &format!("batch norm + residual + ReLU, {b}×3×{hw}²"),
+            );
+        }
+        // Frozen or in evaluation it is the three ops.
+        let x = Tensor::randn(0f64, 1.0, (2, 3, 4, 4), &d).unwrap();
+        let r = Tensor::randn(0f64, 1.0, (2, 3, 4, 4), &d).unwrap();
+        let eval = fast.forward_add_relu(&x, &r, false).unwrap();
+        let three = (fast.forward(&x, false).unwrap() + &r)
+            .unwrap()
+            .relu()
+            .unwrap();
+        assert_eq!(
+            eval.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+            three.flatten_all().unwrap().to_vec1::<f64>().unwrap()
+        );
     }
 
     #[test]

@@ -134,6 +134,10 @@ impl Block {
     }
 
     fn forward(&self, x: &Tensor, train: bool) -> Result<Tensor> {
+        let shortcut = match &self.downsample {
+            Some((conv, bn)) => bn.forward(&conv.forward(x)?, train)?,
+            None => x.clone(),
+        };
         let mut h = x.clone();
         let last = self.convs.len() - 1;
         for (i, (conv, bn)) in self.convs.iter().enumerate() {
@@ -141,14 +145,11 @@ impl Block {
             h = if i < last {
                 bn.forward_relu(&y, train)?
             } else {
-                bn.forward(&y, train)?
+                // relu(bn(y) + shortcut), one op on the CPU in training.
+                bn.forward_add_relu(&y, &shortcut, train)?
             };
         }
-        let shortcut = match &self.downsample {
-            Some((conv, bn)) => bn.forward(&conv.forward(x)?, train)?,
-            None => x.clone(),
-        };
-        Ok((h + shortcut)?.relu()?)
+        Ok(h)
     }
 
     fn batch_norms(&self) -> impl Iterator<Item = &BatchNorm2d> {
