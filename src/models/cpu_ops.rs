@@ -547,6 +547,114 @@ impl CustomOp3 for BatchNormAddReluOp {
     }
 }
 
+/// `x·a + b` per channel of a contiguous `B × C × H × W` CPU tensor (`a`, `b`: `C`), then the
+/// ReLU when `relu`: a batch norm with fixed statistics (evaluation, embedding) in one pass.
+///
+/// Why: as candle ops it was a broadcast product, a broadcast sum and a ReLU, three passes over
+/// the activations, each on one thread on the machines where element-wise ops are kept off
+/// candle's second pool (`cpu::threads`); the evaluation passes of every training run and
+/// `rankwise embed` pay it at every layer. The value rounds as those ops do (the product, then
+/// the sum, in `T`), so outputs are bit-identical. The backward pass, rarely wanted (a network
+/// trained through evaluation-mode batch norms), is written with candle ops: `∂x = g·a`,
+/// `∂a = Σ g·x`, `∂b = Σ g` over the batch and the positions, `g` cut where the output is 0.
+pub(crate) fn channel_affine(
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    relu: bool,
+) -> candle_core::Result<Tensor> {
+    x.contiguous()?
+        .apply_op3(&a.contiguous()?, &b.contiguous()?, ChannelAffineOp { relu })
+}
+
+struct ChannelAffineOp {
+    relu: bool,
+}
+
+impl CustomOp3 for ChannelAffineOp {
+    fn name(&self) -> &'static str {
+        "rankwise-channel-affine"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, c, h, w) = l1.shape().dims4()?;
+        if l2.shape().elem_count() != c || l3.shape().elem_count() != c {
+            candle_core::bail!(
+                "rankwise channel affine: x {:?} with a {:?} and b {:?}",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            );
+        }
+        let hw = h * w;
+        let relu = self.relu;
+        fn run<T: WithDType>(x: &[T], a: &[T], b: &[T], hw: usize, relu: bool) -> Vec<T> {
+            let c = a.len();
+            let mut y = vec![T::zero(); x.len()];
+            y.par_chunks_mut(hw).enumerate().for_each(|(p, out)| {
+                let (a, b) = (a[p % c], b[p % c]);
+                for (o, &v) in out.iter_mut().zip(&x[p * hw..(p + 1) * hw]) {
+                    let y = v * a + b;
+                    *o = if relu && y < T::zero() { T::zero() } else { y };
+                }
+            });
+            y
+        }
+        let out = match s1 {
+            CpuStorage::F32(_) => CpuStorage::F32(run::<f32>(
+                slice(s1, l1)?,
+                slice(s2, l2)?,
+                slice(s3, l3)?,
+                hw,
+                relu,
+            )),
+            CpuStorage::F64(_) => CpuStorage::F64(run::<f64>(
+                slice(s1, l1)?,
+                slice(s2, l2)?,
+                slice(s3, l3)?,
+                hw,
+                relu,
+            )),
+            other => candle_core::bail!(
+                "rankwise channel affine: unsupported dtype {:?}",
+                other.dtype()
+            ),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        a: &Tensor,
+        _b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = if self.relu {
+            (grad * res.gt(0.0)?.to_dtype(grad.dtype())?)?
+        } else {
+            grad.clone()
+        };
+        let c = a.elem_count();
+        let per_channel = |t: &Tensor| -> candle_core::Result<Tensor> {
+            t.transpose(0, 1)?.contiguous()?.reshape((c, ()))?.sum(1)
+        };
+        let dx = g.broadcast_mul(&a.reshape((1, c, 1, 1))?)?;
+        let da = per_channel(&(&g * x)?)?;
+        let db = per_channel(&g)?;
+        Ok((Some(dx), Some(da), Some(db)))
+    }
+}
+
 /// Max pooling of a `B × C × H × W` CPU tensor (`kernel`, `stride`, `padding`), output
 /// `B × C × H' × W'` with `H' = (H + 2p − k)/s + 1`.
 pub(crate) fn max_pool2d(

@@ -143,6 +143,10 @@ impl BatchNorm2d {
                 .weight
                 .broadcast_div(&(self.running_var.as_detached_tensor() + self.eps)?.sqrt()?)?;
             let b = (&self.bias - a.broadcast_mul(&self.running_mean.as_detached_tensor())?)?;
+            if x.device().is_cpu() {
+                // The same value in one pass (see the op).
+                return Ok(super::cpu_ops::channel_affine(x, &a, &b, relu)?);
+            }
             return then_relu(
                 x.broadcast_mul(&a.reshape(shape)?)?
                     .broadcast_add(&b.reshape(shape)?)?,
@@ -524,6 +528,64 @@ mod tests {
                 );
                 assert_all_close(&a, &b, &format!("{hw} k{k} s{s} p{p}{what}"));
             }
+        }
+    }
+
+    #[test]
+    fn evaluation_batch_norm_in_one_op_equals_the_candle_ops() {
+        let d = Device::Cpu;
+        let store = ParamStore::new(1);
+        let vb = store.var_builder(DType::F64, &d);
+        let bn = BatchNorm2d::new(3, false, vb.pp("bn")).unwrap();
+        let set = |name: &str, v: [f64; 3]| {
+            let t = Tensor::new(&v, &d).unwrap();
+            store.get(name).unwrap().set(&t).unwrap();
+        };
+        set("bn.weight", [0.5, -1.5, 2.0]);
+        set("bn.bias", [0.1, 0.2, -0.3]);
+        set("bn.running_mean", [0.3, -0.2, 1.0]);
+        set("bn.running_var", [0.8, 1.7, 0.2]);
+        let (w, b) = (
+            store.get("bn.weight").unwrap(),
+            store.get("bn.bias").unwrap(),
+        );
+        // The candle formulation the op replaces: x·a + b with a and b as the layer forms them.
+        let reference = |t: &Tensor, relu: bool| {
+            let rv = store.get("bn.running_var").unwrap().as_detached_tensor();
+            let rm = store.get("bn.running_mean").unwrap().as_detached_tensor();
+            let a = w
+                .as_tensor()
+                .broadcast_div(&(rv + 1e-5).unwrap().sqrt().unwrap())
+                .unwrap();
+            let bb = (b.as_tensor() - a.broadcast_mul(&rm).unwrap()).unwrap();
+            let y = t
+                .broadcast_mul(&a.reshape((1, (), 1, 1)).unwrap())
+                .unwrap()
+                .broadcast_add(&bb.reshape((1, (), 1, 1)).unwrap())
+                .unwrap();
+            if relu {
+                y.relu().unwrap()
+            } else {
+                y
+            }
+        };
+        for relu in [false, true] {
+            let x = Var::randn(0f64, 2.0, (2, 3, 5, 3), &d).unwrap();
+            let (fast, slow) = both_paths(
+                &x,
+                &[&w, &b],
+                |t| {
+                    if relu {
+                        bn.forward_relu(t, false).unwrap()
+                    } else {
+                        bn.forward(t, false).unwrap()
+                    }
+                },
+                |t| reference(t, relu),
+            );
+            // The values to the bit, the gradients to rounding.
+            assert_eq!(fast[0], slow[0], "relu {relu}");
+            assert_all_close(&fast, &slow, &format!("evaluation batch norm, relu {relu}"));
         }
     }
 
