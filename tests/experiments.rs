@@ -187,26 +187,33 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert_eq!("Quick".parse::<Scale>().unwrap(), Scale::Quick);
 }
 
-#[test]
-fn happier_sum_weighted_ap_follows_property_1() {
-    use rankwise::experiments::{MetricValue, RunResult};
-    let run = RunResult {
+/// A finished run holding only `metrics` (for the functions that read a run's metrics).
+fn run_with(metrics: Vec<experiments::MetricValue>) -> experiments::RunResult {
+    experiments::RunResult {
         label: "x".into(),
         recipe: String::new(),
-        metrics: (0..3)
-            .map(|l| MetricValue {
-                metric: "mAP".into(),
-                level: Some(l),
-                value: [0.3, 0.5, 0.9][l],
-            })
-            .collect(),
+        metrics,
         log: Vec::new(),
         seconds: 0.0,
         test_queries: 1,
         seed: 0,
         device: "cpu".into(),
         code: String::new(),
-    };
+    }
+}
+
+#[test]
+fn happier_sum_weighted_ap_follows_property_1() {
+    use rankwise::experiments::MetricValue;
+    let run = run_with(
+        (0..3)
+            .map(|l| MetricValue {
+                metric: "mAP".into(),
+                level: Some(l),
+                value: [0.3, 0.5, 0.9][l],
+            })
+            .collect(),
+    );
     // w_p ∝ p/3 for p = 1 (coarsest, column 2), 2 (column 1), 3 (fine, column 0).
     let expect = (1.0 * 0.9 + 2.0 * 0.5 + 3.0 * 0.3) / 6.0;
     let got = experiments::happier::sum_weighted_ap(&run, 3).unwrap();
@@ -308,7 +315,7 @@ fn the_readme_verdict_table_follows_only_the_committed_tables() {
 
 #[test]
 fn happier_dyml_averages_each_metric_over_the_label_columns() {
-    use rankwise::experiments::{MetricValue, RunResult};
+    use rankwise::experiments::MetricValue;
     let value = |metric: &str, level: usize, value: f64| MetricValue {
         metric: metric.into(),
         level: Some(level),
@@ -331,17 +338,7 @@ fn happier_dyml_averages_each_metric_over_the_label_columns() {
         level: None,
         value: 0.0,
     });
-    let run = RunResult {
-        label: "x".into(),
-        recipe: String::new(),
-        metrics,
-        log: Vec::new(),
-        seconds: 0.0,
-        test_queries: 1,
-        seed: 0,
-        device: "cpu".into(),
-        code: String::new(),
-    };
+    let run = run_with(metrics);
     let avg = |m: &str| experiments::happier::dyml_average(&run, m, 3).unwrap();
     assert!((avg("mAP") - 0.5).abs() < 1e-15);
     assert!((avg("ASI") - 0.5).abs() < 1e-15);

@@ -589,8 +589,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn cpu_batch_norm_add_relu_equals_the_three_ops() {
+    /// Two f64 batch norms of 3 channels, `fast` and `generic`, with the same non-trivial
+    /// weights, in one store.
+    fn two_batch_norms() -> (ParamStore, BatchNorm2d, BatchNorm2d) {
         let d = Device::Cpu;
         let store = ParamStore::new(1);
         let vb = store.var_builder(DType::F64, &d);
@@ -600,6 +601,13 @@ mod tests {
             let w = Tensor::new(&[0.5f64, -1.5, 2.0], &d).unwrap();
             store.get(name).unwrap().set(&w).unwrap();
         }
+        (store, fast, generic)
+    }
+
+    #[test]
+    fn cpu_batch_norm_add_relu_equals_the_three_ops() {
+        let d = Device::Cpu;
+        let (store, fast, generic) = two_batch_norms();
         // Odd sizes; a residual large enough that the ReLU cuts about half of the outputs.
         for (b, hw) in [(4, 5), (3, 1), (2, 7)] {
             let x = Var::randn(1f64, 2.0, (b, 3, hw, hw), &d).unwrap();
@@ -666,15 +674,7 @@ mod tests {
     #[test]
     fn cpu_batch_norm_equals_the_generic_path() {
         let d = Device::Cpu;
-        let store = ParamStore::new(1);
-        let vb = store.var_builder(DType::F64, &d);
-        let fast = BatchNorm2d::new(3, false, vb.pp("fast")).unwrap();
-        let generic = BatchNorm2d::new(3, false, vb.pp("generic")).unwrap();
-        // Non-trivial affine parameters.
-        for name in ["fast.weight", "generic.weight"] {
-            let w = Tensor::new(&[0.5f64, -1.5, 2.0], &d).unwrap();
-            store.get(name).unwrap().set(&w).unwrap();
-        }
+        let (store, fast, generic) = two_batch_norms();
         let x = Var::randn(1f64, 2.0, (4, 3, 5, 5), &d).unwrap();
         let wf = store.get("fast.weight").unwrap();
         let bf = store.get("fast.bias").unwrap();
