@@ -233,30 +233,24 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
                     crate::error::Error::invalid(r.table.clone(), "a run without its cells")
                 })
         };
-        let over_seeds = |table: &str, metric: &str, provenance, f: &dyn Fn(&_) -> _| {
-            let values = r.runs.iter().map(f).collect::<Result<Vec<f64>>>()?;
-            let dataset = if table == TABLE_2 {
-                DYML_DATASET
-            } else {
-                DATASET
-            };
-            Ok::<_, crate::error::Error>(
-                Measured::over_seeds(
-                    table,
-                    r.method.clone(),
-                    dataset,
-                    metric,
-                    values,
-                    Unit::Fraction,
-                    provenance,
-                )
-                .with_setting(r.setting.clone()),
+        let per_seed = |f: &dyn Fn(&super::RunResult) -> Result<f64>| {
+            r.runs.iter().map(f).collect::<Result<Vec<f64>>>()
+        };
+        let cell = |table: &str, dataset: &str, metric: &str, provenance, values| {
+            Measured::over_seeds(
+                table,
+                r.method.clone(),
+                dataset,
+                metric,
+                values,
+                Unit::Fraction,
+                provenance,
             )
+            .with_setting(r.setting.clone())
         };
         if r.table == TABLE_6 {
-            extra.push(over_seeds(TABLE_6, "ΣwAP", provenance()?, &|run| {
-                sum_weighted_ap(run, levels)
-            })?);
+            let values = per_seed(&|run| sum_weighted_ap(run, levels))?;
+            extra.push(cell(TABLE_6, DATASET, "ΣwAP", provenance()?, values));
         }
         if r.table == TABLE_1 {
             let mut dyml = provenance()?;
@@ -265,9 +259,8 @@ pub fn measure(runner: &Runner, recipe: &ExperimentRecipe, scale: Scale) -> Resu
                  binary labels, the test set ranked against itself, the three scales averaged)",
             );
             for metric in ["mAP", "ASI", "R@1"] {
-                extra.push(over_seeds(TABLE_2, metric, dyml.clone(), &|run| {
-                    dyml_average(run, metric, levels)
-                })?);
+                let values = per_seed(&|run| dyml_average(run, metric, levels))?;
+                extra.push(cell(TABLE_2, DYML_DATASET, metric, dyml.clone(), values));
             }
         }
     }

@@ -494,22 +494,6 @@ impl CustomOp3 for BatchNormAddReluOp {
             .expect("batch-norm statistics lock")
             .clone();
         let c = affine.elem_count() / 2;
-        // The gradient through the ReLU: zero where the output is 0.
-        fn cut<T: WithDType>(res: &Tensor, grad: &Tensor) -> candle_core::Result<Tensor> {
-            let g = with_values::<T, _>(res, |ys| {
-                with_values::<T, _>(grad, |gs| {
-                    let mut out = vec![T::zero(); gs.len()];
-                    out.par_chunks_mut(1 << 14).enumerate().for_each(|(i, o)| {
-                        let at = i << 14;
-                        for ((o, &y), &g) in o.iter_mut().zip(&ys[at..]).zip(&gs[at..]) {
-                            *o = if y > T::zero() { g } else { T::zero() };
-                        }
-                    });
-                    Ok(out)
-                })
-            })?;
-            Tensor::from_vec(g, grad.shape(), grad.device())
-        }
         fn grads<T: WithDType>(
             x: &Tensor,
             affine: &Tensor,
@@ -521,17 +505,10 @@ impl CustomOp3 for BatchNormAddReluOp {
             let (gam, bet) = ab.split_at(c);
             bn_backward(x, gam, bet, g, stats, false)
         }
-        let (g, (grad_x, d_gamma, d_beta)) = match x.dtype() {
-            candle_core::DType::F32 => {
-                let g = cut::<f32>(res, grad)?;
-                let r = grads::<f32>(x, affine, c, &g, &stats)?;
-                (g, r)
-            }
-            candle_core::DType::F64 => {
-                let g = cut::<f64>(res, grad)?;
-                let r = grads::<f64>(x, affine, c, &g, &stats)?;
-                (g, r)
-            }
+        let g = relu_grad(res, grad)?;
+        let (grad_x, d_gamma, d_beta) = match x.dtype() {
+            candle_core::DType::F32 => grads::<f32>(x, affine, c, &g, &stats)?,
+            candle_core::DType::F64 => grads::<f64>(x, affine, c, &g, &stats)?,
             other => {
                 candle_core::bail!("rankwise batch norm + residual: unsupported dtype {other:?}")
             }
@@ -547,6 +524,31 @@ impl CustomOp3 for BatchNormAddReluOp {
     }
 }
 
+/// The gradient through a ReLU, from its output `y`: `grad` where `y > 0`, else 0 (a select,
+/// PyTorch's `threshold_backward`), in one parallel pass over a CPU tensor.
+fn relu_grad(y: &Tensor, grad: &Tensor) -> candle_core::Result<Tensor> {
+    fn cut<T: WithDType>(y: &Tensor, grad: &Tensor) -> candle_core::Result<Tensor> {
+        let g = with_values::<T, _>(y, |ys| {
+            with_values::<T, _>(grad, |gs| {
+                let mut out = vec![T::zero(); gs.len()];
+                out.par_chunks_mut(1 << 14).enumerate().for_each(|(i, o)| {
+                    let at = i << 14;
+                    for ((o, &y), &g) in o.iter_mut().zip(&ys[at..]).zip(&gs[at..]) {
+                        *o = if y > T::zero() { g } else { T::zero() };
+                    }
+                });
+                Ok(out)
+            })
+        })?;
+        Tensor::from_vec(g, grad.shape(), grad.device())
+    }
+    match grad.dtype() {
+        candle_core::DType::F32 => cut::<f32>(y, grad),
+        candle_core::DType::F64 => cut::<f64>(y, grad),
+        other => candle_core::bail!("rankwise ReLU gradient: unsupported dtype {other:?}"),
+    }
+}
+
 /// `x·a + b` per channel of a contiguous `B × C × H × W` CPU tensor (`a`, `b`: `C`), then the
 /// ReLU when `relu`: a batch norm with fixed statistics (evaluation, embedding) in one pass.
 ///
@@ -556,7 +558,8 @@ impl CustomOp3 for BatchNormAddReluOp {
 /// `rankwise embed` pay it at every layer. The value rounds as those ops do (the product, then
 /// the sum, in `T`), so outputs are bit-identical. The backward pass, rarely wanted (a network
 /// trained through evaluation-mode batch norms), is written with candle ops: `∂x = g·a`,
-/// `∂a = Σ g·x`, `∂b = Σ g` over the batch and the positions, `g` cut where the output is 0.
+/// `∂a = Σ g·x`, `∂b = Σ g` over the batch and the positions, `g` cut where the output is 0
+/// ([`relu_grad`], as the fused training op cuts it).
 pub(crate) fn channel_affine(
     x: &Tensor,
     a: &Tensor,
@@ -640,7 +643,7 @@ impl CustomOp3 for ChannelAffineOp {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = if self.relu {
-            (grad * res.gt(0.0)?.to_dtype(grad.dtype())?)?
+            relu_grad(res, grad)?
         } else {
             grad.clone()
         };
