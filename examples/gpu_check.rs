@@ -28,19 +28,19 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rankwise::losses::cluster::ClusterLoss;
-use rankwise::losses::config::{
-    ContrastiveConfig, FastApConfig, HappierConfig, LossConfig, LossContext, MiningKind,
-    NormSoftmaxConfig, RamboConfig, RamboMetric, RelevanceKind, RoadmapConfig, SmoothApConfig,
-    SummedConfig, TripletConfig,
-};
 use rankwise::losses::contrastive::Contrastive;
-use rankwise::losses::fastap::FastAp;
+use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
+use rankwise::losses::happier::{HappierConfig, RelevanceKind};
+use rankwise::losses::norm_softmax::NormSoftmaxConfig;
 use rankwise::losses::rambo::{Rambo, RecallWeight};
+use rankwise::losses::rambo::{RamboConfig, RamboMetric};
 use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
+use rankwise::losses::summed_levels::SummedConfig;
 use rankwise::losses::triplet::{Triplet, TripletMining};
 use rankwise::losses::RankLoss;
+use rankwise::losses::{LossConfig, LossContext};
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
     ResNetConfig, ResNetDepth, SmallCnnConfig, BACKBONE_PREFIX, HEAD_PREFIX,
@@ -236,21 +236,22 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
     let mut v: Vec<(String, LossConfig)> = vec![
         (
             "smooth_ap".into(),
-            LossConfig::SmoothAp(SmoothApConfig::default()),
+            LossConfig::SmoothAp(SmoothAp::default()),
         ),
         (
             "smooth_ap include_self".into(),
-            LossConfig::SmoothAp(SmoothApConfig {
+            LossConfig::SmoothAp(SmoothAp {
                 include_self: true,
-                ..SmoothApConfig::default()
+                ..SmoothAp::default()
             }),
         ),
-        ("fastap".into(), LossConfig::FastAp(FastApConfig::default())),
+        ("fastap".into(), LossConfig::FastAp(FastAp::default())),
         (
             "fastap authors_gradient bins=20".into(),
-            LossConfig::FastAp(FastApConfig {
+            LossConfig::FastAp(FastAp {
                 num_bins: 20,
-                authors_gradient: true,
+                gradient: FastApGradient::AuthorsPort,
+                ..FastAp::default()
             }),
         ),
     ];
@@ -310,34 +311,31 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
             ..HappierConfig::default()
         }),
     ));
-    v.push((
-        "roadmap".into(),
-        LossConfig::Roadmap(RoadmapConfig::default()),
-    ));
+    v.push(("roadmap".into(), LossConfig::Roadmap(Roadmap::default())));
     v.push((
         "supap (roadmap calibration=0)".into(),
-        LossConfig::Roadmap(RoadmapConfig {
+        LossConfig::Roadmap(Roadmap {
             calibration_weight: 0.0,
-            ..RoadmapConfig::default()
+            ..Roadmap::default()
         }),
     ));
     v.push((
         "contrastive".into(),
-        LossConfig::Contrastive(ContrastiveConfig::default()),
+        LossConfig::Contrastive(Contrastive::default()),
     ));
     for (mining, name) in [
         (
-            MiningKind::EasyPositiveSemiHardNegative,
+            TripletMining::EasyPositiveSemiHardNegative,
             "easy_pos_semi_hard_neg",
         ),
-        (MiningKind::SemiHard, "semi_hard"),
-        (MiningKind::All, "all"),
+        (TripletMining::SemiHard, "semi_hard"),
+        (TripletMining::All, "all"),
     ] {
         v.push((
             format!("triplet {name}"),
-            LossConfig::Triplet(TripletConfig {
+            LossConfig::Triplet(Triplet {
                 mining,
-                ..TripletConfig::default()
+                ..Triplet::default()
             }),
         ));
     }
@@ -348,7 +346,7 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
     v.push((
         "summed(triplet)".into(),
         LossConfig::Summed(SummedConfig {
-            base: Box::new(LossConfig::Triplet(TripletConfig::default())),
+            base: Box::new(LossConfig::Triplet(Triplet::default())),
             levels: None,
         }),
     ));

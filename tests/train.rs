@@ -4,8 +4,8 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use rankwise::hierarchy::Labels;
-use rankwise::losses::config::{HappierConfig, LossConfig, RamboConfig};
 use rankwise::losses::{check_batch, RankLoss};
+use rankwise::losses::{happier::HappierConfig, rambo::RamboConfig, LossConfig};
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
     SmallCnnConfig,

@@ -12,7 +12,7 @@ use super::table::{
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
-use crate::losses::config::{FastApConfig, LossConfig};
+use crate::losses::{fastap::FastAp, LossConfig};
 use crate::train::{SamplerConfig, TrainConfig};
 
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
@@ -29,7 +29,7 @@ pub const SETTING_96: &str = "backbone=ResNet-50;batch=96;dim=512";
 pub const SETTING_256: &str = "backbone=ResNet-50;batch=256;dim=512";
 
 fn fastap(c: &mut TrainConfig) {
-    c.loss = LossConfig::FastAp(FastApConfig::default());
+    c.loss = LossConfig::FastAp(FastAp::default());
 }
 
 /// The batch sizes of the sweep for base batch `b`, rounded to multiples of `m` (each ≥ 2m).

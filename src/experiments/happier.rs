@@ -21,9 +21,10 @@ use super::claim::{row, Claim, Row};
 use super::table::{run_tables, Column, Measurements, TableSpec, Variant};
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
-use crate::losses::config::{
-    weighted_ap_weights, HappierConfig, LossConfig, NormSoftmaxConfig, RelevanceKind,
-    RoadmapConfig, SmoothApConfig, SummedConfig, TripletConfig,
+use crate::losses::{
+    happier::weighted_ap_weights, happier::HappierConfig, happier::RelevanceKind,
+    norm_softmax::NormSoftmaxConfig, roadmap::Roadmap, smooth_ap::SmoothAp,
+    summed_levels::SummedConfig, triplet::Triplet, LossConfig,
 };
 use crate::report::{Measured, Unit};
 
@@ -65,7 +66,7 @@ fn happier(alpha: f64, lambda: f64, relevance: RelevanceKind) -> LossConfig {
 }
 
 fn triplet() -> LossConfig {
-    LossConfig::Triplet(TripletConfig::default())
+    LossConfig::Triplet(Triplet::default())
 }
 
 fn nsm() -> LossConfig {
@@ -88,14 +89,8 @@ fn methods() -> Vec<Variant> {
     vec![
         fine_only("TL_SH [57]", triplet()),
         fine_only("NSM [59]", nsm()),
-        fine_only(
-            "Smooth-AP [2]",
-            LossConfig::SmoothAp(SmoothApConfig::default()),
-        ),
-        fine_only(
-            "ROADMAP [42]",
-            LossConfig::Roadmap(RoadmapConfig::default()),
-        ),
+        fine_only("Smooth-AP [2]", LossConfig::SmoothAp(SmoothAp::default())),
+        fine_only("ROADMAP [42]", LossConfig::Roadmap(Roadmap::default())),
         fine_only("Σ TL_SH [57]", summed(triplet())),
         fine_only("Σ NSM [59]", summed(nsm())),
         fine_only("HAPPIER", happier(1.0, 0.1, RelevanceKind::Pop)),

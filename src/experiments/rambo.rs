@@ -12,8 +12,9 @@ use super::claim::{row, Claim};
 use super::table::{data_name, run_tables, Column, Measurements, TableSpec, Variant};
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
-use crate::losses::config::{
-    ContrastiveConfig, FastApConfig, LossConfig, RamboConfig, RamboMetric, TripletConfig,
+use crate::losses::{
+    contrastive::Contrastive, fastap::FastAp, rambo::RamboConfig, rambo::RamboMetric,
+    triplet::Triplet, LossConfig,
 };
 
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
@@ -72,15 +73,15 @@ pub fn tables(base: &crate::train::TrainConfig) -> Vec<TableSpec> {
     ];
     let main = vec![
         Variant::with_setting("Contrastive [42]", G512, |c| {
-            c.loss = LossConfig::Contrastive(ContrastiveConfig::default())
+            c.loss = LossConfig::Contrastive(Contrastive::default())
         })
         .note("ours: cosine contrastive (margins 0.9/0.6)"),
         Variant::with_setting("Triplet [42]", G512, |c| {
-            c.loss = LossConfig::Triplet(TripletConfig::default())
+            c.loss = LossConfig::Triplet(Triplet::default())
         })
         .note("ours: TL_SH mining"),
         Variant::with_setting("FastAP [4]", R50, |c| {
-            c.loss = LossConfig::FastAp(FastApConfig::default())
+            c.loss = LossConfig::FastAp(FastAp::default())
         }),
         Variant::with_setting("RaMBO log", R50, move |c| {
             c.loss = rambo(RamboMetric::RecallLog, margin)

@@ -14,8 +14,9 @@ use super::table::{
 };
 use super::{ExperimentRecipe, Runner, Scale};
 use crate::error::Result;
-use crate::losses::config::{
-    ContrastiveConfig, FastApConfig, LossConfig, RamboConfig, SmoothApConfig, TripletConfig,
+use crate::losses::{
+    contrastive::Contrastive, fastap::FastAp, rambo::RamboConfig, smooth_ap::SmoothAp,
+    triplet::Triplet, LossConfig,
 };
 
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
@@ -34,9 +35,9 @@ pub const TABLE_BATCH: &str = "Table 5 batch";
 pub const ABLATION_DATASET: &str = "VGGFace2-Test";
 
 fn smooth_ap(tau: f64) -> LossConfig {
-    LossConfig::SmoothAp(SmoothApConfig {
+    LossConfig::SmoothAp(SmoothAp {
         tau,
-        ..SmoothApConfig::default()
+        ..SmoothAp::default()
     })
 }
 
@@ -60,7 +61,7 @@ fn samples_per_class(config: &crate::train::TrainConfig) -> usize {
 fn comparison_rows(b: usize, big: usize) -> Vec<Variant> {
     vec![
         Variant::new("FastAP [5]", |c| {
-            c.loss = LossConfig::FastAp(FastApConfig::default())
+            c.loss = LossConfig::FastAp(FastAp::default())
         })
         .note(format!("ours: batch {b}")),
         Variant::new("Blackbox AP [54]", |c| {
@@ -75,10 +76,10 @@ fn comparison_rows(b: usize, big: usize) -> Vec<Variant> {
         })
         .note(format!("ours: batch {big}")),
         Variant::new("Contrastive (ours, no memory)", |c| {
-            c.loss = LossConfig::Contrastive(ContrastiveConfig::default())
+            c.loss = LossConfig::Contrastive(Contrastive::default())
         }),
         Variant::new("Triplet Semi-Hard [74]", |c| {
-            c.loss = LossConfig::Triplet(TripletConfig::default())
+            c.loss = LossConfig::Triplet(Triplet::default())
         }),
     ]
 }

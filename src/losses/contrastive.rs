@@ -17,9 +17,11 @@
 use crate::cpu::host_sums::vectorised;
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// How the per-pair costs of one kind (positive or negative) are averaged.
@@ -48,17 +50,24 @@ pub enum PairReduction {
 /// assert!((loss - 0.46).abs() < 1e-12);
 /// # Ok::<(), rankwise::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The struct is its own recipe (`[loss] kind = "contrastive"`, `pos_margin`, `neg_margin`;
+/// cosine similarities, the default reduction).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Contrastive {
     /// Positive margin `m⁺`.
     pub pos_margin: f64,
     /// Negative margin `m⁻`.
     pub neg_margin: f64,
     /// Cosine similarity or Euclidean distance.
+    #[serde(skip)]
     pub metric: PairMetric,
     /// Reduction of each of the two terms.
+    #[serde(skip)]
     pub reduction: PairReduction,
     /// Queries per chunk (`None`: the whole batch at once). Working set `O(chunk × B)`.
+    #[serde(skip)]
     pub query_chunk: Option<usize>,
 }
 
@@ -127,6 +136,21 @@ pub fn pair_cost(
         (v, slope)
     } else {
         (0.0, 0.0)
+    }
+}
+
+impl LossRecipe for Contrastive {
+    fn name(&self) -> String {
+        "contrastive".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        finite("pos_margin", self.pos_margin)?;
+        finite("neg_margin", self.neg_margin)
+    }
+
+    fn build(&self, _: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        Ok(Box::new(self.clone()))
     }
 }
 

@@ -36,11 +36,13 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::losses::config::{LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{
     check_unit_rows, chunk_size, fine_ids, row_loss, Input, RowLoss,
 };
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Which gradient [`FastAp`] returns (see the module documentation).
@@ -70,7 +72,10 @@ pub enum FastApGradient {
 /// assert!((loss - 0.25).abs() < 1e-9);
 /// # Ok::<(), rankwise::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The struct is its own recipe (`[loss] kind = "fast_ap"`, `num_bins`, `authors_gradient`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct FastAp {
     /// Number of histogram intervals over `[0, 4]` (the code's `num_bins`; `num_bins + 1` bin
     /// centres). Authors' default 10; Smooth-AP's FastAP baseline on iNat used 20.
@@ -78,11 +83,33 @@ pub struct FastAp {
     /// L2-normalise the embeddings inside the loss (pytorch-metric-learning's `LpDistance`
     /// does). With `false` the embeddings are used as given, as the authors' port does; they
     /// must then have unit norm (checked to 1e-4).
+    #[serde(skip)]
     pub normalize: bool,
-    /// Exact gradient (default) or the authors' port's scaling.
+    /// Exact gradient (default) or the authors' port's scaling; a recipe writes
+    /// `authors_gradient = true` for the latter.
+    #[serde(rename = "authors_gradient", with = "authors_gradient")]
     pub gradient: FastApGradient,
     /// Queries per chunk (`None`: the whole batch at once). Working set `O(chunk × B)`.
+    #[serde(skip)]
     pub query_chunk: Option<usize>,
+}
+
+/// The recipe's `authors_gradient = true | false` for [`FastApGradient`].
+mod authors_gradient {
+    use super::FastApGradient;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(g: &FastApGradient, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(*g == FastApGradient::AuthorsPort)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FastApGradient, D::Error> {
+        Ok(if bool::deserialize(d)? {
+            FastApGradient::AuthorsPort
+        } else {
+            FastApGradient::Exact
+        })
+    }
 }
 
 impl Default for FastAp {
@@ -293,6 +320,23 @@ impl QueryHistograms {
 pub fn fastap_of_query(dists: &[f64], positive: &[bool], num_bins: usize) -> Result<Option<f64>> {
     let bins = Bins::new(num_bins)?;
     Ok(QueryHistograms::new(dists, positive, &bins).fastap())
+}
+
+impl LossRecipe for FastAp {
+    fn name(&self) -> String {
+        "fastap".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.num_bins == 0 {
+            return Err(Error::invalid("loss.num_bins", "must be ≥ 1"));
+        }
+        Ok(())
+    }
+
+    fn build(&self, _: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        Ok(Box::new(self.clone()))
+    }
 }
 
 impl RankLoss for FastAp {

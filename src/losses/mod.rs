@@ -25,6 +25,32 @@ pub mod summed_levels;
 pub mod surrogate;
 pub mod triplet;
 
+pub use config::{LossContext, LossRecipe};
+
+// Every loss a recipe can name (`[loss] kind = "<variant in snake_case>"`, then the recipe's
+// fields). A new loss: its file (the loss, its recipe with serde and the paper's `Default`,
+// `impl LossRecipe`), its `pub mod` above, and one line here.
+config::registry! {
+    /// Smooth-AP (Brown et al., Eq. 7).
+    SmoothAp(smooth_ap::SmoothAp),
+    /// FastAP (Cakir et al., histogram AP).
+    FastAp(fastap::FastAp),
+    /// RaMBO (Rolínek et al.): blackbox-differentiated AP or recall loss.
+    Rambo(rambo::RamboConfig),
+    /// HAPPIER (Ramzi et al., §3.3): `(1 − λ) L^s_{H-AP} + λ L_clust`.
+    Happier(happier::HappierConfig),
+    /// ROADMAP / SupAP (Ramzi et al., NeurIPS 2021), a baseline of HAPPIER's tables.
+    Roadmap(roadmap::Roadmap),
+    /// Contrastive loss with margins on cosine similarities.
+    Contrastive(contrastive::Contrastive),
+    /// Triplet margin loss with mining (TL_SH of HAPPIER's tables).
+    Triplet(triplet::Triplet),
+    /// Normalised softmax over learnable class proxies (NSM).
+    NormSoftmax(norm_softmax::NormSoftmaxConfig),
+    /// The "Σ" hierarchical baselines: the same flat loss at every level, summed.
+    Summed(summed_levels::SummedConfig),
+}
+
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
 use candle_core::{DType, Tensor, Var};

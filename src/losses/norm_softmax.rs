@@ -15,10 +15,12 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::losses::config::{positive, LossContext, LossRecipe};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::{DType, Device, Tensor, Var};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
 /// Normalised-softmax loss over learnable class proxies (see the module documentation).
@@ -51,6 +53,9 @@ pub struct NormSoftmax {
 }
 
 impl NormSoftmax {
+    /// The temperature σ of the authors' code (NormSoftmax and HAPPIER's clustering loss).
+    pub const PAPER_TEMPERATURE: f64 = 0.05;
+
     /// One proxy of dimension `dim` per class of `classes` (distinct ids, in that order),
     /// initialised `U(−1/√dim, 1/√dim)` from `seed`, with σ = 0.05.
     pub fn new(
@@ -95,7 +100,7 @@ impl NormSoftmax {
             }
         }
         Ok(NormSoftmax {
-            temperature: 0.05,
+            temperature: Self::PAPER_TEMPERATURE,
             normalize_embeddings: true,
             proxies,
             classes: classes.to_vec(),
@@ -196,6 +201,46 @@ impl RankLoss for NormSoftmax {
         let logits = self.logits(embeddings)?;
         let targets = self.targets(labels, embeddings.device())?;
         Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
+    }
+}
+
+/// The normalised softmax's recipe (`[loss] kind = "norm_softmax"`): its temperature; the
+/// proxies are drawn for the run's fine classes from the run's seed.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NormSoftmaxConfig {
+    /// Temperature σ (authors' code: 0.05).
+    pub temperature: f64,
+}
+
+impl Default for NormSoftmaxConfig {
+    fn default() -> Self {
+        NormSoftmaxConfig {
+            temperature: NormSoftmax::PAPER_TEMPERATURE,
+        }
+    }
+}
+
+impl LossRecipe for NormSoftmaxConfig {
+    fn name(&self) -> String {
+        "norm_softmax".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        positive("temperature", self.temperature)
+    }
+
+    fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        let mut nsm = NormSoftmax::for_level(
+            ctx.train_labels,
+            0,
+            ctx.dim,
+            ctx.seed,
+            DType::F32,
+            ctx.device,
+        )?;
+        nsm.temperature = self.temperature;
+        Ok(Box::new(nsm))
     }
 }
 

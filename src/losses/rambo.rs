@@ -45,12 +45,14 @@ use crate::hierarchy::{ClassId, Labels};
 use crate::losses::blackbox_rank::{
     check_lambda, descending_ranks, ranks_of, sparse_blackbox_gradient, RankUnits,
 };
+use crate::losses::config::{finite, positive, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
+use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -970,6 +972,101 @@ impl RankLoss for RamboWithMemory {
         self.rambo.passes.set(state.passes);
         *self.lock() = state.memory;
         Ok(())
+    }
+}
+
+/// The metric RaMBO optimises, as a recipe names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RamboMetric {
+    /// `1 − AP` (Eq. 21–22).
+    Ap,
+    /// The recall loss with `ℓ(k) = log(1 + k)` ("RaMBO log").
+    RecallLog,
+    /// The recall loss with `ℓ(k) = log(1 + log(1 + k))` ("RaMBO log log").
+    RecallLogLog,
+}
+
+impl RamboMetric {
+    /// The loss's objective for this metric.
+    pub fn objective(self) -> RamboObjective {
+        match self {
+            RamboMetric::Ap => RamboObjective::Ap,
+            RamboMetric::RecallLog => RamboObjective::Recall(RecallWeight::Log),
+            RamboMetric::RecallLogLog => RamboObjective::Recall(RecallWeight::LogLog),
+        }
+    }
+
+    fn of(objective: RamboObjective) -> Self {
+        match objective {
+            RamboObjective::Ap => RamboMetric::Ap,
+            RamboObjective::Recall(RecallWeight::Log) => RamboMetric::RecallLog,
+            RamboObjective::Recall(RecallWeight::LogLog) => RamboMetric::RecallLogLog,
+        }
+    }
+}
+
+/// RaMBO's recipe (`[loss] kind = "rambo"`): the hyperparameters of [`Rambo`] that the papers'
+/// tables vary, and the score memory that makes it a [`RamboWithMemory`]. A recipe of its own
+/// because the half-normal margin takes its seed from the run and the memory is state; its
+/// `Default` reads [`Rambo::default`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RamboConfig {
+    /// The optimised metric (default: recall log log, the paper's best on SOP/CUB).
+    pub metric: RamboMetric,
+    /// Interpolation strength λ of the blackbox gradient (Eq. 10; paper: 4).
+    pub lambda: f64,
+    /// Margin α on normalised ranks (Eq. 14; 0 disables it; paper: 0.02).
+    pub margin: f64,
+    /// The authors' `MapLoss` margin `α·|ξ|`, `ξ ~ N(0, 1)` (seeded by the run), instead of the
+    /// paper's deterministic one.
+    pub half_normal_margin: bool,
+    /// Score memory: the number τ of past batches whose detached scores join the ranking
+    /// (Sec. 4.3; 0 = no memory).
+    pub memory: usize,
+}
+
+impl Default for RamboConfig {
+    fn default() -> Self {
+        let d = Rambo::default();
+        RamboConfig {
+            metric: RamboMetric::of(d.objective),
+            lambda: d.lambda,
+            margin: d.margin,
+            half_normal_margin: d.margin_mode != MarginMode::Deterministic,
+            memory: 0,
+        }
+    }
+}
+
+impl LossRecipe for RamboConfig {
+    fn name(&self) -> String {
+        "rambo".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        positive("lambda", self.lambda)?;
+        finite("margin", self.margin)
+    }
+
+    fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        let rambo = Rambo {
+            objective: self.metric.objective(),
+            lambda: self.lambda,
+            margin: self.margin,
+            margin_mode: if self.half_normal_margin {
+                MarginMode::HalfNormal { seed: ctx.seed }
+            } else {
+                MarginMode::Deterministic
+            },
+            ..Rambo::default()
+        };
+        Ok(if self.memory > 0 {
+            Box::new(RamboWithMemory::new(rambo, self.memory))
+        } else {
+            Box::new(rambo)
+        })
     }
 }
 

@@ -15,6 +15,7 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
+use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::contrastive::{Contrastive, PairReduction};
 use crate::losses::pairwise_rows::PairMetric;
 use crate::losses::smooth_rank::{
@@ -23,6 +24,7 @@ use crate::losses::smooth_rank::{
 use crate::losses::surrogate::{Heaviside, UpperStep};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
 
 /// SupAP: `1 − mean_q AP_s(q)` with `rank⁻` smoothed by `H_s^<` and `rank⁺` exact (no gradient),
 /// binary relevance on the fine class.
@@ -227,11 +229,17 @@ impl Calibration {
 /// assert!((roadmap.forward(&x, &labels)?.to_scalar::<f64>()? - sum).abs() < 1e-12);
 /// # Ok::<(), rankwise::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The struct is its own recipe (`[loss] kind = "roadmap"`, `sup_ap_weight`,
+/// `calibration_weight`; the two terms with their defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Roadmap {
     /// The SupAP term.
+    #[serde(skip)]
     pub sup_ap: SupAp,
     /// The calibration term.
+    #[serde(skip)]
     pub calibration: Calibration,
     /// Weight of SupAP (1.0 in the ROADMAP repository; 0.9 in SupRank).
     pub sup_ap_weight: f64,
@@ -247,6 +255,21 @@ impl Default for Roadmap {
             sup_ap_weight: 1.0,
             calibration_weight: 1.0,
         }
+    }
+}
+
+impl LossRecipe for Roadmap {
+    fn name(&self) -> String {
+        "roadmap".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        finite("sup_ap_weight", self.sup_ap_weight)?;
+        finite("calibration_weight", self.calibration_weight)
+    }
+
+    fn build(&self, _: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        Ok(Box::new(self.clone()))
     }
 }
 

@@ -12,12 +12,14 @@
 
 use crate::error::Result;
 use crate::hierarchy::Labels;
+use crate::losses::config::{positive, LossContext, LossRecipe};
 use crate::losses::smooth_rank::{
     similarity_matrix, smooth_average_precision, Engine, PairSurrogates, QueryAp, RankProblem,
 };
 use crate::losses::surrogate::Sigmoid;
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 
 /// Smooth-AP loss `L_AP = (1/m) Σ_q (1 − AP_q)` (Smooth-AP Eq. 7) with the sigmoid of Eq. (6)
 /// in both `R(i, S_P)` and `R(i, S_Ω)` (Eq. 5), `j ≠ i` excluded from both sums.
@@ -39,7 +41,10 @@ use candle_core::Tensor;
 /// assert!(smooth != exact && (smooth - 0.25).abs() < 0.05);
 /// # Ok::<(), rankwise::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The struct is its own recipe (`[loss] kind = "smooth_ap"`, `tau`, `include_self`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct SmoothAp {
     /// Sigmoid temperature τ (0.01 in every experiment of the paper).
     pub tau: f64,
@@ -48,10 +53,13 @@ pub struct SmoothAp {
     pub include_self: bool,
     /// L2-normalise the embeddings first, so that scores are cosine similarities (Eq. 1).
     /// The authors' network normalises its output, which makes this a no-op there.
+    #[serde(skip)]
     pub normalize: bool,
     /// Computation engine (same values and gradients).
+    #[serde(skip)]
     pub engine: Engine,
     /// Queries per chunk (`None` = all at once); changes memory only.
+    #[serde(skip)]
     pub query_chunk: Option<usize>,
 }
 
@@ -94,6 +102,20 @@ impl SmoothAp {
             self.engine,
             self.query_chunk,
         )
+    }
+}
+
+impl LossRecipe for SmoothAp {
+    fn name(&self) -> String {
+        "smooth_ap".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        positive("tau", self.tau)
+    }
+
+    fn build(&self, _: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        Ok(Box::new(self.clone()))
     }
 }
 

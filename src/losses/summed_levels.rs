@@ -11,8 +11,10 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
-use crate::losses::RankLoss;
+use crate::losses::config::{LossContext, LossRecipe};
+use crate::losses::{LossConfig, RankLoss};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 
 /// One term of a [`SummedLevels`] loss.
 pub struct LevelTerm {
@@ -174,5 +176,67 @@ impl RankLoss for SummedLevels {
             });
         }
         total.ok_or_else(|| Error::invalid("terms", "a Σ loss needs at least one level"))
+    }
+}
+
+/// The Σ baselines' recipe (`[loss] kind = "summed"`, `levels`, and `[loss.base]` the flat loss):
+/// the base loss at each listed level with weight 1, each level its own instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SummedConfig {
+    /// The flat loss applied at each level.
+    pub base: Box<LossConfig>,
+    /// The levels (0 = finest); default every level of the labels.
+    #[serde(default)]
+    pub levels: Option<Vec<usize>>,
+}
+
+impl LossRecipe for SummedConfig {
+    fn name(&self) -> String {
+        format!("sum({})", self.base.name())
+    }
+
+    fn validate(&self) -> Result<()> {
+        if matches!(*self.base, LossConfig::Summed(_)) {
+            return Err(Error::invalid(
+                "loss.base",
+                "a Σ loss cannot nest another Σ",
+            ));
+        }
+        if self.levels.as_ref().is_some_and(|l| l.is_empty()) {
+            return Err(Error::invalid("loss.levels", "list at least one level"));
+        }
+        self.base.validate()
+    }
+
+    fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        let num_levels = ctx.train_labels.num_levels();
+        let levels = self
+            .levels
+            .clone()
+            .unwrap_or_else(|| (0..num_levels).collect());
+        let mut terms = Vec::with_capacity(levels.len());
+        for (i, &level) in levels.iter().enumerate() {
+            if level >= num_levels {
+                return Err(Error::invalid(
+                    "loss.levels",
+                    format!("level {level} does not exist (labels have {num_levels})"),
+                ));
+            }
+            // Each level has its own loss instance; proxy losses get the classes of that level
+            // and their own seed.
+            let coarse = ctx.train_labels.coarsen(level)?;
+            let level_ctx = LossContext {
+                train_labels: &coarse,
+                seed: ctx.seed.wrapping_add(i as u64 + 1),
+                ..ctx.clone()
+            };
+            terms.push(LevelTerm {
+                level,
+                weight: 1.0,
+                loss: self.base.build(&level_ctx)?,
+            });
+        }
+        Ok(Box::new(SummedLevels::new(terms)?))
     }
 }

@@ -27,13 +27,16 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
+use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::Tensor;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Which triplets of the batch the loss uses (see the module documentation).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TripletMining {
     /// Every (anchor, positive, negative) triplet.
     All,
@@ -61,15 +64,21 @@ pub enum TripletMining {
 /// assert_eq!(Triplet::default().forward(&x, &labels)?.to_scalar::<f64>()?, 0.0); // m = 0.05
 /// # Ok::<(), rankwise::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+///
+/// The struct is its own recipe (`[loss] kind = "triplet"`, `margin`, `mining =
+/// "easy_positive_semi_hard_negative" | "semi_hard" | "all"`; cosine similarities).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Triplet {
     /// Margin `m` (pml default and SupRank's configs: 0.05).
     pub margin: f64,
     /// Cosine similarity (SupRank) or Euclidean distance (pml default).
+    #[serde(skip)]
     pub metric: PairMetric,
     /// Triplet selection.
     pub mining: TripletMining,
     /// Anchors per chunk (`None`: the whole batch at once). Working set `O(chunk × B)`.
+    #[serde(skip)]
     pub query_chunk: Option<usize>,
 }
 
@@ -83,6 +92,20 @@ impl Default for Triplet {
             mining: TripletMining::EasyPositiveSemiHardNegative,
             query_chunk: None,
         }
+    }
+}
+
+impl LossRecipe for Triplet {
+    fn name(&self) -> String {
+        "triplet".into()
+    }
+
+    fn validate(&self) -> Result<()> {
+        finite("margin", self.margin)
+    }
+
+    fn build(&self, _: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
+        Ok(Box::new(self.clone()))
     }
 }
 
