@@ -1,14 +1,15 @@
-//! A paper's experiments as a plug-in: one [`Experiment`] per paper, listed once in
-//! [`REGISTRY`]. Everything that runs "every paper" (`rankwise reproduce`, the notebooks, the
-//! tests) goes through the registry, so adding a paper is one experiment module (its tables,
-//! claims and figures), its recipe `configs/experiments/<key>.toml`, its published values
-//! `paper_tables/published/<key>.csv` and its notebook — and one line here.
+//! A paper's experiments as a plug-in: one [`Experiment`] per paper, found in
+//! [`REGISTRY`](super::REGISTRY). Everything that runs "every paper" (`rankwise reproduce`, the
+//! notebooks, the tests) goes through the registry, so adding a paper is one experiment module
+//! `src/experiments/<key>.rs` defining `pub const EXPERIMENT` (its tables, claims and figures),
+//! its recipe `configs/experiments/<key>.toml`, its published values
+//! `paper_tables/published/<key>.csv` and its notebook — build.rs lists the module.
 
 use super::claim::Claim;
 use super::publish::{Figure, ReproducedTable};
 use super::runs::Runner;
 use super::table::{MeasureFn, Measurements};
-use super::{ExperimentRecipe, Scale};
+use super::{ExperimentRecipe, Scale, REGISTRY};
 use crate::error::{Error, Result};
 use crate::train::TrainConfig;
 use std::path::Path;
@@ -97,15 +98,6 @@ impl Experiment for TrainedPaper {
     }
 }
 
-/// Every paper's experiments, in the order of the README.
-pub static REGISTRY: [&dyn Experiment; 5] = [
-    &super::smooth_ap::EXPERIMENT,
-    &super::fastap::EXPERIMENT,
-    &super::rambo::EXPERIMENT,
-    &super::happier::EXPERIMENT,
-    &super::ssr::Ssr,
-];
-
 /// The keys of [`REGISTRY`], in order.
 pub fn keys() -> Vec<&'static str> {
     REGISTRY.iter().map(|e| e.key()).collect()
@@ -132,7 +124,7 @@ mod tests {
 
     #[test]
     fn papers_are_found_by_key_or_name_and_unknown_ones_are_errors() {
-        assert_eq!(keys(), ["smooth_ap", "fastap", "rambo", "happier", "ssr"]);
+        assert_eq!(keys(), ["fastap", "happier", "rambo", "smooth_ap", "ssr"]);
         for e in REGISTRY {
             assert_eq!(find(e.key()).unwrap().key(), e.key());
             assert_eq!(find(&e.name().to_uppercase()).unwrap().key(), e.key());

@@ -459,6 +459,9 @@ fn episodes(f: &FewShotRecipe, shots: usize) -> EpisodeConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct Ssr;
 
+/// SSR's entry of the paper registry.
+pub const EXPERIMENT: Ssr = Ssr;
+
 impl super::Experiment for Ssr {
     fn key(&self) -> &'static str {
         PAPER

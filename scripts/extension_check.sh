@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The extension check of issue #23: what a contributor touches to add a loss or a paper.
+#
+#   scripts/extension_check.sh
+#
+# In a scratch copy of this working tree (tracked and untracked, not ignored, files), it adds
+# the example loss and the example paper of scripts/extension/ the way a contributor would,
+# counts the files each addition touched (a loss: at most 2, its file and losses/mod.rs; a
+# paper: at most 4, its experiment module, recipe, published values and notebook), then builds
+# the copy and runs the examples' own tests: the loss's hand-worked values, its recipe and its
+# gradient; the paper found by the registry, reproduced at `tiny` and its notebook present.
+# It builds into this tree's target folder ($CARGO_TARGET_DIR, else target/), so that the
+# dependencies are not built again; only the library's test binary is built there (no
+# executable that this tree's own would be replaced by).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+ext=$root/scripts/extension
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+
+git ls-files -co --exclude-standard -z | tar --null -T - -cf - | tar -xf - -C "$scratch"
+cd "$scratch"
+git init -q
+git add -A
+git -c user.name=check -c user.email=check@localhost commit -qm base
+
+# Files touched since the last addition (new, changed or deleted), then commit them.
+touched() {
+  git add -A
+  local n
+  n=$(git diff --cached --name-only | wc -l)
+  git diff --cached --name-only | sed 's/^/    /' >&2
+  git -c user.name=check -c user.email=check@localhost commit -qm "$1"
+  echo "$n"
+}
+
+fail=0
+limit() { # what, files touched, most allowed
+  echo "[extension_check] adding $1 touched $2 files (at most $3)" >&2
+  if (($2 > $3)); then fail=1; fi
+}
+
+# A loss: its file, its module line and its registry line (both in losses/mod.rs).
+cp "$ext/positive_margin.rs" src/losses/positive_margin.rs
+python3 - <<'PY'
+import re
+p = "src/losses/mod.rs"
+s = open(p).read()
+s, n = re.subn(r"(\npub mod pairwise_rows;\n)", r"\1pub mod positive_margin;\n", s, count=1)
+assert n == 1, "losses/mod.rs: no `pub mod pairwise_rows;` to add the module after"
+s, n = re.subn(r"(config::registry! \{\n)",
+               r"\1    /// The example loss of scripts/extension_check.sh.\n"
+               r"    PositiveMargin(positive_margin::PositiveMargin),\n", s, count=1)
+assert n == 1, "losses/mod.rs: no `config::registry! {` to add the loss to"
+open(p, "w").write(s)
+PY
+limit "a loss" "$(touched loss)" 2
+
+# A paper: four files, no line elsewhere (build.rs lists the module).
+cp "$ext/toy_paper.rs" src/experiments/toy_paper.rs
+cp "$ext/toy_paper.toml" configs/experiments/toy_paper.toml
+cp "$ext/toy_paper.csv" paper_tables/published/toy_paper.csv
+cp "$ext/07_toy_paper.ipynb" notebooks/07_toy_paper.ipynb
+limit "a paper" "$(touched paper)" 4
+
+if ((fail)); then
+  echo "[extension_check] an addition touched more files than the issue allows" >&2
+  exit 1
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
+cargo test --locked --lib -- losses::positive_margin:: experiments::toy_paper::
+echo "[extension_check] the example loss and paper build and pass their tests" >&2
