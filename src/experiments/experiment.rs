@@ -131,7 +131,7 @@ mod tests {
         }
         let err = find("smoothap").unwrap_err().to_string();
         assert!(
-            err.contains("smoothap") && err.contains("smooth_ap, fastap"),
+            err.contains("smoothap") && err.contains("rambo, smooth_ap"),
             "{err}"
         );
     }
