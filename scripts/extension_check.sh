@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The extension check of issue #23: what a contributor touches to add a loss or a paper.
+# The extension check of issue #23: what a contributor touches to add a loss, a paper or a
+# dataset.
 #
 #   scripts/extension_check.sh
 #
 # In a scratch copy of this working tree (tracked and untracked, not ignored, files), it adds
-# the example loss and the example paper of scripts/extension/ the way a contributor would,
-# counts the files each addition touched (a loss: at most 2, its file and losses/mod.rs; a
-# paper: at most 4, its experiment module, recipe, published values and notebook), then builds
-# the copy and runs the examples' own tests: the loss's hand-worked values, its recipe and its
-# gradient; the paper found by the registry, reproduced at `tiny` and its notebook present.
+# the example loss, paper and dataset of scripts/extension/ the way a contributor would, counts
+# the files each addition touched (a loss: at most 2, its file and losses/mod.rs; a paper: at
+# most 4, its experiment module, recipe, published values and notebook; a dataset: at most 3,
+# its loader file, data script and recipe), then builds the copy and runs the examples' own
+# tests: the loss's hand-worked values, its recipe and its gradient; the paper found by the
+# registry, reproduced at `tiny` and its notebook present; the dataset named by its recipe and
+# read by training's data route.
 # It builds into this tree's target folder ($CARGO_TARGET_DIR, else target/), so that the
 # dependencies are not built again, as rankwise of another version (0.0.0-extension-check): the
 # copy's build-script outputs (the paper registry's paths, the run code) and artefacts then live
@@ -66,6 +69,12 @@ cp "$ext/toy_paper.csv" paper_tables/published/toy_paper.csv
 cp "$ext/07_toy_paper.ipynb" notebooks/07_toy_paper.ipynb
 limit "a paper" "$(touched paper)" 4
 
+# A dataset: three files, no line elsewhere (build.rs adds it to DatasetConfig).
+cp "$ext/image_folder.rs" src/data/loaders/image_folder.rs
+cp "$ext/image_folder.sh" data_scripts/image_folder.sh
+cp "$ext/image_folder.toml" configs/image_folder.toml
+limit "a dataset" "$(touched dataset)" 3
+
 if ((fail)); then
   echo "[extension_check] an addition touched more files than the issue allows" >&2
   exit 1
@@ -74,5 +83,6 @@ fi
 sed -i '0,/^version = ".*"$/s//version = "0.0.0-extension-check"/' Cargo.toml
 cargo update --offline --workspace --quiet
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
-cargo test --offline --lib -- losses::positive_margin:: experiments::toy_paper::
-echo "[extension_check] the example loss and paper build and pass their tests" >&2
+cargo test --offline --lib -- losses::positive_margin:: experiments::toy_paper:: \
+  data::loaders::image_folder::
+echo "[extension_check] the example loss, paper and dataset build and pass their tests" >&2

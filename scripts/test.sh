@@ -31,10 +31,11 @@ for arg in "$@"; do
 done
 
 start=$SECONDS
-# The paper modules (src/experiments/<key>.rs) reach the crate through build.rs's generated
-# `include!`, which rustfmt does not follow: `cargo fmt` leaves them out, so check them by name.
+# The paper and dataset modules (src/experiments/<key>.rs, src/data/loaders/<name>.rs) reach the
+# crate through build.rs's generated `include!`, which rustfmt does not follow: `cargo fmt`
+# leaves them out, so check them by name.
 if command -v rustfmt >/dev/null 2>&1; then
-  rustfmt --edition 2021 --check src/experiments/*.rs scripts/extension/*.rs
+  rustfmt --edition 2021 --check src/experiments/*.rs src/data/loaders/*.rs scripts/extension/*.rs
 else
   echo "[test.sh] rustfmt not installed: the paper modules' formatting is not checked" >&2
 fi

@@ -13,7 +13,7 @@
 //! | 0 | [`error`], [`progress`], [`stats`] | the error type, progress bars, the tests behind the verdicts |
 //! | 1 | [`hierarchy`], [`metrics`], [`cpu`] | labels and relevance; the metrics of one ranked list; the CPU engine |
 //! | 2 | [`io`], [`retrieval`], [`samplers`], [`synthetic_embeddings`] | files in and out; the exact evaluation engine (any score source); batch and episode samplers; synthetic embedding sets |
-//! | 3 | [`data`], [`losses`], [`models`] | the datasets (the one list: [`data::dataset`]) and image pipeline; every rank loss; backbones and heads |
+//! | 3 | [`data`], [`losses`], [`models`] | the datasets (one loader file each, listed by build.rs in [`data::loaders::DatasetConfig`]) and image pipeline; every rank loss; backbones and heads |
 //! | 4 | [`train`] | recipes, optimisers, schedules, the trainer, run folders |
 //! | 5 | [`fewshot`], [`report`] | episodes and few-shot classifiers; tables and figures |
 //! | 6 | [`rerank`] | re-rankers (k-reciprocal, query expansion, SSR), scored by the retrieval engine |

@@ -5,10 +5,12 @@
 
 use candle_core::{DType, Device};
 use image::{Rgb, RgbImage};
+use rankwise::data::loaders::dyml::{Dyml, DymlSubset};
+use rankwise::data::loaders::inshop::Inshop;
 use rankwise::data::loaders::sop;
+use rankwise::data::loaders::sop::Sop;
 use rankwise::data::pipeline::LoaderConfig;
 use rankwise::data::source::{ImageSource, OnDiskSource, View};
-use rankwise::data::DymlSubset;
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNetConfig, ParamStore, SmallCnnConfig,
 };
@@ -116,10 +118,10 @@ fn tiny_config(dataset: DatasetConfig) -> TrainConfig {
 }
 
 fn sop_dataset(root: &Path, threads: usize) -> DatasetConfig {
-    DatasetConfig::Sop {
+    DatasetConfig::Sop(Sop {
         root: root.to_path_buf(),
         images: settings(threads),
-    }
+    })
 }
 
 fn snapshot(store: &ParamStore) -> Vec<(String, Vec<u32>)> {
@@ -255,7 +257,7 @@ fn on_disk_resume_is_bit_identical() {
 
     // Another preprocessing is another dataset: the checkpoint is refused, naming the field.
     let mut other = tiny_config(sop_dataset(&root, 1));
-    if let DatasetConfig::Sop { images, .. } = &mut other.dataset {
+    if let DatasetConfig::Sop(Sop { images, .. }) = &mut other.dataset {
         images.train_transform = Some(TransformPreset::RetrievalTrain);
     }
     other.resume = Some(ckpt);
@@ -296,7 +298,7 @@ fn missing_data_is_reported_with_the_script_that_prepares_it() {
 
     // Without the up-front check, the pipeline names the file when it is first decoded.
     let mut config = tiny_config(sop_dataset(&root, 1));
-    if let DatasetConfig::Sop { images, .. } = &mut config.dataset {
+    if let DatasetConfig::Sop(Sop { images, .. }) = &mut config.dataset {
         images.check_files = false;
     }
     let mut trainer = Trainer::from_config(config.clone()).unwrap();
@@ -350,10 +352,10 @@ fn inshop_evaluates_queries_against_the_gallery() {
         lines.join("\n")
     );
     write(root, "Eval/list_eval_partition.txt", text);
-    let mut config = tiny_config(DatasetConfig::Inshop {
+    let mut config = tiny_config(DatasetConfig::Inshop(Inshop {
         root: root.to_path_buf(),
         images: settings(2),
-    });
+    }));
     config.epochs = 1;
     config.eval.at_start = false;
     let mut trainer = Trainer::from_config(config).unwrap();
@@ -396,12 +398,12 @@ fn dyml_vehicle_evaluates_each_scale_and_averages() {
             write(root, &format!("bmk_{scale}/{part}.csv"), csv);
         }
     }
-    let mut config = tiny_config(DatasetConfig::Dyml {
+    let mut config = tiny_config(DatasetConfig::Dyml(Dyml {
         root: root.to_path_buf(),
         subset: DymlSubset::Vehicle,
         glued_row: Default::default(),
         images: settings(2),
-    });
+    }));
     config.epochs = 1;
     config.eval.at_start = false;
     let mut trainer = Trainer::from_config(config).unwrap();

@@ -13,11 +13,9 @@ pub mod source;
 pub mod splits;
 pub mod synthetic_on_disk;
 
-pub use dataset::{
-    DatasetConfig, DymlSubset, GluedRowChoice, ImageSettings, InatLevels, InputNorm, TaxonKeying,
-    TransformPreset, VehicleIdSize,
-};
+pub use dataset::{ImageSettings, InputNorm, TransformPreset};
 pub use image_set::ImageSet;
+pub use loaders::{DatasetConfig, DiskDataset};
 pub use shapes::{Nuisance, ShapesConfig};
 pub use source::{ImageSource, InMemorySource, Normalization, OnDiskSource, View};
 pub use splits::{few_shot_split, retrieval_split, FewShotFractions, FewShotSplit, RetrievalSplit};

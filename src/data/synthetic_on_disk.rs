@@ -57,7 +57,9 @@
 //! # Ok::<(), rankwise::Error>(())
 //! ```
 
-use super::dataset::{DatasetConfig, DymlSubset, InatLevels};
+use super::loaders::dyml::DymlSubset;
+use super::loaders::inaturalist::InatHierarchy;
+use super::loaders::DatasetConfig;
 use crate::error::{Error, Result};
 use crate::samplers::SamplerConfig;
 use image::codecs::jpeg::JpegEncoder;
@@ -196,19 +198,19 @@ impl SyntheticKind {
     /// The kind of a recipe's `[dataset]`; errors for the embedded dataset and for Cars196.
     pub fn of(dataset: &DatasetConfig) -> Result<Self> {
         Ok(match dataset {
-            DatasetConfig::Sop { .. } => SyntheticKind::Sop,
-            DatasetConfig::Inshop { .. } => SyntheticKind::Inshop,
-            DatasetConfig::Inaturalist { hierarchy, .. } => match hierarchy {
-                InatLevels::Base => SyntheticKind::InatBase,
-                InatLevels::Full => SyntheticKind::InatFull,
+            DatasetConfig::Sop(_) => SyntheticKind::Sop,
+            DatasetConfig::Inshop(_) => SyntheticKind::Inshop,
+            DatasetConfig::Inaturalist(d) => match d.hierarchy {
+                InatHierarchy::Base => SyntheticKind::InatBase,
+                InatHierarchy::Full => SyntheticKind::InatFull,
             },
-            DatasetConfig::Dyml { subset, .. } => match subset {
+            DatasetConfig::Dyml(d) => match d.subset {
                 DymlSubset::Vehicle => SyntheticKind::DymlVehicle,
                 DymlSubset::Animal => SyntheticKind::DymlAnimal,
                 DymlSubset::Product => SyntheticKind::DymlProduct,
             },
-            DatasetConfig::Cub { .. } => SyntheticKind::Cub,
-            DatasetConfig::VehicleId { .. } => SyntheticKind::VehicleId,
+            DatasetConfig::Cub(_) => SyntheticKind::Cub,
+            DatasetConfig::VehicleId(_) => SyntheticKind::VehicleId,
             DatasetConfig::Embedded => {
                 return Err(Error::invalid(
                     "dataset.kind",
@@ -216,12 +218,14 @@ impl SyntheticKind {
                      are for recipes that read a dataset from disk",
                 ))
             }
-            DatasetConfig::Cars { .. } => {
+            // Cars196 (its annotations are a MATLAB file) and any dataset added without a
+            // writer here: a synthetic copy is optional for a dataset.
+            other => {
                 return Err(Error::invalid(
                     "dataset.kind",
                     format!(
-                        "no synthetic writer for `cars` (its annotations are a MATLAB file); \
-                         kinds written: {}",
+                        "no synthetic writer for `{}`; kinds written: {}",
+                        other.name(),
                         kind_names()
                     ),
                 ))

@@ -1,5 +1,5 @@
 //! A paper's experiments as a plug-in: one [`Experiment`] per paper, found in
-//! [`REGISTRY`](super::REGISTRY). Everything that runs "every paper" (`rankwise reproduce`, the
+//! [`REGISTRY`]. Everything that runs "every paper" (`rankwise reproduce`, the
 //! notebooks, the tests) goes through the registry, so adding a paper is one experiment module
 //! `src/experiments/<key>.rs` defining `pub const EXPERIMENT` (its tables, claims and figures),
 //! its recipe `configs/experiments/<key>.toml`, its published values

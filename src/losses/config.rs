@@ -17,7 +17,6 @@
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
-use crate::losses::smooth_ap::SmoothAp;
 use crate::losses::RankLoss;
 use candle_core::Device;
 
@@ -95,13 +94,6 @@ macro_rules! registry {
     };
 }
 pub(crate) use registry;
-
-impl Default for LossConfig {
-    /// Smooth-AP with the paper's τ = 0.01.
-    fn default() -> Self {
-        LossConfig::SmoothAp(SmoothAp::default())
-    }
-}
 
 impl LossConfig {
     /// A short name for tables and logs, e.g. `smooth_ap`, `sum(triplet)`.

@@ -51,6 +51,13 @@ config::registry! {
     Summed(summed_levels::SummedConfig),
 }
 
+impl Default for LossConfig {
+    /// Smooth-AP with the paper's τ = 0.01.
+    fn default() -> Self {
+        LossConfig::SmoothAp(smooth_ap::SmoothAp::default())
+    }
+}
+
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
 use candle_core::{DType, Tensor, Var};

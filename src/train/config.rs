@@ -3,7 +3,8 @@
 
 use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
-use crate::data::dataset::{DatasetConfig, InputNorm};
+use crate::data::dataset::InputNorm;
+use crate::data::loaders::DatasetConfig;
 use crate::data::ShapesConfig;
 use crate::error::{Error, Result};
 use crate::losses::config::LossConfig;

@@ -1,6 +1,6 @@
 //! The data of a training run: [`load_data`] turns the recipe's `[dataset]` table
-//! ([`DatasetConfig`], defined with the datasets in [`crate::data::dataset`]) into the training
-//! [`ImageSource`] and the dataset's own test protocol ([`TestProtocol`]).
+//! ([`DatasetConfig`](crate::data::loaders::DatasetConfig), one variant per dataset loader)
+//! into the training [`ImageSource`] and the dataset's own test protocol ([`TestProtocol`]).
 //!
 //! **Test protocols** (the papers'): SOP, iNaturalist, CUB-200-2011, Cars196 and DyML-Product:
 //! every test image is a query against all the other test images. In-Shop: queries against the
@@ -12,13 +12,8 @@
 //! [`evaluate_dyml`]: crate::retrieval::dyml::evaluate_dyml
 
 use super::config::TrainConfig;
-use crate::data::dataset::{
-    DatasetConfig, DymlSubset, GluedRowChoice, InatLevels, InputNorm, TaxonKeying, VehicleIdSize,
-};
-use crate::data::loaders::dyml::{self, GluedRow};
-use crate::data::loaders::inaturalist::{self, InatConfig, InatHierarchy, TaxonKey};
-use crate::data::loaders::vehicleid;
-use crate::data::loaders::{cub_cars, inshop, sop, ImageList};
+use crate::data::dataset::InputNorm;
+use crate::data::loaders::ImageList;
 use crate::data::pipeline::{LoaderConfig, Normalize};
 use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource};
 use crate::data::{retrieval_split, ImageSet};
@@ -128,16 +123,13 @@ pub fn input_normalization(norm: InputNorm, train: &ImageSet) -> Result<Normaliz
 /// and the `data_scripts/` script that prepares it.
 pub fn load_data(config: &TrainConfig) -> Result<RunData> {
     config.validate()?;
-    let dataset = &config.dataset;
-    let images = match dataset.images() {
-        None => {
-            let (train, test) = embedded_split(config)?;
-            return RunData::in_memory(train, test, config.input_norm);
-        }
-        Some(images) => images,
+    let Some(dataset) = config.dataset.disk() else {
+        let (train, test) = embedded_split(config)?;
+        return RunData::in_memory(train, test, config.input_norm);
     };
-    let root = dataset.root().expect("a real dataset has a root");
-    let script = dataset.data_script().expect("a real dataset has a script");
+    let images = dataset.images();
+    let root = dataset.root();
+    let script = dataset.data_script();
     let hint = |e: Error| with_hint(e, script);
     if !root.is_dir() {
         return Err(Error::file(
@@ -149,7 +141,7 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
             ),
         ));
     }
-    let (train_t, test_t) = dataset.transforms(config.input_norm)?;
+    let (train_t, test_t) = config.dataset.transforms(config.input_norm)?;
     let loader = LoaderConfig {
         threads: match images.threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -171,110 +163,25 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
             loader,
         )?))
     };
-    let within = |split: &str, list: ImageList| -> Result<EvalSet> {
-        Ok(EvalSet {
-            split: split.into(),
-            queries: source(split, list)?,
-            gallery: None,
-        })
+    let lists = dataset.load().map_err(hint)?;
+    let mut sets = Vec::with_capacity(lists.test.len());
+    for set in lists.test {
+        let (part, queries) = set.queries;
+        sets.push(EvalSet {
+            queries: source(&part, queries)?,
+            gallery: match set.gallery {
+                Some((part, gallery)) => Some(source(&part, gallery)?),
+                None => None,
+            },
+            split: set.split,
+        });
+    }
+    let test = if lists.dyml_scales {
+        TestProtocol::DymlScales(sets)
+    } else {
+        TestProtocol::Separate(sets)
     };
-    let (train, test) = match dataset {
-        DatasetConfig::Embedded => unreachable!("handled above"),
-        DatasetConfig::Sop { .. } => {
-            let d = sop::load(root).map_err(hint)?;
-            (
-                d.train,
-                TestProtocol::Separate(vec![within("test", d.test)?]),
-            )
-        }
-        DatasetConfig::Cub { .. } | DatasetConfig::Cars { .. } => {
-            let d = if matches!(dataset, DatasetConfig::Cub { .. }) {
-                cub_cars::load_cub(root)
-            } else {
-                cub_cars::load_cars(root)
-            }
-            .map_err(hint)?;
-            (
-                d.train,
-                TestProtocol::Separate(vec![within("test", d.test)?]),
-            )
-        }
-        DatasetConfig::Inaturalist {
-            hierarchy,
-            taxon_key,
-            taxonomy_file,
-            ..
-        } => {
-            let inat = InatConfig {
-                hierarchy: match hierarchy {
-                    InatLevels::Base => InatHierarchy::Base,
-                    InatLevels::Full => InatHierarchy::Full,
-                },
-                taxon_key: match taxon_key {
-                    TaxonKeying::Lineage => TaxonKey::Lineage,
-                    TaxonKeying::Name => TaxonKey::Name,
-                },
-                taxonomy_file: taxonomy_file.clone(),
-            };
-            let d = inaturalist::load(root, &inat).map_err(hint)?;
-            (
-                d.train,
-                TestProtocol::Separate(vec![within("test", d.test)?]),
-            )
-        }
-        DatasetConfig::Inshop { .. } => {
-            let d = inshop::load(root).map_err(hint)?;
-            let set = EvalSet {
-                split: "test".into(),
-                queries: source("query", d.test.query)?,
-                gallery: Some(source("gallery", d.test.gallery)?),
-            };
-            (d.train, TestProtocol::Separate(vec![set]))
-        }
-        DatasetConfig::VehicleId { test_sizes, .. } => {
-            let d = vehicleid::load(root).map_err(hint)?;
-            let [small, medium, large] = d.test;
-            let mut sets = Vec::with_capacity(test_sizes.len());
-            for size in test_sizes {
-                let (split, list) = match size {
-                    VehicleIdSize::Small => ("test_small", &small),
-                    VehicleIdSize::Medium => ("test_medium", &medium),
-                    VehicleIdSize::Large => ("test_large", &large),
-                };
-                sets.push(within(split, list.clone())?);
-            }
-            (d.train, TestProtocol::Separate(sets))
-        }
-        DatasetConfig::Dyml {
-            subset, glued_row, ..
-        } => {
-            let glued = match glued_row {
-                GluedRowChoice::Keep => GluedRow::Keep,
-                GluedRowChoice::Drop => GluedRow::Drop,
-            };
-            let train = dyml::load_train(root, glued).map_err(hint)?;
-            let test = match subset {
-                DymlSubset::Product => {
-                    let test = dyml::load_product_test(root, glued).map_err(hint)?;
-                    TestProtocol::Separate(vec![within("test", test)?])
-                }
-                DymlSubset::Vehicle | DymlSubset::Animal => {
-                    let scales = dyml::load_test_scales(root, glued).map_err(hint)?;
-                    let mut sets = Vec::with_capacity(scales.len());
-                    for s in scales {
-                        let split = format!("test_{}", s.scale);
-                        sets.push(EvalSet {
-                            queries: source(&format!("{split} query"), s.sets.query)?,
-                            gallery: Some(source(&format!("{split} gallery"), s.sets.gallery)?),
-                            split,
-                        });
-                    }
-                    TestProtocol::DymlScales(sets)
-                }
-            };
-            (train, test)
-        }
-    };
+    let train = lists.train;
     Ok(RunData {
         train: source("train", train)?,
         test,

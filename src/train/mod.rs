@@ -17,7 +17,8 @@ pub mod trainer;
 
 /// The recipe's dataset and input normalisation, defined with the datasets
 /// ([`crate::data::dataset`]).
-pub use crate::data::dataset::{DatasetConfig, ImageSettings, InputNorm, TransformPreset};
+pub use crate::data::dataset::{ImageSettings, InputNorm, TransformPreset};
+pub use crate::data::loaders::DatasetConfig;
 /// The recipe's sampler, defined beside the samplers ([`crate::samplers::config`]).
 pub use crate::samplers::SamplerConfig;
 pub use config::{

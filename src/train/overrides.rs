@@ -364,10 +364,10 @@ mod tests {
         // A field without a default cannot be removed: the error names the override.
         let mut sop = base;
         sop.input_norm = crate::train::InputNorm::Imagenet;
-        sop.dataset = crate::train::DatasetConfig::Sop {
+        sop.dataset = crate::train::DatasetConfig::Sop(crate::data::loaders::sop::Sop {
             root: "/data/sop".into(),
             images: Default::default(),
-        };
+        });
         let e = apply_overrides(Table::try_from(&sop).unwrap(), &["dataset.root=".into()])
             .unwrap_err()
             .to_string();

@@ -25,8 +25,11 @@ use super::{
     numbered_lines, parse_field, read_text, require_dir, split_first_half_classes,
     whitespace_fields, TrainTest,
 };
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -128,4 +131,82 @@ pub fn load_cars(root: impl AsRef<Path>) -> Result<TrainTest> {
         rows.push((root.join(PathBuf::from(rel)), class as ClassId));
     }
     split_first_half_classes(&mat_path, rows)
+}
+
+/// CUB-200-2011 as a recipe names it (`[dataset] kind = "cub"`): the first 100 classes for
+/// training, the last 100 for test.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cub {
+    /// The unpacked `CUB_200_2011/` folder (`data_scripts/cub.sh`).
+    pub root: PathBuf,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+/// Cars196 as a recipe names it (`[dataset] kind = "cars"`): the first 98 classes for training,
+/// the last 98 for test.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cars {
+    /// The folder holding `cars_annos.mat` and `car_ims/` (`data_scripts/cars196.sh`).
+    pub root: PathBuf,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+/// The papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, random / centre 224 crop.
+const SQUARE_CROPS: (TransformPreset, TransformPreset) = (
+    TransformPreset::SquareRandomCrop,
+    TransformPreset::SquareCenterCrop,
+);
+
+impl DiskDataset for Cub {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        "cub".into()
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/cub.sh"
+    }
+
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        SQUARE_CROPS
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let d = load_cub(&self.root)?;
+        Ok(DatasetLists::within(
+            d.train,
+            vec![TestLists::within("test", d.test)],
+        ))
+    }
+}
+
+impl DiskDataset for Cars {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        "cars".into()
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/cars196.sh"
+    }
+
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        SQUARE_CROPS
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let d = load_cars(&self.root)?;
+        Ok(DatasetLists::within(
+            d.train,
+            vec![TestLists::within("test", d.test)],
+        ))
+    }
 }

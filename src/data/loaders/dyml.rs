@@ -24,15 +24,20 @@
 //! normally under both options.
 
 use super::{numbered_lines, parse_field, read_text, require_dir, ImageList, QueryGallery};
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
-use std::path::Path;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
 /// Names of the label levels, finest first.
 pub const LEVELS: [&str; 3] = ["fine", "middle", "coarse"];
 
-/// What to do with a data row glued to the header line (module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// What to do with a data row glued to the header line (module doc; a recipe's `glued_row =
+/// "keep" | "drop"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum GluedRow {
     /// Keep it, as the DyML authors' loader does. Default: every distributed image is loaded.
     #[default]
@@ -218,6 +223,88 @@ fn parse_header(fields: &[&str], wanted: &[&str]) -> std::result::Result<Header,
         columns: names.len(),
         glued,
     })
+}
+
+/// The three DyML datasets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DymlSubset {
+    /// DyML-Vehicle: per-scale query / gallery test sets.
+    Vehicle,
+    /// DyML-Animal: per-scale query / gallery test sets.
+    Animal,
+    /// DyML-Product: one three-level test set, every image a query.
+    Product,
+}
+
+/// DyML-Vehicle, -Animal or -Product as a recipe names it (`[dataset] kind = "dyml"`, `subset`):
+/// training labels `[fine, middle, coarse]`; Vehicle and Animal test one query / gallery pair
+/// per semantic scale, averaged as HAPPIER Table 2 does; Product every test image a query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Dyml {
+    /// The `dyml_vehicle/`, `dyml_animal/` or `dyml_product/` folder (`data_scripts/dyml.sh`).
+    pub root: PathBuf,
+    /// Which of the three.
+    pub subset: DymlSubset,
+    /// The csv row glued to the header: `keep` (default, the DyML authors' loader) or `drop`
+    /// (HAPPIER's pandas reading).
+    #[serde(default)]
+    pub glued_row: GluedRow,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+impl DiskDataset for Dyml {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        match self.subset {
+            DymlSubset::Vehicle => "dyml_vehicle".into(),
+            DymlSubset::Animal => "dyml_animal".into(),
+            DymlSubset::Product => "dyml_product".into(),
+        }
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/dyml.sh"
+    }
+
+    /// HAPPIER's.
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::HappierInatTrain,
+            TransformPreset::RetrievalTest,
+        )
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let train = load_train(&self.root, self.glued_row)?;
+        if self.subset == DymlSubset::Product {
+            let test = load_product_test(&self.root, self.glued_row)?;
+            return Ok(DatasetLists::within(
+                train,
+                vec![TestLists::within("test", test)],
+            ));
+        }
+        let test = load_test_scales(&self.root, self.glued_row)?
+            .into_iter()
+            .map(|s| {
+                let split = format!("test_{}", s.scale);
+                TestLists {
+                    queries: (format!("{split} query"), s.sets.query),
+                    gallery: Some((format!("{split} gallery"), s.sets.gallery)),
+                    split,
+                }
+            })
+            .collect();
+        Ok(DatasetLists {
+            train,
+            test,
+            dyml_scales: true,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -31,17 +31,20 @@
 
 use super::TrainTest;
 use super::{numbered_lines, parse_field, read_text, require_dir, sorted_name_ids, ImageList};
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 /// The taxonomic ranks above species, finest first, as named in the iNat category records.
 pub const RANKS: [&str; 6] = ["genus", "family", "order", "class", "phylum", "kingdom"];
 
-/// Which hierarchy to build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// Which hierarchy to build (a recipe's `hierarchy = "base" | "full"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum InatHierarchy {
     /// iNat-base: `[species, super-category]`.
     #[default]
@@ -50,8 +53,10 @@ pub enum InatHierarchy {
     Full,
 }
 
-/// How a taxon above species is identified (module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+/// How a taxon above species is identified (module doc; a recipe's `taxon_key = "lineage" |
+/// "name"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TaxonKey {
     /// By its lineage from the kingdom down (always a tree). Default.
     #[default]
@@ -261,5 +266,65 @@ impl Taxonomy {
             rows.push((e.line, e.path, row));
         }
         ImageList::from_lines(list, rows)
+    }
+}
+
+/// iNaturalist-2018 with Smooth-AP's retrieval split as a recipe names it (`[dataset] kind =
+/// "inaturalist"`): iNat-base `[species, super-category]` or iNat-full (7 levels), HAPPIER's two
+/// hierarchies.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inaturalist {
+    /// The folder holding `train_val2018/`, `Inat_dataset_splits/` and the category list
+    /// (`data_scripts/inaturalist.sh`).
+    pub root: PathBuf,
+    /// `base` (2 levels) or `full` (7 levels).
+    #[serde(default)]
+    pub hierarchy: InatHierarchy,
+    /// How iNat-full keys the taxa above species: `lineage` (default, always a tree) or `name`
+    /// (HAPPIER's code).
+    #[serde(default)]
+    pub taxon_key: TaxonKey,
+    /// The category list to read instead of `train2018.json` / `categories.json`.
+    #[serde(default)]
+    pub taxonomy_file: Option<PathBuf>,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+impl DiskDataset for Inaturalist {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        match self.hierarchy {
+            InatHierarchy::Base => "inat_base".into(),
+            InatHierarchy::Full => "inat_full".into(),
+        }
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/inaturalist.sh"
+    }
+
+    /// HAPPIER's.
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::HappierInatTrain,
+            TransformPreset::RetrievalTest,
+        )
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let config = InatConfig {
+            hierarchy: self.hierarchy,
+            taxon_key: self.taxon_key,
+            taxonomy_file: self.taxonomy_file.clone(),
+        };
+        let d = load(&self.root, &config)?;
+        Ok(DatasetLists::within(
+            d.train,
+            vec![TestLists::within("test", d.test)],
+        ))
     }
 }

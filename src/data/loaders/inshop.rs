@@ -21,8 +21,11 @@ use super::{
     numbered_lines, parse_field, read_text, require_dir, sorted_name_ids, whitespace_fields,
     ImageList, QueryGallery,
 };
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -33,7 +36,7 @@ const HEADER: [&str; 3] = ["image_name", "item_id", "evaluation_status"];
 
 /// The three parts of In-Shop.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InShop {
+pub struct InShopLists {
     /// Training images.
     pub train: ImageList,
     /// Test queries and gallery.
@@ -41,7 +44,7 @@ pub struct InShop {
 }
 
 /// Loads In-Shop from its root (see the module doc for the two accepted layouts).
-pub fn load(root: impl AsRef<Path>) -> Result<InShop> {
+pub fn load(root: impl AsRef<Path>) -> Result<InShopLists> {
     let root = root.as_ref();
     require_dir(root)?;
     let (list, image_base) = if root.join("Eval/list_eval_partition.txt").is_file() {
@@ -156,11 +159,53 @@ pub fn load(root: impl AsRef<Path>) -> Result<InShop> {
             other => other,
         })
     };
-    Ok(InShop {
+    Ok(InShopLists {
         train: part("train")?,
         test: QueryGallery {
             query: part("query")?,
             gallery: part("gallery")?,
         },
     })
+}
+
+/// In-Shop Clothes as a recipe names it (`[dataset] kind = "inshop"`): labels `[item,
+/// category]`; the test queries against the gallery.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Inshop {
+    /// The "In-shop Clothes Retrieval Benchmark" folder (`data_scripts/inshop.sh`).
+    pub root: PathBuf,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+impl DiskDataset for Inshop {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        "inshop".into()
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/inshop.sh"
+    }
+
+    /// The papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, random / centre 224 crop.
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::SquareRandomCrop,
+            TransformPreset::SquareCenterCrop,
+        )
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let d = load(&self.root)?;
+        let test = TestLists {
+            split: "test".into(),
+            queries: ("query".into(), d.test.query),
+            gallery: Some(("gallery".into(), d.test.gallery)),
+        };
+        Ok(DatasetLists::within(d.train, vec![test]))
+    }
 }

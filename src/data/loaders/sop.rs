@@ -22,7 +22,10 @@
 use super::{
     numbered_lines, parse_field, read_text, require_dir, whitespace_fields, ImageList, TrainTest,
 };
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 /// Names of the label levels, finest first.
@@ -68,4 +71,44 @@ pub fn load_list(root: &Path, list: &Path) -> Result<ImageList> {
         rows.push((n, root.join(PathBuf::from(f[3])), vec![class, super_class]));
     }
     ImageList::from_lines(list, rows)
+}
+
+/// Stanford Online Products as a recipe names it (`[dataset] kind = "sop"`): labels
+/// `[class, super-class]`, every test image a query against the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sop {
+    /// The unpacked `Stanford_Online_Products/` folder (`data_scripts/sop.sh`).
+    pub root: PathBuf,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+impl DiskDataset for Sop {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        "sop".into()
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/sop.sh"
+    }
+
+    /// HAPPIER's (the one paper of the five that trains on SOP with published transforms).
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::HappierSopTrain,
+            TransformPreset::HappierSopTest,
+        )
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let d = load(&self.root)?;
+        Ok(DatasetLists::within(
+            d.train,
+            vec![TestLists::within("test", d.test)],
+        ))
+    }
 }

@@ -13,12 +13,16 @@
 //! (`'{:07d}.jpg'.format(int(name))`). Labels are the vehicle ids, flat (one level).
 
 use super::{numbered_lines, parse_field, read_text, require_dir, whitespace_fields, ImageList};
-use crate::error::Result;
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
+use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
-use std::path::Path;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 
-/// The three VehicleID test sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// The three VehicleID test sets (a recipe's `test_sizes = ["small", "medium", "large"]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TestSize {
     /// 800 vehicles (`test_list_800.txt`).
     Small,
@@ -44,7 +48,7 @@ impl TestSize {
 
 /// The training set and the three test sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VehicleId {
+pub struct VehicleIdLists {
     /// Training images.
     pub train: ImageList,
     /// Small, Medium and Large test sets, in that order.
@@ -52,10 +56,10 @@ pub struct VehicleId {
 }
 
 /// Loads the training list and the three test lists.
-pub fn load(root: impl AsRef<Path>) -> Result<VehicleId> {
+pub fn load(root: impl AsRef<Path>) -> Result<VehicleIdLists> {
     let root = root.as_ref();
     require_dir(root)?;
-    Ok(VehicleId {
+    Ok(VehicleIdLists {
         train: load_list(root, "train_list.txt")?,
         test: [
             load_list(root, TestSize::Small.file_name())?,
@@ -87,4 +91,81 @@ fn load_list(root: &Path, name: &str) -> Result<ImageList> {
         ));
     }
     super::ImageList::from_rows(&list, rows)
+}
+
+/// PKU VehicleID as a recipe names it (`[dataset] kind = "vehicleid"`): flat vehicle labels;
+/// each of the chosen Small / Medium / Large test sets on its own, every image a query against
+/// the rest of its set (`test_small`, `test_medium`, `test_large`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VehicleId {
+    /// The `VehicleID_V1.0/` folder (`data_scripts/vehicleid.sh`).
+    pub root: PathBuf,
+    /// The test sets to evaluate (default all three).
+    #[serde(default = "all_sizes")]
+    pub test_sizes: Vec<TestSize>,
+    /// Transforms and decoding.
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+fn all_sizes() -> Vec<TestSize> {
+    TestSize::ALL.to_vec()
+}
+
+impl Default for VehicleId {
+    fn default() -> Self {
+        VehicleId {
+            root: PathBuf::new(),
+            test_sizes: all_sizes(),
+            images: ImageSettings::default(),
+        }
+    }
+}
+
+impl DiskDataset for VehicleId {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        "vehicleid".into()
+    }
+
+    fn data_script(&self) -> &'static str {
+        "data_scripts/vehicleid.sh"
+    }
+
+    /// The papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, random / centre 224 crop.
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::SquareRandomCrop,
+            TransformPreset::SquareCenterCrop,
+        )
+    }
+
+    fn validate_options(&self) -> Result<()> {
+        if self.test_sizes.is_empty() {
+            return Err(Error::invalid(
+                "dataset.test_sizes",
+                "list at least one of small, medium, large",
+            ));
+        }
+        Ok(())
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let d = load(&self.root)?;
+        let test = self
+            .test_sizes
+            .iter()
+            .map(|&size| {
+                let (split, list) = match size {
+                    TestSize::Small => ("test_small", &d.test[0]),
+                    TestSize::Medium => ("test_medium", &d.test[1]),
+                    TestSize::Large => ("test_large", &d.test[2]),
+                };
+                TestLists::within(split, list.clone())
+            })
+            .collect();
+        Ok(DatasetLists::within(d.train, test))
+    }
 }
