@@ -75,11 +75,10 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<String>) {
     }
 }
 
-/// The paper modules of `src/experiments/` (see the crate-level comment), as Rust source.
-fn write_paper_registry(root: &Path) {
-    let dir = root.join("src/experiments");
-    let mut papers = Vec::new();
-    for entry in fs::read_dir(&dir).expect("readable src/experiments") {
+/// The `.rs` files of `dir` other than `mod.rs`: (module name, path, text).
+fn modules_in(dir: &Path) -> Vec<(String, PathBuf, String)> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("readable source folder") {
         let path = entry.expect("readable folder entry").path();
         let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
             continue;
@@ -88,8 +87,17 @@ fn write_paper_registry(root: &Path) {
             continue;
         }
         let text = fs::read_to_string(&path).expect("readable source file");
+        out.push((stem.to_string(), path, text));
+    }
+    out
+}
+
+/// The paper modules of `src/experiments/` (see the crate-level comment), as Rust source.
+fn write_paper_registry(root: &Path) {
+    let mut papers = Vec::new();
+    for (stem, path, text) in modules_in(&root.join("src/experiments")) {
         if text.lines().any(|l| l.starts_with("pub const EXPERIMENT:")) {
-            papers.push((stem.to_string(), path));
+            papers.push((stem, path));
         }
     }
     papers.sort();
@@ -116,26 +124,17 @@ fn write_paper_registry(root: &Path) {
 
 /// The dataset modules of `src/data/loaders/` (see the crate-level comment), as Rust source.
 fn write_dataset_registry(root: &Path) {
-    let dir = root.join("src/data/loaders");
     let mut modules = Vec::new();
     let mut datasets = Vec::new();
-    for entry in fs::read_dir(&dir).expect("readable src/data/loaders") {
-        let path = entry.expect("readable folder entry").path();
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
-            continue;
-        };
-        if path.extension().is_none_or(|e| e != "rs") || stem == "mod" {
-            continue;
-        }
-        let text = fs::read_to_string(&path).expect("readable source file");
+    for (stem, path, text) in modules_in(&root.join("src/data/loaders")) {
         let types: Vec<String> = text
             .lines()
             .filter_map(|l| l.strip_prefix("impl DiskDataset for "))
             .map(|rest| rest.trim_end_matches('{').trim().to_string())
             .collect();
         if !types.is_empty() {
-            modules.push((stem.to_string(), path.clone()));
-            datasets.extend(types.into_iter().map(|t| (t, stem.to_string())));
+            datasets.extend(types.into_iter().map(|t| (t, stem.clone())));
+            modules.push((stem, path));
         }
     }
     modules.sort();

@@ -23,12 +23,13 @@ use crate::error::{Error, Result};
 use crate::hierarchy::{Labels, Relevance};
 use crate::losses::cluster::ClusterLoss;
 use crate::losses::config::{positive, LossContext, LossRecipe};
+use crate::losses::norm_softmax::NormSoftmaxConfig;
 use crate::losses::smooth_rank::{
     similarity_matrix, smooth_average_precision, Engine, PairSurrogates, QueryAp, RankProblem,
 };
 use crate::losses::surrogate::{Heaviside, LowerStep, UpperStep};
 use crate::losses::{check_batch, RankLoss};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 /// HAPPIER's smooth H-AP loss `L^s_{H-AP} = 1 − mean_q H-AP_s(q)` (Eq. 5), an upper bound of
@@ -324,15 +325,10 @@ impl LossRecipe for HappierConfig {
         if self.lambda == 0.0 {
             return Ok(Box::new(hap));
         }
-        let mut cluster = ClusterLoss::for_level(
-            ctx.train_labels,
-            0,
-            ctx.dim,
-            ctx.seed,
-            DType::F32,
-            ctx.device,
-        )?;
-        cluster.temperature = self.cluster_temperature;
+        let cluster = NormSoftmaxConfig {
+            temperature: self.cluster_temperature,
+        }
+        .loss(ctx)?;
         let mut happier = Happier::new(hap, cluster);
         happier.lambda = self.lambda;
         Ok(Box::new(happier))

@@ -221,6 +221,23 @@ impl Default for NormSoftmaxConfig {
     }
 }
 
+impl NormSoftmaxConfig {
+    /// The loss for a run: one proxy per fine training class (f32, on the run's device), drawn
+    /// from the run's seed. HAPPIER's clustering term is built the same way.
+    pub fn loss(&self, ctx: &LossContext<'_>) -> Result<NormSoftmax> {
+        let mut nsm = NormSoftmax::for_level(
+            ctx.train_labels,
+            0,
+            ctx.dim,
+            ctx.seed,
+            DType::F32,
+            ctx.device,
+        )?;
+        nsm.temperature = self.temperature;
+        Ok(nsm)
+    }
+}
+
 impl LossRecipe for NormSoftmaxConfig {
     fn name(&self) -> String {
         "norm_softmax".into()
@@ -231,16 +248,7 @@ impl LossRecipe for NormSoftmaxConfig {
     }
 
     fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {
-        let mut nsm = NormSoftmax::for_level(
-            ctx.train_labels,
-            0,
-            ctx.dim,
-            ctx.seed,
-            DType::F32,
-            ctx.device,
-        )?;
-        nsm.temperature = self.temperature;
-        Ok(Box::new(nsm))
+        Ok(Box::new(self.loss(ctx)?))
     }
 }
 
