@@ -870,8 +870,36 @@ fn bench_loss(name: &str, b: usize, d: usize, dev: &Device) -> Result<Box<dyn Ra
             mining: TripletMining::SemiHard,
             ..Triplet::default()
         }),
+        // The plain tensor formulations of the pairwise losses (`forward_plain`: the `B × B`
+        // graph on the device, autograd), beside their row engine (on the host): which one a
+        // CUDA run should take is this benchmark's question.
+        "fastap-plain" => plain(FastAp::default(), FastAp::forward_plain),
+        "contrastive-plain" => plain(Contrastive::default(), Contrastive::forward_plain),
+        "triplet-semihard-plain" => plain(
+            Triplet {
+                mining: TripletMining::SemiHard,
+                ..Triplet::default()
+            },
+            Triplet::forward_plain,
+        ),
         other => bail!("unknown loss {other}"),
     })
+}
+
+/// A loss's plain formulation as a [`RankLoss`].
+struct Plain<F>(F);
+
+impl<F: Fn(&Tensor, &Labels) -> rankwise::Result<Tensor>> RankLoss for Plain<F> {
+    fn forward(&self, embeddings: &Tensor, labels: &Labels) -> rankwise::Result<Tensor> {
+        (self.0)(embeddings, labels)
+    }
+}
+
+fn plain<L: 'static>(
+    loss: L,
+    forward: fn(&L, &Tensor, &Labels) -> rankwise::Result<Tensor>,
+) -> Box<dyn RankLoss> {
+    Box::new(Plain(move |e: &Tensor, l: &Labels| forward(&loss, e, l)))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -922,6 +950,9 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         "fastap",
         "rambo",
         "contrastive",
+        "triplet-semihard-plain",
+        "fastap-plain",
+        "contrastive-plain",
     ];
     let names: Vec<&str> = names
         .into_iter()

@@ -19,8 +19,8 @@ use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
-use crate::losses::{check_batch, RankLoss};
-use candle_core::Tensor;
+use crate::losses::{check_batch, l2_normalize, pair_masks, RankLoss};
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -97,16 +97,49 @@ impl Contrastive {
         }
     }
 
-    fn validate(&self) -> Result<()> {
-        for (field, m) in [
-            ("pos_margin", self.pos_margin),
-            ("neg_margin", self.neg_margin),
-        ] {
-            if !m.is_finite() {
-                return Err(Error::invalid(field, format!("must be finite, got {m}")));
+    /// The loss as plain candle tensor expressions over the `B × B` similarity matrix, its
+    /// gradient by autograd: the formula of the module documentation as written, on any
+    /// device. [`RankLoss::forward`] computes the same value and gradient row by row, without
+    /// the `B × B` graph (tested equal). At an exact duplicate pair (distance 0) the Euclidean
+    /// gradient is not finite here; the row engine gives torch's `cdist` zero there.
+    pub fn forward_plain(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        check_batch(embeddings, labels)?;
+        LossRecipe::validate(self)?;
+        let x = l2_normalize(embeddings, "embeddings")?;
+        let s = x.matmul(&x.t()?)?;
+        let (pos, neg) = pair_masks(labels, x.dtype(), x.device())?;
+        let (pos_cost, neg_cost) = match self.metric {
+            // Positives pushed above m⁺, negatives below m⁻.
+            PairMetric::Cosine => (
+                s.affine(-1.0, self.pos_margin)?.relu()?,
+                s.affine(1.0, -self.neg_margin)?.relu()?,
+            ),
+            // d = √(2 − 2s); the diagonal (masked out below) gets 1 inside the root so that its
+            // gradient stays finite.
+            PairMetric::Euclidean => {
+                let eye = Tensor::eye(labels.len(), x.dtype(), x.device())?;
+                let d = (s.affine(-2.0, 2.0)?.relu()? + eye)?.sqrt()?;
+                (
+                    d.affine(1.0, -self.pos_margin)?.relu()?,
+                    d.affine(-1.0, self.neg_margin)?.relu()?,
+                )
             }
-        }
-        Ok(())
+        };
+        let term = |cost: Tensor, mask: &Tensor| -> Result<Tensor> {
+            let cost = (cost * mask)?;
+            let count = match self.reduction {
+                PairReduction::AvgNonZero => cost.gt(0.0)?,
+                PairReduction::Mean => mask.clone(),
+            };
+            let n = count.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+            let sum = cost.sum_all()?;
+            Ok(if n == 0.0 {
+                sum.zeros_like()?
+            } else {
+                (sum / n)?
+            })
+        };
+        Ok((term(pos_cost, &pos)? + term(neg_cost, &neg)?)?)
     }
 }
 
@@ -159,7 +192,7 @@ impl RankLoss for Contrastive {
     /// class. Normalises the embeddings itself.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
-        self.validate()?;
+        LossRecipe::validate(self)?;
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = ContrastiveRows {
             loss: self.clone(),
@@ -380,6 +413,38 @@ impl RowLoss for ContrastiveRows {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::losses::{max_abs_diff, value_and_grad};
+    use candle_core::Device;
+
+    /// The row engine (chunked or not) gives the plain formulation's value and gradient, for
+    /// both metrics and reductions and margins that leave some pairs inactive.
+    #[test]
+    fn row_engine_equals_the_plain_formulation() {
+        let x = Tensor::randn(0f64, 1.0, (11, 5), &Device::Cpu).unwrap();
+        let labels = Labels::from_fine(&[0, 0, 1, 1, 1, 2, 2, 3, 4, 4, 5]).unwrap();
+        for (metric, pos_margin, neg_margin) in [
+            (PairMetric::Cosine, 0.9, 0.6),
+            (PairMetric::Cosine, 0.3, 0.1),
+            (PairMetric::Euclidean, 0.0, 1.0),
+            (PairMetric::Euclidean, 0.4, 1.3),
+        ] {
+            for reduction in [PairReduction::AvgNonZero, PairReduction::Mean] {
+                for query_chunk in [None, Some(3)] {
+                    let loss = Contrastive {
+                        pos_margin,
+                        neg_margin,
+                        metric,
+                        reduction,
+                        query_chunk,
+                    };
+                    let (v, g) = value_and_grad(|e| loss.forward(e, &labels), &x);
+                    let (w, h) = value_and_grad(|e| loss.forward_plain(e, &labels), &x);
+                    assert!((v - w).abs() < 1e-12, "{loss:?}: {v} vs {w}");
+                    assert!(max_abs_diff(&g, &h) < 1e-12, "{loss:?}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn pair_costs_follow_pml() {

@@ -147,6 +147,60 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
     Ok(())
 }
 
+/// The `B × B` masks of the positive pairs (same fine class) and of the negative pairs (another
+/// fine class) of a batch, the diagonal in neither, as 0 / 1 tensors of `dtype` — what the
+/// plain tensor formulations of the pairwise losses multiply their costs by.
+pub fn pair_masks(
+    labels: &Labels,
+    dtype: DType,
+    device: &candle_core::Device,
+) -> Result<(Tensor, Tensor)> {
+    let fine = labels.column(0);
+    let b = fine.len();
+    let mut pos = vec![0f64; b * b];
+    let mut neg = vec![0f64; b * b];
+    for i in 0..b {
+        for j in 0..b {
+            if i != j {
+                let same = fine[i] == fine[j];
+                pos[i * b + j] = f64::from(u8::from(same));
+                neg[i * b + j] = f64::from(u8::from(!same));
+            }
+        }
+    }
+    let mask = |m: Vec<f64>| -> Result<Tensor> {
+        Ok(Tensor::from_vec(m, (b, b), device)?.to_dtype(dtype)?)
+    };
+    Ok((mask(pos)?, mask(neg)?))
+}
+
+/// The value and the gradient of `loss` at the `B × D` f64 matrix `x` (a zero gradient where the
+/// value does not depend on `x`): for the tests that a loss's fast path equals its plain
+/// formulation.
+#[cfg(test)]
+pub(crate) fn value_and_grad(
+    loss: impl Fn(&Tensor) -> Result<Tensor>,
+    x: &Tensor,
+) -> (f64, Vec<Vec<f64>>) {
+    let var = Var::from_tensor(x).unwrap();
+    let value = loss(var.as_tensor()).unwrap();
+    let grad = match value.backward().unwrap().get(&var) {
+        Some(g) => g.to_vec2::<f64>().unwrap(),
+        None => x.zeros_like().unwrap().to_vec2::<f64>().unwrap(),
+    };
+    (value.to_scalar::<f64>().unwrap(), grad)
+}
+
+/// The largest absolute difference of two gradients of the same shape.
+#[cfg(test)]
+pub(crate) fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
 /// The `B × B` matrix of levels of match inside a batch (`levels[q][j]`, diagonal = L), as
 /// `u8` row-major. The losses turn it into masks and relevances.
 pub fn batch_levels(labels: &Labels) -> Vec<u8> {
