@@ -19,6 +19,12 @@
 //! every file of `src/data/loaders/` with an `impl DiskDataset for <Type>` is declared as a
 //! module, and `DatasetConfig` gets one variant per such type, `kind` = the type's name in lower
 //! case. Adding a dataset is then its loader file, its data script and a recipe.
+//!
+//! Both registries name their files by absolute path, so a target folder shared by two
+//! checkouts of the same version holds the registry of whichever built last, and cargo (which
+//! reruns this script on `src/` times, not on the checkout's place) may keep it: after building
+//! another checkout into this tree's target folder, `touch build.rs`.
+//! `scripts/extension_check.sh` builds its copy as another version for that reason.
 
 use std::fs;
 use std::path::{Path, PathBuf};
