@@ -22,7 +22,6 @@
 //!
 //! Loaders never open the images; [`ImageList::check_files_exist`] does, and the image pipeline
 //! ([`crate::data::pipeline`]) names any file it cannot decode.
-
 //!
 //! **The datasets a recipe can train on** are the loader files with an `impl DiskDataset for
 //! <Type>`: build.rs declares those modules and makes [`DatasetConfig`], one variant per such
