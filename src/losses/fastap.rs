@@ -357,8 +357,14 @@ impl FastAp {
         let empty = cum_all.le(0.0)?.to_dtype(dtype)?;
         let terms = ((h_pos * cum_pos)? / (cum_all + empty)?)?;
         // FastAP_q = (1/N⁺) Σ_l h⁺_l H⁺_l / H_l over the queries with a positive.
-        let n_pos = pos.to_dtype(candle_core::DType::F64)?.sum(1)?.to_vec1::<f64>()?;
-        let valid: Vec<f64> = n_pos.iter().map(|&n| f64::from(u8::from(n > 0.0))).collect();
+        let n_pos = pos
+            .to_dtype(candle_core::DType::F64)?
+            .sum(1)?
+            .to_vec1::<f64>()?;
+        let valid: Vec<f64> = n_pos
+            .iter()
+            .map(|&n| f64::from(u8::from(n > 0.0)))
+            .collect();
         let queries = valid.iter().sum::<f64>();
         if queries == 0.0 {
             return Err(Error::invalid(
