@@ -20,8 +20,11 @@
 //! non-image file is an error, so no file is silently dropped or mistaken for an image.
 
 use super::{numbered_lines, read_text, require_dir, sorted_name_ids, ImageList};
+use super::{DatasetLists, DiskDataset, TestLists};
+use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -273,5 +276,144 @@ fn check_image_file(p: &Path) -> Result<()> {
                 IMAGE_EXTENSIONS.join(", ")
             ),
         ))
+    }
+}
+
+/// SSR's three few-shot benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Benchmark {
+    /// mini-ImageNet (64 / 16 / 20 classes, `data_scripts/mini_imagenet.sh`).
+    MiniImagenet,
+    /// tiered-ImageNet (351 / 97 / 160 classes, `data_scripts/tiered_imagenet.sh`).
+    TieredImagenet,
+    /// CIFAR-FS (64 / 16 / 20 classes, `data_scripts/cifar_fs.py`).
+    CifarFs,
+}
+
+/// Which of the three readers above a recipe's few-shot benchmark is read with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FewShotLayout {
+    /// [`load_folders`]: what the data scripts write for all three benchmarks. Default.
+    #[default]
+    Folders,
+    /// [`load_ravi_csv`] (mini-ImageNet).
+    RaviCsv,
+    /// [`load_split_lists`] over `<root>/images/` and `<root>/splits/` (CIFAR-FS).
+    SplitLists,
+}
+
+/// A few-shot benchmark as a recipe names it (`[dataset] kind = "fewshot"`, `benchmark`): the
+/// backbone trains on the base classes, as SSR's does before its few-shot episodes; the novel
+/// classes are the test set (`test`, every image a query against the other novel images) and
+/// the validation classes a second one (`val`). The N-way K-shot episodes of SSR's protocol are
+/// drawn from the same files ([`crate::fewshot`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FewShot {
+    /// The benchmark's folder (`Mini-ImageNet/`, `tiered_imagenet/`, `cifar-fs/`).
+    pub root: PathBuf,
+    /// Which benchmark.
+    pub benchmark: Benchmark,
+    /// How its files are laid out (default: class folders).
+    #[serde(default)]
+    pub layout: FewShotLayout,
+    /// Transforms and decoding; the presets end in a 224 crop, so set `crop_size` to the
+    /// benchmark's 84 (ImageNet ones) or 32 (CIFAR-FS).
+    #[serde(default)]
+    pub images: ImageSettings,
+}
+
+impl DiskDataset for FewShot {
+    crate::data::loaders::root_and_images!();
+
+    fn name(&self) -> String {
+        match self.benchmark {
+            Benchmark::MiniImagenet => "mini_imagenet".into(),
+            Benchmark::TieredImagenet => "tiered_imagenet".into(),
+            Benchmark::CifarFs => "cifar_fs".into(),
+        }
+    }
+
+    fn data_script(&self) -> &'static str {
+        match self.benchmark {
+            Benchmark::MiniImagenet => "data_scripts/mini_imagenet.sh",
+            Benchmark::TieredImagenet => "data_scripts/tiered_imagenet.sh",
+            Benchmark::CifarFs => "data_scripts/cifar_fs.py",
+        }
+    }
+
+    /// Smooth-AP's retrieval presets (random resized crop + flip; resize + centre crop), the
+    /// augmentation of SSR's backbone training, at the recipe's `crop_size`.
+    fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
+        (
+            TransformPreset::RetrievalTrain,
+            TransformPreset::RetrievalTest,
+        )
+    }
+
+    fn load(&self) -> Result<DatasetLists> {
+        let files = match self.layout {
+            FewShotLayout::Folders => load_folders(&self.root)?,
+            FewShotLayout::RaviCsv => load_ravi_csv(&self.root)?,
+            FewShotLayout::SplitLists => {
+                load_split_lists(self.root.join("images"), self.root.join("splits"))?
+            }
+        };
+        Ok(DatasetLists::within(
+            files.base,
+            vec![
+                TestLists::within("test", files.novel),
+                TestLists::within("val", files.val),
+            ],
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::loaders::DatasetConfig;
+    use crate::train::TrainConfig;
+
+    /// A recipe trains on the base classes of a benchmark and tests on its novel and
+    /// validation classes, through the dataset registry.
+    #[test]
+    fn a_recipe_trains_on_the_base_classes() {
+        let root = tempfile::tempdir().unwrap();
+        for (part, classes) in [("train", 3), ("val", 2), ("test", 2)] {
+            for c in 0..classes {
+                for k in 0..2 {
+                    let path = root.path().join(format!("{part}/{part}{c}/{k}.png"));
+                    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                    image::RgbImage::from_pixel(12, 12, image::Rgb([40 * c as u8, 9 * k, 200]))
+                        .save(&path)
+                        .unwrap();
+                }
+            }
+        }
+        let recipe = format!(
+            "input_norm = \"imagenet\"\n[dataset]\nkind = \"fewshot\"\nbenchmark = \"cifar_fs\"\n\
+             root = {:?}\n[dataset.images]\ncrop_size = 8\n",
+            root.path().display().to_string()
+        );
+        let config: TrainConfig = toml::from_str(&recipe).unwrap();
+        assert!(matches!(config.dataset, DatasetConfig::FewShot(_)));
+        assert_eq!(config.dataset.name(), "cifar_fs");
+        assert_eq!(
+            config.dataset.data_script(),
+            Some("data_scripts/cifar_fs.py")
+        );
+        let data = crate::train::load_data(&config).unwrap();
+        assert_eq!(data.train.len(), 6);
+        let sets = data.test.sets();
+        assert_eq!(sets.len(), 2);
+        assert_eq!((sets[0].split.as_str(), sets[0].queries.len()), ("test", 4));
+        assert_eq!((sets[1].split.as_str(), sets[1].queries.len()), ("val", 4));
+        // Class ids are unique across the parts: no novel class shares a base class's id.
+        let base: Vec<_> = data.train.labels().column(0);
+        let novel: Vec<_> = sets[0].queries.labels().column(0);
+        assert!(novel.iter().all(|c| !base.contains(c)));
     }
 }

@@ -28,10 +28,9 @@
 //! type (`[dataset] kind = "<type in lower case>"`, then the type's fields). Adding a dataset is
 //! its loader file (the reader, the recipe type, its [`DiskDataset`] impl), its `data_scripts/`
 //! script and a recipe; no line elsewhere. The other modules (readers shared by loaders, the
-//! evaluation-only and few-shot sets) are declared here.
+//! evaluation-only sets, Fashion-MNIST's decoded IDX files) are declared here.
 
 pub mod fashion_mnist;
-pub mod fewshot_sets;
 pub mod matlab;
 pub mod pickle;
 pub mod revisited;
