@@ -373,7 +373,6 @@ impl DiskDataset for FewShot {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::data::loaders::DatasetConfig;
     use crate::train::TrainConfig;
 
