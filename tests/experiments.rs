@@ -144,7 +144,11 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
             quick, standard,
             "{paper}: standard differs from quick beyond its schedule"
         );
-        assert_eq!(recipe.seeds(Scale::Standard).unwrap(), [0, 1, 2, 3, 4]);
+        // Eight seeds where five left gaps of 1-2 points inside the noise; HAPPIER (rerun for
+        // Table 2 by newer code) keeps its five.
+        let seeds = if paper == "happier" { 5 } else { 8 };
+        let want: Vec<u64> = (0..seeds).collect();
+        assert_eq!(recipe.seeds(Scale::Standard).unwrap(), want, "{paper}");
         if recipe.paper.is_none() {
             let e = recipe.base(Scale::Paper).unwrap_err().to_string();
             assert!(e.contains("[paper]"), "{e}");
