@@ -1,5 +1,5 @@
 //! From an experiment's measurements to what a reader looks at: each reproduced table with the
-//! paper's published values beside ours ([`comparisons`]), the figures ([`figures`]), and the
+//! paper's published values beside ours ([`comparisons`]), the figures ([`figures`](crate::report::figures)), and the
 //! files under `paper_tables/` and `figures/` ([`write_paper`]).
 
 use super::claim::Claim;

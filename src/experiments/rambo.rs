@@ -37,7 +37,7 @@ pub const FIG_2: &str = super::minibatch_ap::TABLE;
 use super::minibatch_ap::BATCH_ROW;
 /// The paper's setting of its ResNet-50 rows (RaMBO, FastAP).
 pub const R50: &str = "backbone=R50;dim=512";
-/// The paper's setting of the GoogLeNet baselines it copies from [42].
+/// The paper's setting of the GoogLeNet baselines it copies from \[42\].
 pub const G512: &str = "backbone=G;dim=512";
 /// The score memory of our "full RaMBO" (the paper does not print its τ).
 pub const MEMORY_BATCHES: usize = 4;

@@ -16,11 +16,11 @@
 //!    over fixed validation episodes; retrieval: mAP@R), and the best `(λ, k, T)` is kept —
 //!    nothing is chosen on the novel classes.
 //! 3. Table 2: 5-way 1-shot and 5-shot episodes (15 queries per class) of the novel classes;
-//!    "Baseline" = nearest prototype by cosine, "+ k-reciprocal [75]" = k-reciprocal against
+//!    "Baseline" = nearest prototype by cosine, "+ k-reciprocal \[75\]" = k-reciprocal against
 //!    the prototypes with the recipe's (k1, k2, λ) (quick: Zhong et al.'s default (20, 6, 0.3);
 //!    not tuned on the test episodes, unlike SSR's script), "+ Ours" = SSR. Accuracy and 95% half-width.
-//! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE [9]",
-//!    "k-reciprocal [75] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
+//! 4. Table 1: every novel image a query against the others; "Feat. only", "AQE \[9\]",
+//!    "k-reciprocal \[75\] †" and each "+ SSR" (SSR applied to the top-k of that list, with the
 //!    original features). mAP@R (the paper's metric) and R@1 (ours only). One more row of
 //!    ours, [`KR_INPUT_ROW`]: SSR reading Eq. 9's `D^t = 2α(1 − S^t) + (1 − α)J` (Sec. 2.3; the
 //!    authors' code never does this), with k-reciprocal's `(k1, k2)` and `α` = its `λ`,

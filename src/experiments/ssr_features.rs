@@ -3,7 +3,7 @@
 //!
 //! SSR never trains a backbone: every table of the paper re-ranks or classifies with **frozen,
 //! pre-extracted features** (Table 1: the GL / PA / PNCA++ features of CUB, CARS and SOP, and
-//! the features of [17] for rOxford5k / rParis6k, meta-trained on SfM120k; Table 2: cosine
+//! the features of \[17\] for rOxford5k / rParis6k, meta-trained on SfM120k; Table 2: cosine
 //! classifiers' features on mini-ImageNet, tiered-ImageNet and CIFAR-FS). A user with those
 //! features — extracted with `rankwise embed` from a model they trained, or converted from the
 //! authors' releases to `.npy` — points the `[paper]` section of `configs/experiments/ssr.toml`

@@ -149,7 +149,7 @@ fn moved_rank(scores: &[f64], moved: &[(usize, f64)], i: usize, yi: f64) -> usiz
 /// Only the moved entries and the entries they pass change rank; every other entry's gradient
 /// is `−(r − r)/λ = −0` whatever its rank `r`. So the ranks needed are those of the moved and
 /// the passed entries, counted one by one (`O(n)` each) unless so many are passed that one sort
-/// costs less. Falls back to [`blackbox_gradient`] when more than [`MOST_MOVES`] entries move.
+/// costs less. Falls back to [`blackbox_gradient`] when more than `MOST_MOVES` entries move.
 pub fn sparse_blackbox_gradient(
     scores: &[f64],
     grad: &[f64],

@@ -12,12 +12,12 @@
 //! rounding of the final sums). Without chunking (one chunk of `B` rows) the forward pass keeps
 //! `S` for the backward pass, which then needs a single product `(G + Gᵀ) Ê`.
 //!
-//! The value is attached to the autograd graph by [`crate::attach::attach`], whose forward is a
+//! The value is attached to the autograd graph by `crate::attach::attach`, whose forward is a
 //! copy of the precomputed value, so the op runs on every candle device: the similarity products use the
 //! device of the embeddings and only the `chunk × B` rows travel to the CPU for the per-row
 //! logic (in `f64`, in parallel over rows with rayon).
 //!
-//! On the CPU with the batch in one chunk (the default) both passes take the path of [`fused`]:
+//! On the CPU with the batch in one chunk (the default) both passes take the path of `fused`:
 //! the same arithmetic, each pass handed to the thread pool once instead of once per step.
 
 use crate::cpu::host_sums::{dot, host_f64, sum_squares, vectorised, with_host_values, HostValues};

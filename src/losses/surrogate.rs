@@ -13,7 +13,7 @@
 //! `t · (−1/τ)` rather than `−t/τ`, because that is what candle's scalar division does), so their
 //! values agree to the last bit on the CPU and their derivatives to a few ulps.
 //!
-//! Internally each surrogate is also described as a list of [`Piece`]s over `t`: constant,
+//! Internally each surrogate is also described as a list of `Piece`s over `t`: constant,
 //! affine or sigmoid. The streaming engine sums constant pieces by counting (no gradient) and
 //! evaluates the others item by item.
 

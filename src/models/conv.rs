@@ -258,7 +258,7 @@ impl Geometry {
     }
 }
 
-/// Parts the batch is cut into (see [`Geometry::parts`]). Fixed rather than the thread count:
+/// Parts the batch is cut into (see `Geometry::parts`). Fixed rather than the thread count:
 /// the kernel gradient is a sum of one partial product per part, added in part order, so the
 /// bits of a training run do not depend on the machine's cores. 16 keeps 2–16 threads busy
 /// with balanced work (a part is 4 images at batch 64).

@@ -108,13 +108,13 @@ impl BatchNorm2d {
     }
 
     /// `relu(forward(x, train))`: on the CPU in training one fused op (see
-    /// [`super::cpu_ops::batch_norm_train`]), elsewhere the two ops.
+    /// `super::cpu_ops::batch_norm_train`), elsewhere the two ops.
     pub fn forward_relu(&self, x: &Tensor, train: bool) -> Result<Tensor> {
         self.forward_maybe_relu(x, train, true)
     }
 
     /// `relu(forward(x, train) + residual)`, a ResNet block's end: on the CPU in training one
-    /// fused op (see [`super::cpu_ops::batch_norm_add_relu_train`]), elsewhere the three ops.
+    /// fused op (see `super::cpu_ops::batch_norm_add_relu_train`), elsewhere the three ops.
     pub fn forward_add_relu(&self, x: &Tensor, residual: &Tensor, train: bool) -> Result<Tensor> {
         if !train || self.frozen || !x.device().is_cpu() {
             return Ok((self.forward(x, train)? + residual)?.relu()?);
@@ -265,7 +265,7 @@ pub fn apply_linear(layer: &candle_nn::Linear, x: &Tensor) -> Result<Tensor> {
 ///
 /// candle 0.11's own `max_pool2d` has no backward for overlapping windows and scales the
 /// gradient by `1 / kernel²` otherwise, so it cannot be trained through. On the CPU this is the
-/// kernel of [`super::cpu_ops`]; elsewhere the windows are stacked, their arg-max taken (no
+/// kernel of `super::cpu_ops`; elsewhere the windows are stacked, their arg-max taken (no
 /// gradient) and the values gathered, whose backward is a scatter-add to the arg-max.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
     let (_, _, h, w) = x.dims4()?;

@@ -5,7 +5,7 @@
 //! writes the result:
 //!
 //! - [`published`]: the papers' values, read from `paper_tables/published/<paper>.csv`
-//!   ([`Published::for_paper`]); never typed into code.
+//!   ([`Published::for_key`]); never typed into code.
 //! - [`provenance`]: [`Provenance`] (dataset, scale, details) of our values.
 //! - [`comparison`]: [`Measured`] values joined with the published ones into a
 //!   [`Comparison`]: a long `DataFrame` (`method | setting | metric | paper | paper_dataset |

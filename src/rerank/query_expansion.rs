@@ -7,11 +7,11 @@
 //!
 //! | method | weight of `x_r` | source |
 //! |---|---|---|
-//! | AQE (average QE; Chum et al. 2007) | 1 | SSR Table 1 "AQE" [9] |
-//! | AQEwD (AQE with decay; Gordo et al. 2017) | `(k + 1 − r) / (k + 1)` | "AQeWd" [16] |
-//! | αQE (Radenović et al. 2018) | `(qᵀx_r)^α`, `α = 3` (query weight 1) | "αQE" [50] |
+//! | AQE (average QE; Chum et al. 2007) | 1 | SSR Table 1 "AQE" \[9\] |
+//! | AQEwD (AQE with decay; Gordo et al. 2017) | `(k + 1 − r) / (k + 1)` | "AQeWd" \[16\] |
+//! | αQE (Radenović et al. 2018) | `(qᵀx_r)^α`, `α = 3` (query weight 1) | "αQE" \[50\] |
 //!
-//! | DQE (discriminative QE; Arandjelović & Zisserman 2012) | the hard-margin linear SVM (with bias) separating `[q, x_1..x_k]` from the `k + 1` lowest-ranked references; the new query is its normalised `w` | "DQE" [2] |
+//! | DQE (discriminative QE; Arandjelović & Zisserman 2012) | the hard-margin linear SVM (with bias) separating `[q, x_1..x_k]` from the `k + 1` lowest-ranked references; the new query is its normalised `w` | "DQE" \[2\] |
 //!
 //! SSR sweeps `k ∈ {1, 3, 5, 7, 9}` ([`SSR_QE_NEIGHBOURS`]). The reference solves DQE's SVM
 //! dual with cvxopt (tolerances 1e-10); here `w ∝ p* − n*`, the closest points of the two convex

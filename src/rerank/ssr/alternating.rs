@@ -23,9 +23,9 @@
 //! recursion ends at `L_1 = 0` (the first update of the first step sees two independent
 //! inputs) and half-step `h` costs `h − 1` Jacobian products.
 //!
-//! `DV` (forward, [`Linearization::jvp`]) and `DVᵀ` (transposed, [`Linearization::vjp`]) are
+//! `DV` (forward, `Linearization::jvp`) and `DVᵀ` (transposed, `Linearization::vjp`) are
 //! written out: the cosine graph's derivatives, the gather and GraphSum scatter, and the
-//! MLP's Jacobian ([`super::model::MlpAt`]). They are ordinary candle ops of the features and
+//! MLP's Jacobian (`super::model::MlpAt`). They are ordinary candle ops of the features and
 //! the MLP's parameters, so meta-training differentiates through them with first-order
 //! autograd, as PyTorch's `create_graph=True` does (candle has no double backward).
 
