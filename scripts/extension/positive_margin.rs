@@ -13,8 +13,8 @@
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
 use crate::losses::config::{finite, LossContext, LossRecipe};
-use crate::losses::{check_batch, l2_normalize, RankLoss};
-use candle_core::Tensor;
+use crate::losses::{check_batch, l2_normalize, pair_masks, RankLoss};
+use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 
 /// The positive-pair cosine hinge (see the module documentation); its own recipe
@@ -51,20 +51,12 @@ impl RankLoss for PositiveMargin {
         check_batch(embeddings, labels)?;
         let x = l2_normalize(embeddings, "embeddings")?;
         let cos = x.matmul(&x.t()?)?;
-        let b = labels.len();
-        let mut mask = vec![0f64; b * b];
-        for i in 0..b {
-            for j in 0..b {
-                if i != j && labels.level(i, j) > 0 {
-                    mask[i * b + j] = 1.0;
-                }
-            }
-        }
-        let pairs: f64 = mask.iter().sum();
+        // The positive pairs (same fine class, i ≠ j) as a 0 / 1 mask.
+        let (mask, _) = pair_masks(labels, x.dtype(), x.device())?;
+        let pairs = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
         if pairs == 0.0 {
             return Err(Error::invalid("labels", "the batch has no positive pair"));
         }
-        let mask = Tensor::from_vec(mask, (b, b), x.device())?.to_dtype(x.dtype())?;
         let hinge = (cos.affine(-1.0, self.margin)?.relu()? * mask)?;
         Ok((hinge.sum_all()? / pairs)?)
     }

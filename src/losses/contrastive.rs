@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
-use crate::losses::{check_batch, l2_normalize, pair_masks, RankLoss};
+use crate::losses::{check_batch, l2_normalize, mean_nonzero, pair_masks, RankLoss};
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -114,30 +114,25 @@ impl Contrastive {
                 s.affine(-1.0, self.pos_margin)?.relu()?,
                 s.affine(1.0, -self.neg_margin)?.relu()?,
             ),
-            // d = √(2 − 2s); the diagonal (masked out below) gets 1 inside the root so that its
-            // gradient stays finite.
+            // d = √(2 − 2s).
             PairMetric::Euclidean => {
-                let eye = Tensor::eye(labels.len(), x.dtype(), x.device())?;
-                let d = (s.affine(-2.0, 2.0)?.relu()? + eye)?.sqrt()?;
+                let d = self.metric.distance_matrix(&s)?;
                 (
                     d.affine(1.0, -self.pos_margin)?.relu()?,
                     d.affine(-1.0, self.neg_margin)?.relu()?,
                 )
             }
         };
+        // Each term is 0 when it has no pair (every cost and mask entry is then 0).
         let term = |cost: Tensor, mask: &Tensor| -> Result<Tensor> {
             let cost = (cost * mask)?;
-            let count = match self.reduction {
-                PairReduction::AvgNonZero => cost.gt(0.0)?,
-                PairReduction::Mean => mask.clone(),
-            };
-            let n = count.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-            let sum = cost.sum_all()?;
-            Ok(if n == 0.0 {
-                sum.zeros_like()?
-            } else {
-                (sum / n)?
-            })
+            match self.reduction {
+                PairReduction::AvgNonZero => mean_nonzero(&cost),
+                PairReduction::Mean => {
+                    let pairs = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+                    Ok((cost.sum_all()? / pairs.max(1.0))?)
+                }
+            }
         };
         Ok((term(pos_cost, &pos)? + term(neg_cost, &neg)?)?)
     }

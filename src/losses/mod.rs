@@ -147,6 +147,19 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
     Ok(())
 }
 
+/// `Σ losses / #{losses > 0}` (0 when none is positive): pml's `AvgNonZeroReducer`, the
+/// reduction of the calibration, contrastive and triplet losses' tensor formulations.
+pub(crate) fn mean_nonzero(losses: &Tensor) -> Result<Tensor> {
+    let count = losses
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?
+        .iter()
+        .filter(|v| **v > 0.0)
+        .count();
+    Ok((losses.sum_all()? / count.max(1) as f64)?)
+}
+
 /// The `B × B` masks of the positive pairs (same fine class) and of the negative pairs (another
 /// fine class) of a batch, the diagonal in neither, as 0 / 1 tensors of `dtype` — what the
 /// plain tensor formulations of the pairwise losses multiply their costs by.

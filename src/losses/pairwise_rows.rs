@@ -54,6 +54,19 @@ impl PairMetric {
         }
     }
 
+    /// [`PairMetric::distance`] of every entry of a `B × B` similarity matrix, as a tensor (the
+    /// plain formulations' `x`). The Euclidean root gets 1 added on the diagonal, which those
+    /// formulations never use, so that its gradient stays finite there.
+    pub fn distance_matrix(self, s: &Tensor) -> Result<Tensor> {
+        Ok(match self {
+            PairMetric::Cosine => s.neg()?,
+            PairMetric::Euclidean => {
+                let eye = Tensor::eye(s.dim(0)?, s.dtype(), s.device())?;
+                (s.affine(-2.0, 2.0)?.relu()? + eye)?.sqrt()?
+            }
+        })
+    }
+
     /// `dx/ds` at the distance-like value `x` (see [`PairMetric::distance`]).
     pub fn distance_slope(self, x: f64) -> f64 {
         match self {

@@ -22,8 +22,8 @@ use crate::losses::smooth_rank::{
     similarity_matrix, smooth_average_precision, Engine, PairSurrogates, QueryAp, RankProblem,
 };
 use crate::losses::surrogate::{Heaviside, UpperStep};
-use crate::losses::{check_batch, RankLoss};
-use candle_core::{DType, Tensor};
+use crate::losses::{check_batch, mean_nonzero, pair_masks, RankLoss};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 
 /// SupAP: `1 − mean_q AP_s(q)` with `rank⁻` smoothed by `H_s^<` and `rank⁺` exact (no gradient),
@@ -148,18 +148,6 @@ impl Default for Calibration {
     }
 }
 
-/// `Σ losses / #{losses > 0}` (0 when none is positive).
-fn mean_nonzero(losses: &Tensor) -> Result<Tensor> {
-    let count = losses
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?
-        .iter()
-        .filter(|v| **v > 0.0)
-        .count();
-    Ok((losses.sum_all()? / count.max(1) as f64)?)
-}
-
 impl RankLoss for Calibration {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
@@ -193,20 +181,7 @@ impl Calibration {
     /// normalised rows when `normalize`).
     fn tensor_forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         let s = similarity_matrix(embeddings, self.normalize)?;
-        let b = labels.len();
-        let mut pos = Vec::with_capacity(b * b);
-        let mut neg = Vec::with_capacity(b * b);
-        for i in 0..b {
-            for j in 0..b {
-                let same = labels.fine(i) == labels.fine(j);
-                pos.push(f64::from(u8::from(same && i != j)));
-                neg.push(f64::from(u8::from(!same)));
-            }
-        }
-        let dev = s.device();
-        let dt = s.dtype();
-        let pos = Tensor::from_vec(pos, (b, b), dev)?.to_dtype(dt)?;
-        let neg = Tensor::from_vec(neg, (b, b), dev)?.to_dtype(dt)?;
+        let (pos, neg) = pair_masks(labels, s.dtype(), s.device())?;
         let pos_loss = s.affine(-1.0, self.pos_margin)?.relu()?.mul(&pos)?;
         let neg_loss = (&s - self.neg_margin)?.relu()?.mul(&neg)?;
         Ok((mean_nonzero(&pos_loss)? + mean_nonzero(&neg_loss)?)?)

@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::config::{finite, LossContext, LossRecipe};
 use crate::losses::pairwise_rows::{chunk_size, fine_ids, row_loss, Input, PairMetric, RowLoss};
-use crate::losses::{check_batch, l2_normalize, RankLoss};
+use crate::losses::{check_batch, l2_normalize, mean_nonzero, RankLoss};
 use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -107,15 +107,8 @@ impl Triplet {
         let b = labels.len();
         let e = l2_normalize(embeddings, "embeddings")?;
         let s = e.matmul(&e.t()?)?;
-        let x = match self.metric {
-            PairMetric::Cosine => s.neg()?,
-            // ‖ê_a − ê_j‖ = √(2 − 2s); 1 inside the root on the (never mined) diagonal keeps its
-            // gradient finite.
-            PairMetric::Euclidean => {
-                let eye = Tensor::eye(b, e.dtype(), e.device())?;
-                (s.affine(-2.0, 2.0)?.relu()? + eye)?.sqrt()?
-            }
-        };
+        // x = −s or ‖ê_a − ê_j‖ (the diagonal is never mined).
+        let x = self.metric.distance_matrix(&s)?;
         let xs = x.to_dtype(candle_core::DType::F64)?.to_vec2::<f64>()?;
         let fine = labels.column(0);
         let m = self.margin;
@@ -162,14 +155,7 @@ impl Triplet {
         let cost = (x.unsqueeze(2)?.broadcast_sub(&x.unsqueeze(1)?)? + m)?
             .relu()?
             .mul(&mined)?;
-        let active = cost.gt(0.0)?.to_dtype(candle_core::DType::F64)?.sum_all()?;
-        let active = active.to_scalar::<f64>()?;
-        let sum = cost.sum_all()?;
-        Ok(if active == 0.0 {
-            sum.zeros_like()?
-        } else {
-            (sum / active)?
-        })
+        mean_nonzero(&cost)
     }
 }
 
