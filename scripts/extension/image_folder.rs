@@ -11,12 +11,11 @@
 //! against the other test images. build.rs finds this file by its `impl DiskDataset`; nothing
 //! else names it.
 
-use super::{DatasetLists, DiskDataset, ImageList, TestLists};
+use super::{check_image_file, sorted_entries, DatasetLists, DiskDataset, ImageList, TestLists};
 use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
 use crate::hierarchy::ClassId;
 use serde::{Deserialize, Serialize};
-use std::fs;
 use std::path::{Path, PathBuf};
 
 /// A class-per-folder dataset as a recipe names it (`[dataset] kind = "imagefolder"`).
@@ -42,10 +41,7 @@ impl DiskDataset for ImageFolder {
     }
 
     fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
-        (
-            TransformPreset::SquareRandomCrop,
-            TransformPreset::SquareCenterCrop,
-        )
+        TransformPreset::SQUARE_CROPS
     }
 
     fn load(&self) -> Result<DatasetLists> {
@@ -58,28 +54,16 @@ impl DiskDataset for ImageFolder {
     }
 }
 
-/// The sorted entries of `dir` that are folders (`want_dirs`) or files.
-fn entries(dir: &Path, want_dirs: bool) -> Result<Vec<PathBuf>> {
-    let read = fs::read_dir(dir).map_err(|e| Error::file(dir, format!("cannot list: {e}")))?;
-    let mut out = Vec::new();
-    for entry in read {
-        let path = entry
-            .map_err(|e| Error::file(dir, format!("cannot list: {e}")))?
-            .path();
-        if path.is_dir() == want_dirs {
-            out.push(path);
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 /// Every image of `<root>/<split>/<class>/`, labelled by the class folder's rank.
 fn load_split(root: &Path, split: &str) -> Result<ImageList> {
     let dir = root.join(split);
     let mut rows = Vec::new();
-    for (id, class) in entries(&dir, true)?.into_iter().enumerate() {
-        for image in entries(&class, false)? {
+    for (id, class) in sorted_entries(&dir)?.into_iter().enumerate() {
+        if !class.is_dir() {
+            return Err(Error::file(&class, "expected only class folders here"));
+        }
+        for image in sorted_entries(&class)? {
+            check_image_file(&image)?;
             rows.push((image, vec![id as ClassId]));
         }
     }
@@ -89,6 +73,7 @@ fn load_split(root: &Path, split: &str) -> Result<ImageList> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn write_png(path: &Path, shade: u8) {
         fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -54,6 +54,13 @@ pub enum TransformPreset {
 }
 
 impl TransformPreset {
+    /// The `(train, test)` pair of the papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, a
+    /// random / centre 224 crop — the default of the datasets without published transforms.
+    pub const SQUARE_CROPS: (TransformPreset, TransformPreset) = (
+        TransformPreset::SquareRandomCrop,
+        TransformPreset::SquareCenterCrop,
+    );
+
     /// The transform with ImageNet normalisation and the papers' sizes.
     pub fn transform(self) -> Transform {
         match self {

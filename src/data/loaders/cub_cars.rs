@@ -157,12 +157,6 @@ pub struct Cars {
     pub images: ImageSettings,
 }
 
-/// The papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, random / centre 224 crop.
-const SQUARE_CROPS: (TransformPreset, TransformPreset) = (
-    TransformPreset::SquareRandomCrop,
-    TransformPreset::SquareCenterCrop,
-);
-
 impl DiskDataset for Cub {
     crate::data::loaders::root_and_images!();
 
@@ -175,7 +169,7 @@ impl DiskDataset for Cub {
     }
 
     fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
-        SQUARE_CROPS
+        TransformPreset::SQUARE_CROPS
     }
 
     fn load(&self) -> Result<DatasetLists> {
@@ -199,7 +193,7 @@ impl DiskDataset for Cars {
     }
 
     fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
-        SQUARE_CROPS
+        TransformPreset::SQUARE_CROPS
     }
 
     fn load(&self) -> Result<DatasetLists> {

@@ -19,7 +19,8 @@
 //! order, which SSR uses, is arbitrary); hidden entries (a leading `.`) are skipped and any
 //! non-image file is an error, so no file is silently dropped or mistaken for an image.
 
-use super::{numbered_lines, read_text, require_dir, sorted_name_ids, ImageList};
+use super::{check_image_file, numbered_lines, read_text, require_dir, sorted_entries};
+use super::{sorted_name_ids, ImageList};
 use super::{DatasetLists, DiskDataset, TestLists};
 use crate::data::dataset::{ImageSettings, TransformPreset};
 use crate::error::{Error, Result};
@@ -41,9 +42,6 @@ pub struct FewShotFiles {
 
 /// The parts' folder / file stems, in [`FewShotFiles`] order.
 const PARTS: [&str; 3] = ["train", "val", "test"];
-
-/// File extensions taken as images (compared case-insensitively).
-const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
 
 /// Loads the class-folder layout: `root/{train,val,test}/<class>/<image>`.
 pub fn load_folders(root: impl AsRef<Path>) -> Result<FewShotFiles> {
@@ -242,41 +240,10 @@ fn assemble(source: &Path, parts: Vec<Vec<(String, PathBuf)>>) -> Result<FewShot
     })
 }
 
-/// The non-hidden entries of `dir`, sorted by name.
-fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
-        let entry = entry.map_err(|e| Error::io(dir, e))?;
-        if !entry.file_name().to_string_lossy().starts_with('.') {
-            out.push(entry.path());
-        }
-    }
-    out.sort();
-    Ok(out)
-}
-
 fn file_name(p: &Path) -> String {
     p.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
-}
-
-fn check_image_file(p: &Path) -> Result<()> {
-    let ext = p
-        .extension()
-        .map(|e| e.to_string_lossy().to_ascii_lowercase())
-        .unwrap_or_default();
-    if p.is_file() && IMAGE_EXTENSIONS.contains(&ext.as_str()) {
-        Ok(())
-    } else {
-        Err(Error::file(
-            p,
-            format!(
-                "expected an image file ({}) in a class folder",
-                IMAGE_EXTENSIONS.join(", ")
-            ),
-        ))
-    }
 }
 
 /// SSR's three few-shot benchmarks.

@@ -507,6 +507,41 @@ pub(crate) fn require_dir(root: &Path) -> Result<()> {
     }
 }
 
+/// File extensions taken as images (compared case-insensitively).
+const IMAGE_EXTENSIONS: [&str; 3] = ["jpg", "jpeg", "png"];
+
+/// The non-hidden entries of `dir`, sorted by name.
+pub(crate) fn sorted_entries(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        if !entry.file_name().to_string_lossy().starts_with('.') {
+            out.push(entry.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Errors unless `p` is a file with an image extension (what a class folder may hold).
+pub(crate) fn check_image_file(p: &Path) -> Result<()> {
+    let ext = p
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if p.is_file() && IMAGE_EXTENSIONS.contains(&ext.as_str()) {
+        Ok(())
+    } else {
+        Err(Error::file(
+            p,
+            format!(
+                "expected an image file ({}) in a class folder",
+                IMAGE_EXTENSIONS.join(", ")
+            ),
+        ))
+    }
+}
+
 /// Class ids for names: the index of each name in their sorted list (deterministic, and the same
 /// for every split that uses the same name table).
 pub(crate) fn sorted_name_ids<'a>(

@@ -136,10 +136,7 @@ impl DiskDataset for VehicleId {
 
     /// The papers' text (Smooth-AP §4.1, RaMBO §5.1): 256 × 256, random / centre 224 crop.
     fn default_transforms(&self) -> (TransformPreset, TransformPreset) {
-        (
-            TransformPreset::SquareRandomCrop,
-            TransformPreset::SquareCenterCrop,
-        )
+        TransformPreset::SQUARE_CROPS
     }
 
     fn validate_options(&self) -> Result<()> {
