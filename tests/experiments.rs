@@ -79,6 +79,25 @@ fn every_experiment_runs_at_tiny_scale_and_is_cached() {
             let ran: Vec<u64> = r.runs.iter().map(|x| x.seed).collect();
             assert_eq!(ran, seeds, "{paper}: {} {}", r.method, r.setting);
         }
+        if paper == "happier" {
+            // Table 4's fine-only rows train on the same images, split and fine labels as
+            // Table 3's (only the label levels differ), so their fine values are the same bits.
+            use experiments::happier::{TABLE_3, TABLE_4};
+            for method in ["TL_SH [57]", "NSM [59]", "Smooth-AP [2]", "ROADMAP [42]"] {
+                for (t3, t4) in [("Fine R@1", "Species R@1"), ("Fine AP", "Species AP")] {
+                    let three = m.sample(TABLE_3, method, "", t3).unwrap().values;
+                    let six = m.sample(TABLE_4, method, "", t4).unwrap().values;
+                    assert_eq!(three, six, "{method} {t3}");
+                }
+            }
+            // Table 1 stands beside iNat-base and iNat-full, each with its own runs.
+            let on = |d: &str| {
+                m.sample_on("Table 1", d, "HAPPIER", "", "H-AP")
+                    .unwrap()
+                    .values
+            };
+            assert_ne!(on("iNat-base"), on("iNat-full"));
+        }
         // Every run evaluated the metrics of every table column, once per table row.
         let rows: usize = m.runs.len();
         assert!(rows >= 2, "{paper}: {rows} rows");

@@ -1069,11 +1069,43 @@ fn summed_levels_is_the_weighted_sum_over_coarsened_labels() {
     let three = SummedLevels::uniform(3, |_| Ok(make() as Box<dyn RankLoss>)).unwrap();
     let err = three
         .forward(
-            &Tensor::from_vec(data, (CLASSES.len(), D), &CPU).unwrap(),
+            &Tensor::from_vec(data.clone(), (CLASSES.len(), D), &CPU).unwrap(),
             &labels,
         )
         .unwrap_err();
     assert!(err.to_string().contains("level 2"), "{err}");
+
+    // A level at which the batch is one class has no negative: its term is skipped (zero in
+    // pytorch-metric-learning), so the Σ equals the sum of the other levels.
+    let one_top = Labels::from_flat(
+        CLASSES.len(),
+        3,
+        labels
+            .as_flat()
+            .chunks(2)
+            .flat_map(|r| [r[0], r[1], 0])
+            .collect(),
+    )
+    .unwrap();
+    let (v3, g3) = value_and_grad(&three, &data, D, &one_top);
+    let (v01, g01) = value_and_grad(
+        &SummedLevels::uniform(2, |_| Ok(make() as Box<dyn RankLoss>)).unwrap(),
+        &data,
+        D,
+        &labels,
+    );
+    assert_eq!(v3.to_bits(), v01.to_bits());
+    assert_eq!(g3, g01);
+    // Every level one class: refused, naming why.
+    let single = Labels::from_flat(CLASSES.len(), 1, vec![0; CLASSES.len()]).unwrap();
+    let one = SummedLevels::uniform(1, |_| Ok(make() as Box<dyn RankLoss>)).unwrap();
+    let err = one
+        .forward(
+            &Tensor::from_vec(batch(18), (CLASSES.len(), D), &CPU).unwrap(),
+            &single,
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no level has a negative"), "{err}");
     assert!(SummedLevels::new(vec![LevelTerm {
         level: 0,
         weight: -1.0,

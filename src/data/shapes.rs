@@ -13,6 +13,19 @@
 //! No single cue gives the fine class: every variant uses the same hues and aspects, and every
 //! family the same patterns, so a model must combine shape, pattern, colour and proportion.
 //!
+//! **Deeper hierarchies** ([`ShapesConfig::levels`] 4 to 6; the images are the same, only the
+//! label columns change), for the experiments of HAPPIER on iNat-full's seven levels. Each level
+//! past the third adds, in turn:
+//! * level 4 — a *form* between the fine class and the variant: the variant's fine classes of
+//!   one aspect (`variant · 2 + k mod 2`), a visual grouping (same shape, pattern and
+//!   proportion; the hue differs);
+//! * level 5 — an *order* above the family: the families in pairs (`family / 2`: disk and
+//!   square, triangle and star, cross and arrow, heart and crescent);
+//! * level 6 — a *class* above the order: the families in fours (`family / 4`).
+//!
+//! Labels stay finest first: `[fine, form, variant, family, order, class]` at six levels,
+//! `[fine, variant, family]` at three.
+//!
 //! **Nuisance** ([`Nuisance`]) varies within a class: rotation, scale, translation, colour
 //! jitter (hue, saturation, value), a random low-saturation background with a brightness
 //! gradient, small distractor blobs and bars behind the object, and Gaussian pixel noise.
@@ -162,9 +175,15 @@ pub struct ShapesConfig {
     pub images_per_class: usize,
     /// Image side in pixels, `8..=256`.
     pub image_size: usize,
+    /// Label levels, `3..=6`: 3 = fine class, variant, family; more add a form, an order and a
+    /// class (module documentation). The images do not depend on it.
+    pub levels: usize,
     /// Within-class variation.
     pub nuisance: Nuisance,
 }
+
+/// The fewest and the most label levels of the embedded dataset.
+pub const LEVELS: std::ops::RangeInclusive<usize> = 3..=6;
 
 impl Default for ShapesConfig {
     fn default() -> Self {
@@ -175,6 +194,7 @@ impl Default for ShapesConfig {
             fine_per_variant: 8,
             images_per_class: 30,
             image_size: 32,
+            levels: 3,
             nuisance: Nuisance::default(),
         }
     }
@@ -226,6 +246,7 @@ impl ShapesConfig {
         )?;
         in_range("images_per_class", self.images_per_class, 1, 1 << 31)?;
         in_range("image_size", self.image_size, 8, 256)?;
+        in_range("levels", self.levels, *LEVELS.start(), *LEVELS.end())?;
         self.nuisance.validate()
     }
 
@@ -269,18 +290,37 @@ impl ShapesConfig {
         }
     }
 
-    /// The labels of [`ShapesConfig::generate`]: one row `[fine, variant, family]` per image,
-    /// images class after class.
+    /// The labels of [`ShapesConfig::generate`]: one row per image, images class after class;
+    /// `[fine, variant, family]` at three levels, `[fine, form, variant, family, order, class]`
+    /// at six ([`ShapesConfig::label_row`]).
     pub fn labels(&self) -> Result<Labels> {
         self.validate()?;
-        let mut data = Vec::with_capacity(self.num_images() * 3);
+        let mut data = Vec::with_capacity(self.num_images() * self.levels);
         for c in 0..self.num_classes() {
-            let class = self.class_unchecked(c);
+            let row = self.label_row(&self.class_unchecked(c));
             for _ in 0..self.images_per_class {
-                data.extend_from_slice(&[class.fine, class.variant, class.family]);
+                data.extend_from_slice(&row);
             }
         }
-        Labels::from_flat(self.num_images(), 3, data)
+        Labels::from_flat(self.num_images(), self.levels, data)
+    }
+
+    /// The label row of one class, finest first, [`ShapesConfig::levels`] long.
+    pub fn label_row(&self, class: &ShapeClass) -> Vec<ClassId> {
+        let k = class.fine as usize % self.fine_per_variant;
+        let form = (class.variant as usize * 2 + k % 2) as ClassId;
+        let mut row = vec![class.fine];
+        if self.levels >= 4 {
+            row.push(form);
+        }
+        row.extend([class.variant, class.family]);
+        if self.levels >= 5 {
+            row.push(class.family / 2);
+        }
+        if self.levels >= 6 {
+            row.push(class.family / 4);
+        }
+        row
     }
 
     /// Image `index` of fine class `fine`: `3 × S × S` values in `[0, 1]`.
@@ -780,5 +820,58 @@ mod tests {
         };
         let e = bad.validate().unwrap_err().to_string();
         assert!(e.contains("families"), "{e}");
+        let bad = ShapesConfig {
+            levels: 7,
+            ..ShapesConfig::default()
+        };
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("levels") && e.contains("3..=6"), "{e}");
+    }
+
+    #[test]
+    fn deeper_levels_add_form_order_and_class_and_keep_a_tree() {
+        let three = ShapesConfig::default();
+        // Class 117: family 3 (star), variant 14, k = 5 (odd: aspect 0.6).
+        let c = three.class(117).unwrap();
+        assert_eq!(three.label_row(&c), [117, 14, 3]);
+        let at = |levels| ShapesConfig {
+            levels,
+            ..three.clone()
+        };
+        assert_eq!(at(4).label_row(&c), [117, 29, 14, 3]);
+        assert_eq!(at(5).label_row(&c), [117, 29, 14, 3, 1]);
+        assert_eq!(at(6).label_row(&c), [117, 29, 14, 3, 1, 0]);
+        // A form holds the variant's classes of one aspect: 4 of the 8.
+        let six = at(6);
+        let labels = six.labels().unwrap();
+        assert_eq!(labels.num_levels(), 6);
+        for level in 0..5 {
+            // Each class of a level has exactly one parent at the next: the labels form a tree.
+            let mut parent = std::collections::BTreeMap::new();
+            for i in 0..labels.len() {
+                let row = labels.row(i);
+                let p = parent.entry(row[level]).or_insert(row[level + 1]);
+                assert_eq!(*p, row[level + 1], "level {level} class {}", row[level]);
+            }
+        }
+        let forms: std::collections::BTreeSet<_> = labels.column(1).into_iter().collect();
+        assert_eq!(forms.len(), 64);
+        for fine in (0..256).step_by(37) {
+            let c = six.class(fine).unwrap();
+            assert_eq!(c.aspect == 1.0, six.label_row(&c)[1] % 2 == 0);
+        }
+        // The images do not depend on the levels.
+        let small = |levels| ShapesConfig {
+            families: 2,
+            variants_per_family: 1,
+            fine_per_variant: 2,
+            images_per_class: 2,
+            image_size: 8,
+            levels,
+            ..ShapesConfig::default()
+        };
+        let (a, b) = (small(3).generate().unwrap(), small(6).generate().unwrap());
+        assert_eq!(a.pixels(), b.pixels());
+        assert_eq!(a.labels().column(0), b.labels().column(0));
     }
 }

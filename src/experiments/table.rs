@@ -420,6 +420,32 @@ impl Measurements {
             .map(Measured::sample)
     }
 
+    /// [`Measurements::sample`] of the cell in `dataset`'s column, for a table whose columns
+    /// stand beside several of the paper's datasets (HAPPIER's Table 1: iNat-base and
+    /// iNat-full); `sample` takes the first dataset's.
+    pub fn sample_on(
+        &self,
+        table: &str,
+        dataset: &str,
+        method: &str,
+        setting: &str,
+        metric: &str,
+    ) -> Option<Sample> {
+        if self.is_degenerate(table, method, setting) {
+            return None;
+        }
+        self.cells
+            .iter()
+            .find(|c| {
+                c.table == table
+                    && c.dataset == dataset
+                    && c.method == method
+                    && c.setting == setting
+                    && c.metric == metric
+            })
+            .map(Measured::sample)
+    }
+
     fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {
         if self.is_degenerate(table, method, setting) {
             return None;
@@ -506,5 +532,10 @@ mod degenerate_tests {
             m.sample("T", "A", "", "R@1").unwrap().values,
             [0.1, 0.2, 0.3]
         );
+        assert_eq!(
+            m.sample_on("T", "D", "A", "", "R@1"),
+            m.sample("T", "A", "", "R@1")
+        );
+        assert_eq!(m.sample_on("T", "E", "A", "", "R@1"), None);
     }
 }

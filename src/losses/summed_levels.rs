@@ -155,6 +155,12 @@ impl RankLoss for SummedLevels {
 
     /// `Σ_l w_l · loss_l(embeddings, labels.coarsen(l))`. Errors if a term's level does not
     /// exist in `labels`; each term's own checks and conventions apply.
+    ///
+    /// A level at which the whole batch is one class has no negative pair, so its term adds
+    /// nothing and is skipped: pytorch-metric-learning's losses (the authors' Σ) return zero for
+    /// a batch without pairs or triplets, where ours would refuse it. It happens at the coarsest
+    /// levels of a deep hierarchy, where two classes split the data (HAPPIER Table 4). Errors
+    /// if every level is skipped.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         let mut total: Option<Tensor> = None;
         for term in &self.terms {
@@ -169,13 +175,23 @@ impl RankLoss for SummedLevels {
                 ));
             }
             let coarse = labels.coarsen(term.level)?;
+            let first = coarse.fine(0);
+            if (1..coarse.len()).all(|i| coarse.fine(i) == first) {
+                continue;
+            }
             let value = (term.loss.forward(embeddings, &coarse)? * term.weight)?;
             total = Some(match total {
                 None => value,
                 Some(t) => (t + value)?,
             });
         }
-        total.ok_or_else(|| Error::invalid("terms", "a Σ loss needs at least one level"))
+        total.ok_or_else(|| {
+            Error::invalid(
+                "labels",
+                "the Σ loss is undefined for this batch: it is one class at every level of the \
+                 loss, so no level has a negative",
+            )
+        })
     }
 }
 

@@ -105,6 +105,16 @@ pub struct DataConfig {
     pub image_size: usize,
     /// The level whose classes each keep half their fine classes on each side of the split.
     pub split_level: usize,
+    /// Label levels, `3..=6` ([`crate::data::ShapesConfig::levels`]): 3 = fine class, variant,
+    /// family; 6 adds a form below the variant and an order and a class above the family (the
+    /// variant is then level 2). Left out of the recipe text when 3, so the recipes and run
+    /// keys of the three-level data read as before the deeper levels existed.
+    #[serde(skip_serializing_if = "is_three")]
+    pub levels: usize,
+}
+
+fn is_three(levels: &usize) -> bool {
+    *levels == 3
 }
 
 impl Default for DataConfig {
@@ -120,6 +130,7 @@ impl Default for DataConfig {
             images_per_class: s.images_per_class,
             image_size: s.image_size,
             split_level: 1,
+            levels: s.levels,
         }
     }
 }
@@ -134,6 +145,7 @@ impl DataConfig {
             fine_per_variant: self.fine_per_variant,
             images_per_class: self.images_per_class,
             image_size: self.image_size,
+            levels: self.levels,
             ..ShapesConfig::default()
         }
     }
