@@ -409,6 +409,7 @@ fn tiny_config() -> TrainConfig {
             images_per_class: 6,
             image_size: 16,
             split_level: 1,
+            levels: 3,
         },
         model: EmbeddingNetConfig {
             backbone: BackboneConfig::SmallCnn(SmallCnnConfig {
