@@ -163,10 +163,8 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
             quick, standard,
             "{paper}: standard differs from quick beyond its schedule"
         );
-        // Eight seeds where five left gaps of 1-2 points inside the noise; HAPPIER (rerun for
-        // Table 2 by newer code) keeps its five.
-        let seeds = if paper == "happier" { 5 } else { 8 };
-        let want: Vec<u64> = (0..seeds).collect();
+        // Eight seeds where five left gaps of 1-2 points inside the noise.
+        let want: Vec<u64> = (0..8).collect();
         assert_eq!(recipe.seeds(Scale::Standard).unwrap(), want, "{paper}");
         if recipe.paper.is_none() {
             let e = recipe.base(Scale::Paper).unwrap_err().to_string();
