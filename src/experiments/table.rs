@@ -431,27 +431,33 @@ impl Measurements {
         setting: &str,
         metric: &str,
     ) -> Option<Sample> {
-        if self.is_degenerate(table, method, setting) {
-            return None;
-        }
-        self.cells
-            .iter()
-            .find(|c| {
-                c.table == table
-                    && c.dataset == dataset
-                    && c.method == method
-                    && c.setting == setting
-                    && c.metric == metric
-            })
+        self.cell_on(table, Some(dataset), method, setting, metric)
             .map(Measured::sample)
     }
 
     fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {
+        self.cell_on(table, None, method, setting, metric)
+    }
+
+    /// The first cell of `table`'s row `method` / `setting` in `metric` (and `dataset`'s
+    /// column, if given); `None` if not measured or if the row is degenerate.
+    fn cell_on(
+        &self,
+        table: &str,
+        dataset: Option<&str>,
+        method: &str,
+        setting: &str,
+        metric: &str,
+    ) -> Option<&Measured> {
         if self.is_degenerate(table, method, setting) {
             return None;
         }
         self.cells.iter().find(|c| {
-            c.table == table && c.method == method && c.setting == setting && c.metric == metric
+            c.table == table
+                && dataset.is_none_or(|d| c.dataset == d)
+                && c.method == method
+                && c.setting == setting
+                && c.metric == metric
         })
     }
 }
