@@ -512,6 +512,68 @@ fn triplet_gradient_matches_finite_differences() {
 // Normalised softmax
 
 #[test]
+fn arcface_margin_matches_hand_computed_values_and_finite_differences() {
+    // Two proxies on the axes; an embedding 30° from its class's proxy, σ = 0.1 (s = 10),
+    // m = 0.5: the logits are (cos(30° + 0.5), cos 60°)·10.
+    let proxies =
+        Var::from_tensor(&Tensor::new(&[[1.0f64, 0.0], [0.0, 1.0]], &CPU).unwrap()).unwrap();
+    let mut arc = NormSoftmax::with_proxies(&[0, 1], proxies).unwrap();
+    arc.temperature = 0.1;
+    arc.margin = 0.5;
+    let t = std::f64::consts::FRAC_PI_6;
+    let x = [3.0 * t.cos(), 3.0 * t.sin()];
+    let logits = [10.0 * (t + 0.5).cos(), 10.0 * t.sin()];
+    let want = logits.iter().map(|l| l.exp()).sum::<f64>().ln() - logits[0];
+    let got = value(&arc, &x, 2, &flat(&[0]));
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    // Margin 0 is NSM, bit for bit.
+    arc.margin = 0.0;
+    let nsm_value = value(&arc, &x, 2, &flat(&[0]));
+    let want_nsm = (10.0 * t.cos()).exp() + (10.0 * t.sin()).exp();
+    assert!((nsm_value - (want_nsm.ln() - 10.0 * t.cos())).abs() < 1e-12);
+
+    // A random batch, against the formula, with the margin below and past θ = π − m.
+    let data = batch(9);
+    let labels = flat(&CLASSES);
+    let xs = normalized_rows(&data, D);
+    for m in [0.5, 2.5] {
+        let mut arc = NormSoftmax::for_level(&labels, 0, D, 11, DType::F64, &CPU).unwrap();
+        arc.temperature = 0.2;
+        arc.margin = m;
+        let w = arc
+            .proxies()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let p = normalized_rows(&w, D);
+        let (mut want, mut past) = (0.0, 0);
+        for (i, &c) in CLASSES.iter().enumerate() {
+            let target = arc.classes().iter().position(|&k| k == c).unwrap();
+            let mut logits: Vec<f64> = (0..5)
+                .map(|k| (0..D).map(|t| xs[i * D + t] * p[k * D + t]).sum::<f64>())
+                .collect();
+            let cos = logits[target];
+            logits[target] = if cos > (std::f64::consts::PI - m).cos() {
+                (cos.acos() + m).cos()
+            } else {
+                past += 1;
+                cos - m * m.sin()
+            };
+            let logits: Vec<f64> = logits.iter().map(|l| l / 0.2).collect();
+            let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
+            want += lse - logits[target];
+        }
+        want /= CLASSES.len() as f64;
+        let got = value(&arc, &data, D, &labels);
+        assert!((got - want).abs() < 1e-12, "m = {m}: {got} vs {want}");
+        // m = 0.5 never passes π − m on this batch, m = 2.5 does for some rows.
+        assert_eq!(past > 0, m > 1.0, "m = {m}: {past} rows past π − m");
+        check_finite_differences(&arc, &data, D, &labels, 1e-6);
+    }
+}
+
+#[test]
 fn norm_softmax_matches_a_hand_computed_cross_entropy_and_finite_differences() {
     let data = batch(9);
     let labels = flat(&CLASSES);

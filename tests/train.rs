@@ -13,7 +13,8 @@ use rankwise::models::{
 use rankwise::train::large_batch::{chunked_gradients, direct_gradients};
 use rankwise::train::{
     AdamConfig, Algorithm, DataConfig, Decay, EvalConfig, GroupConfig, LrSchedule, Optimizer,
-    OptimizerConfig, OutputConfig, ParamGroup, SamplerConfig, SgdConfig, TrainConfig, Trainer,
+    OptimizerConfig, OutputConfig, ParamGroup, PretrainStage, SamplerConfig, SgdConfig,
+    TrainConfig, Trainer,
 };
 
 /// A contrastive loss on cosine similarities (Hadsell et al., 2006), written here because the
@@ -553,6 +554,78 @@ fn resume_continues_bit_identically() {
         e.contains("checkpoint.safetensors") && e.contains("`model`"),
         "{e}"
     );
+}
+
+#[test]
+fn a_pretrain_stage_is_the_run_of_its_recipe() {
+    use rankwise::losses::norm_softmax::NormSoftmaxConfig;
+    let mut fine = tiny_config();
+    fine.loss = LossConfig::Contrastive(rankwise::losses::contrastive::Contrastive::default());
+    fine.epochs = 1;
+    fine.pretrain = Some(PretrainStage {
+        loss: LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
+        epochs: 2,
+        sampler: None,
+        optimizer: None,
+        schedule: Some(LrSchedule::default()),
+    });
+    let stage = fine.pretrain_recipe().unwrap();
+    assert_eq!(stage.loss, fine.pretrain.as_ref().unwrap().loss);
+    assert_eq!(
+        (stage.epochs, stage.schedule.clone()),
+        (2, LrSchedule::default())
+    );
+    assert_eq!((&stage.sampler, stage.seed), (&fine.sampler, fine.seed));
+    assert!(stage.pretrain.is_none());
+
+    // The stage as a run of its own: its network and its last evaluation.
+    let mut alone = Trainer::from_config(stage.clone()).unwrap();
+    let untrained = snapshot(alone.params());
+    alone.fit().unwrap();
+    let pretrained = snapshot(alone.params());
+    assert_ne!(untrained, pretrained, "the stage trained");
+
+    // The fine-tuning run starts from that network, bit for bit, and its evaluation before
+    // the first epoch is the stage's last one.
+    let mut tuned = Trainer::from_config(fine.clone()).unwrap();
+    assert_eq!(snapshot(tuned.params()), pretrained);
+    tuned.fit().unwrap();
+    for (metric, level) in [("R@1", Some(0)), ("H-AP", None)] {
+        let before = tuned.log().series("test", metric, level)[0];
+        let last = *alone.log().series("test", metric, level).last().unwrap();
+        assert_eq!(before.0, 0);
+        assert_eq!(before.1.to_bits(), last.1.to_bits(), "{metric}");
+    }
+    assert_ne!(snapshot(tuned.params()), pretrained, "the run fine-tuned");
+
+    // The recipe round-trips through TOML with its stage; a bad stage names itself.
+    let text = fine.to_toml_string().unwrap();
+    assert!(
+        text.contains("[pretrain]") && text.contains("[pretrain.loss]"),
+        "{text}"
+    );
+    let back: TrainConfig = toml::from_str(&text).unwrap();
+    assert_eq!(back, fine);
+    let mut bad = fine.clone();
+    bad.pretrain.as_mut().unwrap().epochs = 0;
+    let e = bad.validate().unwrap_err().to_string();
+    assert!(e.contains("pretrain") && e.contains("epochs"), "{e}");
+    let e = toml::from_str::<TrainConfig>("[pretrain]\nepochs = 2\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("loss"), "{e}");
+
+    // A checkpoint of a run with another stage is refused with the field named.
+    let dir = tempfile::tempdir().unwrap();
+    let mut saved = fine.clone();
+    saved.output.dir = Some(dir.path().to_path_buf());
+    let mut t = Trainer::from_config(saved).unwrap();
+    t.fit().unwrap();
+    let mut other = fine;
+    other.pretrain.as_mut().unwrap().epochs = 1;
+    other.resume = t.checkpoint_path();
+    let e = Trainer::from_config(other).err().unwrap().to_string();
+    assert!(e.contains("`pretrain`"), "{e}");
 }
 
 fn loss_vars_bits(trainer: &Trainer) -> Vec<(String, Vec<u64>)> {

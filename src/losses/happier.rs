@@ -327,6 +327,7 @@ impl LossRecipe for HappierConfig {
         }
         let cluster = NormSoftmaxConfig {
             temperature: self.cluster_temperature,
+            margin: 0.0,
         }
         .loss(ctx)?;
         let mut happier = Happier::new(hap, cluster);

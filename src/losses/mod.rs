@@ -45,7 +45,7 @@ config::registry! {
     Contrastive(contrastive::Contrastive),
     /// Triplet margin loss with mining (TL_SH of HAPPIER's tables).
     Triplet(triplet::Triplet),
-    /// Normalised softmax over learnable class proxies (NSM).
+    /// Normalised softmax over learnable class proxies (NSM); with an angular margin, ArcFace.
     NormSoftmax(norm_softmax::NormSoftmaxConfig),
     /// The "Σ" hierarchical baselines: the same flat loss at every level, summed.
     Summed(summed_levels::SummedConfig),

@@ -9,6 +9,13 @@
 //!
 //! `L = −mean_i log( exp(v_iᵀ p_{y_i}/σ) / Σ_c exp(v_iᵀ p_c/σ) )`  (HAPPIER Eq. 6).
 //!
+//! With an additive angular margin `m > 0` it is ArcFace (Deng et al., "ArcFace: Additive
+//! Angular Margin Loss for Deep Face Recognition", CVPR 2019, Eq. 3; `deepinsight/insightface`):
+//! the target logit becomes `cos(θ_{i,y_i} + m)/σ` with `cos θ = v_iᵀ p_{y_i}`, and `1/σ` is
+//! ArcFace's scale `s` — the face model of Smooth-AP's Table 4. As in the authors' code, where
+//! `θ + m` would pass π (`cos θ ≤ cos(π − m)`) the target logit is `(cos θ − m·sin m)/σ` instead,
+//! which keeps it decreasing in θ.
+//!
 //! Proxies are initialised uniformly in `(−1/√D, 1/√D)` like `nn.Linear` (the authors' code),
 //! from a seed. Optimise [`NormSoftmax::proxies`] with its own optimiser, as the authors do
 //! (SOP: Adam, lr 10, cosine schedule to 0.1).
@@ -47,6 +54,8 @@ pub struct NormSoftmax {
     /// normalised embeddings, so this is what their loss sees). With `false` the embeddings are
     /// used as given (`F.linear(embeddings, normalize(W))`).
     pub normalize_embeddings: bool,
+    /// ArcFace's additive angular margin `m` in radians (ArcFace: 0.5); 0 = NSM.
+    pub margin: f64,
     proxies: Var,
     classes: Vec<ClassId>,
     index: HashMap<ClassId, u32>,
@@ -102,6 +111,7 @@ impl NormSoftmax {
         Ok(NormSoftmax {
             temperature: Self::PAPER_TEMPERATURE,
             normalize_embeddings: true,
+            margin: 0.0,
             proxies,
             classes: classes.to_vec(),
             index,
@@ -200,7 +210,44 @@ impl RankLoss for NormSoftmax {
         check_batch(embeddings, labels)?;
         let logits = self.logits(embeddings)?;
         let targets = self.targets(labels, embeddings.device())?;
+        let logits = if self.margin == 0.0 {
+            logits
+        } else {
+            self.with_angular_margin(&logits, &targets)?
+        };
         Ok(candle_nn::loss::cross_entropy(&logits, &targets)?)
+    }
+}
+
+impl NormSoftmax {
+    /// ArcFace Eq. (3): the logits `cos θ/σ` with each row's target entry replaced by
+    /// `cos(θ + m)/σ` (or `(cos θ − m·sin m)/σ` past `θ = π − m`, see the module documentation).
+    fn with_angular_margin(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let m = self.margin;
+        if !(m.is_finite() && (0.0..std::f64::consts::PI).contains(&m)) {
+            return Err(Error::invalid(
+                "margin",
+                format!("must be finite and in [0, π), got {m}"),
+            ));
+        }
+        let s = 1.0 / self.temperature;
+        let (b, c) = logits.dims2()?;
+        let rows = targets.unsqueeze(1)?;
+        let cos = (logits.gather(&rows, 1)? / s)?;
+        // sin θ = √(1 − cos²θ), floored away from 0 so its derivative stays finite when an
+        // embedding sits exactly on its proxy.
+        let sin = (1.0 - cos.sqr()?)?.clamp(1e-12, 1.0)?.sqrt()?;
+        let shifted = ((&cos * m.cos())? - (sin * m.sin())?)?;
+        let past_pi = (&cos - m * m.sin())?;
+        let target = cos
+            .gt((std::f64::consts::PI - m).cos())?
+            .where_cond(&shifted, &past_pi)?;
+        // Only the target column changes: add (target − cos)·s there.
+        let delta = ((target - cos)? * s)?;
+        let mask = candle_nn::encoding::one_hot(targets.clone(), c, 1f32, 0f32)?
+            .to_dtype(logits.dtype())?;
+        debug_assert_eq!(mask.dims2()?, (b, c));
+        Ok((logits + mask.broadcast_mul(&delta)?)?)
     }
 }
 
@@ -209,14 +256,23 @@ impl RankLoss for NormSoftmax {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NormSoftmaxConfig {
-    /// Temperature σ (authors' code: 0.05).
+    /// Temperature σ (authors' code: 0.05; ArcFace's scale is `s = 1/σ`).
     pub temperature: f64,
+    /// ArcFace's additive angular margin in radians; 0 (the default, left out of the recipe
+    /// text) is NSM.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub margin: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Default for NormSoftmaxConfig {
     fn default() -> Self {
         NormSoftmaxConfig {
             temperature: NormSoftmax::PAPER_TEMPERATURE,
+            margin: 0.0,
         }
     }
 }
@@ -234,6 +290,7 @@ impl NormSoftmaxConfig {
             ctx.device,
         )?;
         nsm.temperature = self.temperature;
+        nsm.margin = self.margin;
         Ok(nsm)
     }
 }
@@ -244,7 +301,14 @@ impl LossRecipe for NormSoftmaxConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        positive("temperature", self.temperature)
+        positive("temperature", self.temperature)?;
+        if !(self.margin.is_finite() && (0.0..std::f64::consts::PI).contains(&self.margin)) {
+            return Err(Error::invalid(
+                "margin",
+                format!("must be finite and in [0, π), got {}", self.margin),
+            ));
+        }
+        Ok(())
     }
 
     fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {

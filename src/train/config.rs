@@ -238,6 +238,35 @@ pub struct OutputConfig {
     pub checkpoint_every: u64,
 }
 
+/// A stage trained before a run, from whose network the run starts: fine-tuning from a
+/// pretrained embedding, as Smooth-AP's Table 4 fine-tunes a softmax-trained face model with
+/// each loss ("both trained on the VGGFace2 train set, then fine-tuned with Smooth-AP appended").
+///
+/// The stage is the run's own recipe with these fields replaced
+/// ([`TrainConfig::pretrain_recipe`]): same seed, data, network, initial weights (`pretrained`
+/// included), trained to its last epoch. The run then starts from the stage's network (backbone,
+/// head and batch-norm statistics); the stage's loss proxies and optimiser state are dropped, as
+/// a fine-tuning run builds a new loss and a new optimiser. Because the stage is a plain recipe,
+/// its network is the one a run of [`TrainConfig::pretrain_recipe`] ends with, bit for bit: the
+/// "before fine-tuning" row of a table is that run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PretrainStage {
+    /// The stage's loss (e.g. `norm_softmax`, a softmax classifier).
+    pub loss: LossConfig,
+    /// The stage's number of epochs.
+    pub epochs: u64,
+    /// The stage's batch sampler; `None`: the run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampler: Option<SamplerConfig>,
+    /// The stage's optimisers; `None`: the run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer: Option<OptimizerConfig>,
+    /// The stage's learning-rate schedule; `None`: the run's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<LrSchedule>,
+}
+
 /// Everything a training run needs except the loss.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -259,6 +288,9 @@ pub struct TrainConfig {
     /// or `hf:<owner>/<repo>[@revision]/<file>` ([`crate::models::pretrained`]). `None`: random
     /// initialisation (`--set pretrained=` removes a recipe's weights).
     pub pretrained: Option<PathBuf>,
+    /// A stage trained first, from whose network this run starts (fine-tuning from a pretrained
+    /// embedding, [`PretrainStage`]); `None`: the run starts from its initial weights.
+    pub pretrain: Option<PretrainStage>,
     /// The batch sampler.
     pub sampler: SamplerConfig,
     /// The loss (used by [`super::Trainer::from_config`]; a loss given to
@@ -295,6 +327,7 @@ impl Default for TrainConfig {
             input_norm: InputNorm::Dataset,
             model: EmbeddingNetConfig::default(),
             pretrained: None,
+            pretrain: None,
             sampler: SamplerConfig::default(),
             loss: LossConfig::default(),
             epochs: 5,
@@ -316,6 +349,30 @@ impl TrainConfig {
     pub fn with_dataset_root(&self, root: &std::path::Path) -> Result<TrainConfig> {
         Ok(TrainConfig {
             dataset: self.dataset.with_root(root)?,
+            ..self.clone()
+        })
+    }
+
+    /// The recipe the [`TrainConfig::pretrain`] stage trains: this one with the stage's loss,
+    /// epochs and (where given) sampler, optimisers and schedule, without a stage of its own, a
+    /// checkpoint to resume or output files. `None` without a stage.
+    pub fn pretrain_recipe(&self) -> Option<TrainConfig> {
+        let stage = self.pretrain.as_ref()?;
+        Some(TrainConfig {
+            loss: stage.loss.clone(),
+            epochs: stage.epochs,
+            sampler: stage
+                .sampler
+                .clone()
+                .unwrap_or_else(|| self.sampler.clone()),
+            optimizer: stage.optimizer.unwrap_or(self.optimizer),
+            schedule: stage
+                .schedule
+                .clone()
+                .unwrap_or_else(|| self.schedule.clone()),
+            pretrain: None,
+            resume: None,
+            output: OutputConfig::default(),
             ..self.clone()
         })
     }
@@ -391,7 +448,14 @@ impl TrainConfig {
                 ),
             ));
         }
-        self.data.shapes().validate()
+        self.data.shapes().validate()?;
+        if let Some(stage) = self.pretrain_recipe() {
+            // The stage's own fields, named as the recipe writes them.
+            stage
+                .validate()
+                .map_err(|e| Error::invalid("pretrain", e.to_string()))?;
+        }
+        Ok(())
     }
 }
 

@@ -210,6 +210,12 @@ impl<'a> Trainer<'a> {
         if let Some(spec) = &config.pretrained {
             crate::models::pretrained::load_backbone(&params, spec)?;
         }
+        // A resumed run's checkpoint holds its network: the stage would be overwritten.
+        if let (Some(stage), None) = (config.pretrain_recipe(), &config.resume) {
+            let weights = pretrain(stage, &data)
+                .map_err(|e| Error::invalid("pretrain", format!("the stage failed: {e}")))?;
+            params.assign_all(&weights, Path::new("[pretrain]"))?;
+        }
         if config.large_batch_chunk.is_some() && model.uses_batch_statistics() {
             return Err(Error::invalid(
                 "large_batch_chunk",
@@ -670,6 +676,9 @@ impl<'a> Trainer<'a> {
         if old.data != self.config.data {
             return Err(mismatch("data"));
         }
+        if old.pretrain != self.config.pretrain {
+            return Err(mismatch("pretrain"));
+        }
         if old.dataset.identity() != self.config.dataset.identity() {
             return Err(mismatch("dataset"));
         }
@@ -785,6 +794,28 @@ impl<'a> Trainer<'a> {
 /// The line printed after each epoch: `epoch 3/5: loss 0.4123, test R@1 0.1745 mAP@R 0.0612,
 /// 2470 images/s, 25.9 s, ETA 52 s` (the evaluation's fine-level R@1 and mAP@R of every split
 /// evaluated at this epoch, if any).
+/// Trains the recipe of a [`TrainConfig::pretrain`] stage on `data` to its last epoch (no
+/// evaluation: only its network is kept) and returns every variable of its network by name.
+fn pretrain(stage: TrainConfig, data: &RunData) -> Result<BTreeMap<String, Tensor>> {
+    let mut trainer = Trainer::from_config_with_run_data(stage, data.clone())?;
+    let total = trainer.config.epochs;
+    while trainer.sampler_state.epoch < total {
+        let summary = trainer.train_epoch()?;
+        if trainer.config.progress {
+            eprintln!(
+                "pretrain stage: epoch {}/{total}, loss {:.4}",
+                summary.epoch, summary.mean_loss
+            );
+        }
+    }
+    Ok(trainer
+        .params
+        .all()
+        .into_iter()
+        .map(|(name, var)| (name, var.as_tensor().clone()))
+        .collect())
+}
+
 fn epoch_line(
     summary: &EpochSummary,
     total: u64,
