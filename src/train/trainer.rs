@@ -140,16 +140,16 @@ pub struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    /// A trainer on the data of `config` (the embedded dataset of `config.data`, or the real
-    /// dataset of `config.dataset`) with the given loss (which replaces `config.loss`), resuming
+    /// A trainer on the data of `config.dataset` (the embedded dataset or a real dataset on
+    /// disk) with the given loss (which replaces `config.loss`), resuming
     /// from `config.resume` if set.
     pub fn new(config: TrainConfig, loss: &'a dyn RankLoss) -> Result<Self> {
         let data = load_data(&config)?;
         Self::with_run_data(config, data, loss)
     }
 
-    /// A trainer on given in-memory training and evaluation images (`config.data` and
-    /// `config.dataset` are not used; test images are queries against each other) with the given
+    /// A trainer on given in-memory training and evaluation images (`config.dataset` is not
+    /// used; test images are queries against each other) with the given
     /// loss (which replaces `config.loss`), resuming from `config.resume` if set.
     pub fn with_data(
         config: TrainConfig,
@@ -161,8 +161,8 @@ impl<'a> Trainer<'a> {
         Self::with_run_data(config, data, loss)
     }
 
-    /// A trainer on given training images and test protocol (`config.data` and
-    /// `config.dataset` are not used) with the given loss (which replaces `config.loss`).
+    /// A trainer on given training images and test protocol (`config.dataset` is not used)
+    /// with the given loss (which replaces `config.loss`).
     pub fn with_run_data(
         config: TrainConfig,
         data: RunData,
@@ -672,9 +672,6 @@ impl<'a> Trainer<'a> {
         }
         if old.sampler != self.config.sampler {
             return Err(mismatch("sampler"));
-        }
-        if old.data != self.config.data {
-            return Err(mismatch("data"));
         }
         if old.pretrain != self.config.pretrain {
             return Err(mismatch("pretrain"));
