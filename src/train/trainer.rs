@@ -788,9 +788,6 @@ impl<'a> Trainer<'a> {
     }
 }
 
-/// The line printed after each epoch: `epoch 3/5: loss 0.4123, test R@1 0.1745 mAP@R 0.0612,
-/// 2470 images/s, 25.9 s, ETA 52 s` (the evaluation's fine-level R@1 and mAP@R of every split
-/// evaluated at this epoch, if any).
 /// Trains the recipe of a [`TrainConfig::pretrain`] stage on `data` to its last epoch (no
 /// evaluation: only its network is kept) and returns every variable of its network by name.
 fn pretrain(stage: TrainConfig, data: &RunData) -> Result<BTreeMap<String, Tensor>> {
@@ -813,6 +810,9 @@ fn pretrain(stage: TrainConfig, data: &RunData) -> Result<BTreeMap<String, Tenso
         .collect())
 }
 
+/// The line printed after each epoch: `epoch 3/5: loss 0.4123, test R@1 0.1745 mAP@R 0.0612,
+/// 2470 images/s, 25.9 s, ETA 52 s` (the evaluation's fine-level R@1 and mAP@R of every split
+/// evaluated at this epoch, if any).
 fn epoch_line(
     summary: &EpochSummary,
     total: u64,
