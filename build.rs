@@ -156,12 +156,12 @@ fn write_dataset_registry(root: &Path) {
         "/// Which dataset a recipe trains and evaluates on (`[dataset]`, tagged by `kind`): the \
          embedded dataset, or a dataset on disk (one variant per [`DiskDataset`] of the loader \
          files, `kind` = its type's name in lower case).\n\
-         #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]\n\
+         #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]\n\
          #[serde(tag = \"kind\", deny_unknown_fields)]\n\
          pub enum DatasetConfig {\n\
-         /// The embedded shapes dataset of `[data]` and its class-disjoint retrieval split, in \
-         memory. Default.\n\
-         #[default]\n#[serde(rename = \"embedded\")]\nEmbedded,\n",
+         /// The embedded shapes dataset and its class-disjoint retrieval split, in memory. \
+         Default.\n\
+         #[serde(rename = \"embedded\")]\nEmbedded(crate::data::EmbeddedConfig),\n",
     );
     for (ty, module) in &datasets {
         let kind = ty.to_lowercase();
@@ -174,14 +174,21 @@ fn write_dataset_registry(root: &Path) {
         out.push_str(&format!(
             "/// The dataset on disk; `None` for the embedded dataset.\n\
              pub fn {name}({reference}self) -> Option<{reference}dyn DiskDataset> {{\n\
-             match self {{\nDatasetConfig::Embedded => None,\n"
+             match self {{\nDatasetConfig::Embedded(_) => None,\n"
         ));
         for (ty, _) in &datasets {
             out.push_str(&format!("DatasetConfig::{ty}(d) => Some(d),\n"));
         }
         out.push_str("}\n}\n");
     }
-    out.push_str("}\n");
+    out.push_str(
+        "}\n\n/// The embedded dataset with its default settings.\n\
+         impl Default for DatasetConfig {\n\
+         fn default() -> Self {\n\
+         DatasetConfig::Embedded(crate::data::EmbeddedConfig::default())\n\
+         }\n\
+         }\n",
+    );
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("set by cargo"));
     fs::write(out_dir.join("datasets.rs"), out).expect("writable OUT_DIR");
 }

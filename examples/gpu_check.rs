@@ -793,10 +793,14 @@ fn check_resume(report: &mut Report, device: &str, scratch: &Path) -> Result<()>
         let mut config = TrainConfig::from_toml_file("configs/embedded_small_cnn.toml")?;
         config.device = DeviceChoice::parse(device)?;
         config.progress = false;
-        config.data.families = 4;
-        config.data.variants_per_family = 2;
-        config.data.fine_per_variant = 4;
-        config.data.images_per_class = 8;
+        let data = config
+            .dataset
+            .embedded_mut()
+            .context("the resume check trains the embedded data")?;
+        data.families = 4;
+        data.variants_per_family = 2;
+        data.fine_per_variant = 4;
+        data.images_per_class = 8;
         config.epochs = 2;
         let mut straight = Trainer::from_config(config.clone())?;
         straight.fit()?;

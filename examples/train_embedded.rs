@@ -99,7 +99,9 @@ fn main() -> Result<()> {
         resume: args.resume.clone(),
         ..TrainConfig::default()
     };
-    config.data.images_per_class = args.images_per_class;
+    if let Some(data) = config.dataset.embedded_mut() {
+        data.images_per_class = args.images_per_class;
+    }
     config.model.backbone = BackboneConfig::SmallCnn(SmallCnnConfig {
         widths: args
             .widths

@@ -6,7 +6,8 @@
 //! NeurIPS 2021).
 //!
 //! The data flows one way through the modules (`tests/architecture.rs` fails on any import
-//! cycle between modules or between files); each layer uses only the layers above it:
+//! cycle between modules or between files, and on any import of a lower layer); each layer uses
+//! only the layers above it (the same table heads `ARCHITECTURE.md`):
 //!
 //! | layer | modules | what they hold |
 //! |---|---|---|

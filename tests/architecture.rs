@@ -292,6 +292,74 @@ fn top_level_modules_import_each_other_one_way_only() {
     assert!(graph["train"].contains("data") && graph["rerank"].contains("fewshot"));
 }
 
+/// The layer table of a Markdown or doc-comment text: `| <n> | <modules> | …` rows, module names
+/// read from the second cell (bare or as `` [`name`] `` links).
+fn layer_table(text: &str) -> BTreeMap<String, usize> {
+    let mut layers = BTreeMap::new();
+    for line in text.lines() {
+        let line = line.trim_start_matches("//!").trim();
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let (Some(layer), Some(modules)) = (cells.get(1), cells.get(2)) else {
+            continue;
+        };
+        let Ok(layer) = layer.parse::<usize>() else {
+            continue;
+        };
+        for name in modules.split(',') {
+            let name = name.trim().trim_start_matches("[`").trim_end_matches("`]");
+            layers.insert(name.to_string(), layer);
+        }
+    }
+    layers
+}
+
+#[test]
+fn modules_use_only_the_layers_above_them_as_architecture_md_says() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let lib = fs::read_to_string(src().join("lib.rs")).unwrap();
+    let doc = fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let layers = layer_table(&lib);
+    // ARCHITECTURE.md and the crate documentation give the same layers, and every public
+    // module of the crate has one.
+    assert_eq!(
+        layer_table(&doc),
+        layers,
+        "ARCHITECTURE.md and src/lib.rs differ"
+    );
+    let declared: BTreeSet<String> = lib
+        .lines()
+        .filter_map(|l| l.strip_prefix("pub mod "))
+        .map(|m| m.trim_end_matches(';').to_string())
+        .collect();
+    assert_eq!(
+        declared,
+        layers.keys().cloned().collect(),
+        "modules without a layer"
+    );
+    // No import reaches down to a lower layer.
+    let mut wrong = Vec::new();
+    for (a, b) in edges_of(&import_graph(&src())) {
+        let (Some(from), Some(to)) = (a.first(), b.first()) else {
+            continue;
+        };
+        if let (Some(&la), Some(&lb)) = (layers.get(from), layers.get(to)) {
+            if lb > la {
+                wrong.push(format!(
+                    "{} (layer {la}) → {} (layer {lb})",
+                    name(&a),
+                    name(&b)
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "imports of a lower layer:\n{}",
+        wrong.join("\n")
+    );
+    assert_eq!(layers["train"], 4);
+}
+
 #[test]
 fn files_import_each_other_one_way_only() {
     let graph = import_graph(&src());

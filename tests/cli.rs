@@ -606,7 +606,8 @@ fn fortran_order_npy_matches_c_order_through_the_reader() {
 const TINY_RECIPE: &str = r#"
 seed = 3
 epochs = 2
-[data]
+[dataset]
+kind = "embedded"
 families = 2
 variants_per_family = 2
 fine_per_variant = 4

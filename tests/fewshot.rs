@@ -135,11 +135,12 @@ fn quick_backbone_features_tiny() {
     };
     let t = &mut config.train;
     t.epochs = 1;
-    t.data.families = 2;
-    t.data.variants_per_family = 1;
-    t.data.fine_per_variant = 8;
-    t.data.images_per_class = 12;
-    t.data.image_size = 16;
+    let data = t.dataset.embedded_mut().unwrap();
+    data.families = 2;
+    data.variants_per_family = 1;
+    data.fine_per_variant = 8;
+    data.images_per_class = 12;
+    data.image_size = 16;
     t.eval.at_start = false;
     t.model.backbone = BackboneConfig::SmallCnn(SmallCnnConfig {
         widths: vec![8, 16],

@@ -571,6 +571,21 @@ fn arcface_margin_matches_hand_computed_values_and_finite_differences() {
         assert_eq!(past > 0, m > 1.0, "m = {m}: {past} rows past π − m");
         check_finite_differences(&arc, &data, D, &labels, 1e-6);
     }
+    // A margin is an angle in [0, π): the recipe and the loss refuse others, naming it.
+    use rankwise::losses::config::LossRecipe;
+    use rankwise::losses::norm_softmax::NormSoftmaxConfig;
+    for bad in [-0.1, 3.2, f64::NAN] {
+        let config = NormSoftmaxConfig {
+            margin: bad,
+            ..NormSoftmaxConfig::default()
+        };
+        let e = config.validate().unwrap_err().to_string();
+        assert!(e.contains("margin"), "{e}");
+        let mut arc = NormSoftmax::for_level(&labels, 0, D, 11, DType::F64, &CPU).unwrap();
+        arc.margin = bad;
+        let x = Tensor::from_vec(data.clone(), (CLASSES.len(), D), &CPU).unwrap();
+        assert!(arc.forward(&x, &labels).is_err());
+    }
 }
 
 #[test]

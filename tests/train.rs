@@ -3,6 +3,7 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
+use rankwise::data::EmbeddedConfig;
 use rankwise::hierarchy::Labels;
 use rankwise::losses::{check_batch, RankLoss};
 use rankwise::losses::{happier::HappierConfig, rambo::RamboConfig, LossConfig};
@@ -12,7 +13,7 @@ use rankwise::models::{
 };
 use rankwise::train::large_batch::{chunked_gradients, direct_gradients};
 use rankwise::train::{
-    AdamConfig, Algorithm, DataConfig, Decay, EvalConfig, GroupConfig, LrSchedule, Optimizer,
+    AdamConfig, Algorithm, DatasetConfig, Decay, EvalConfig, GroupConfig, LrSchedule, Optimizer,
     OptimizerConfig, OutputConfig, ParamGroup, PretrainStage, SamplerConfig, SgdConfig,
     TrainConfig, Trainer,
 };
@@ -402,7 +403,7 @@ fn chunked_large_batch_gradient_equals_the_direct_gradient() {
 fn tiny_config() -> TrainConfig {
     TrainConfig {
         seed: 3,
-        data: DataConfig {
+        dataset: DatasetConfig::Embedded(EmbeddedConfig {
             seed: 0,
             families: 2,
             variants_per_family: 2,
@@ -411,7 +412,7 @@ fn tiny_config() -> TrainConfig {
             image_size: 16,
             split_level: 1,
             levels: 3,
-        },
+        }),
         model: EmbeddingNetConfig {
             backbone: BackboneConfig::SmallCnn(SmallCnnConfig {
                 widths: vec![4, 8],

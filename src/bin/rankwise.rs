@@ -34,8 +34,8 @@ use rankwise::io::{
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
-    check_recipe, load_with_overrides, overrides::blame, train_to_dir, DatasetConfig, DeviceChoice,
-    Reuse, RunOptions, TrainConfig, Trainer, RESULTS_FILE,
+    check_recipe, load_with_overrides, overrides::blame, train_to_dir, DeviceChoice, Reuse,
+    RunOptions, TrainConfig, Trainer, RESULTS_FILE,
 };
 use rankwise::Relevance;
 use std::collections::BTreeMap;
@@ -845,7 +845,7 @@ fn train(args: &TrainArgs) -> Result<()> {
 /// Column names of the label file: the embedded dataset's levels by name, otherwise
 /// `level0` (finest), `level1`, ….
 fn level_names(config: &TrainConfig, levels: usize) -> Vec<String> {
-    if config.dataset == DatasetConfig::Embedded && levels == 3 {
+    if config.dataset.embedded().is_some() && levels == 3 {
         return ["fine", "variant", "family"].map(String::from).to_vec();
     }
     (0..levels).map(|l| format!("level{l}")).collect()

@@ -5,6 +5,7 @@
 //! on-disk formats ([`synthetic_on_disk`]) for running the paper recipes without the data.
 
 pub mod dataset;
+pub mod embedded;
 pub mod image_set;
 pub mod loaders;
 pub mod pipeline;
@@ -14,6 +15,7 @@ pub mod splits;
 pub mod synthetic_on_disk;
 
 pub use dataset::{ImageSettings, InputNorm, TransformPreset};
+pub use embedded::EmbeddedConfig;
 pub use image_set::ImageSet;
 pub use loaders::{DatasetConfig, DiskDataset};
 pub use shapes::{Nuisance, ShapesConfig};

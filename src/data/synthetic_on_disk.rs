@@ -211,7 +211,7 @@ impl SyntheticKind {
             },
             DatasetConfig::Cub(_) => SyntheticKind::Cub,
             DatasetConfig::VehicleId(_) => SyntheticKind::VehicleId,
-            DatasetConfig::Embedded => {
+            DatasetConfig::Embedded(_) => {
                 return Err(Error::invalid(
                     "dataset.kind",
                     "the embedded dataset is generated in memory; synthetic on-disk datasets \

@@ -181,10 +181,14 @@ fn on_deep_levels(v: Variant) -> Variant {
         note,
         apply: Box::new(move |c| {
             apply(c);
-            c.data.levels = DEEP_LEVELS;
-            // The variant is label column 2 at six levels: the same split as the three-level
-            // tables (split within each variant).
-            c.data.split_level = 2;
+            // The embedded data's deeper labels; a dataset on disk (the `paper` scale) brings
+            // its own levels.
+            if let Some(data) = c.dataset.embedded_mut() {
+                data.levels = DEEP_LEVELS;
+                // The variant is label column 2 at six levels: the same split as the
+                // three-level tables (split within each variant).
+                data.split_level = 2;
+            }
         }),
     }
     .and_note("six label levels (species … phylum; no kingdom)")

@@ -2,6 +2,7 @@
 //! `configs/experiments/<paper>.toml`.
 
 use crate::error::{Error, Result};
+use crate::train::config::with_moved_key_hint;
 use crate::train::TrainConfig;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -237,7 +238,7 @@ where
 {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let recipe: R = if !has_changes(changes) {
-        toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?
+        toml::from_str(&text).map_err(|e| Error::file(path, with_moved_key_hint(e.to_string())))?
     } else {
         let mut merged: toml::Table =
             toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
@@ -245,7 +246,10 @@ where
             .map_err(|e| Error::invalid("recipe changes", format!("not TOML: {e}")))?;
         merge_toml(&mut merged, changes);
         merged.try_into().map_err(|e: toml::de::Error| {
-            Error::file(path, format!("with the recipe changes merged: {e}"))
+            Error::file(
+                path,
+                with_moved_key_hint(format!("with the recipe changes merged: {e}")),
+            )
         })?
     };
     for (scale, section) in Scale::ALL.into_iter().zip(scales(&recipe)) {

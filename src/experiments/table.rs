@@ -339,7 +339,7 @@ fn distinct<'a>(values: impl Iterator<Item = &'a str>) -> String {
 /// The data a recipe trains and tests on, in words (`embedded shapes`, `sop`, …).
 pub fn data_name(config: &TrainConfig) -> String {
     match &config.dataset {
-        crate::train::DatasetConfig::Embedded => "embedded shapes".into(),
+        crate::train::DatasetConfig::Embedded(_) => "embedded shapes".into(),
         other => other.name(),
     }
 }

@@ -74,7 +74,13 @@ struct SplitImages {
 
 fn split_images(config: &QuickBackboneConfig) -> Result<SplitImages> {
     config.train.validate()?;
-    let images = config.train.data.shapes().generate()?;
+    let data = config.train.dataset.embedded().ok_or_else(|| {
+        crate::error::Error::invalid(
+            "dataset.kind",
+            "the few-shot backbone of the embedded data trains on the embedded dataset",
+        )
+    })?;
+    let images = data.shapes().generate()?;
     let split = few_shot_split(images.labels(), config.fractions, config.split_seed)?;
     let part = |items: &[usize]| -> Result<ImageSet> { images.select(items) };
     let (base, val, novel) = (part(&split.base)?, part(&split.val)?, part(&split.novel)?);

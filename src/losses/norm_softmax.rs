@@ -224,12 +224,7 @@ impl NormSoftmax {
     /// `cos(θ + m)/σ` (or `(cos θ − m·sin m)/σ` past `θ = π − m`, see the module documentation).
     fn with_angular_margin(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
         let m = self.margin;
-        if !(m.is_finite() && (0.0..std::f64::consts::PI).contains(&m)) {
-            return Err(Error::invalid(
-                "margin",
-                format!("must be finite and in [0, π), got {m}"),
-            ));
-        }
+        check_margin(m)?;
         let s = 1.0 / self.temperature;
         let (b, c) = logits.dims2()?;
         let rows = targets.unsqueeze(1)?;
@@ -268,6 +263,19 @@ fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }
 
+/// An angular margin is an angle in `[0, π)`: past π the target logit would no longer fall
+/// with the angle.
+fn check_margin(m: f64) -> Result<()> {
+    if m.is_finite() && (0.0..std::f64::consts::PI).contains(&m) {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "margin",
+            format!("must be finite and in [0, π), got {m}"),
+        ))
+    }
+}
+
 impl Default for NormSoftmaxConfig {
     fn default() -> Self {
         NormSoftmaxConfig {
@@ -302,13 +310,7 @@ impl LossRecipe for NormSoftmaxConfig {
 
     fn validate(&self) -> Result<()> {
         positive("temperature", self.temperature)?;
-        if !(self.margin.is_finite() && (0.0..std::f64::consts::PI).contains(&self.margin)) {
-            return Err(Error::invalid(
-                "margin",
-                format!("must be finite and in [0, π), got {}", self.margin),
-            ));
-        }
-        Ok(())
+        check_margin(self.margin)
     }
 
     fn build(&self, ctx: &LossContext<'_>) -> Result<Box<dyn RankLoss>> {

@@ -5,7 +5,6 @@ use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
 use crate::data::dataset::InputNorm;
 use crate::data::loaders::DatasetConfig;
-use crate::data::ShapesConfig;
 use crate::error::{Error, Result};
 use crate::losses::config::LossConfig;
 use crate::models::EmbeddingNetConfig;
@@ -83,72 +82,6 @@ fn no_cuda() -> Error {
         "device",
         "this build has no CUDA support; rebuild with `--features cuda`",
     )
-}
-
-/// The embedded dataset ([`crate::data::shapes`]) and its class-disjoint retrieval split
-/// ([`crate::data::retrieval_split`]): training on the first half of the fine classes of each
-/// group, evaluation on the rest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct DataConfig {
-    /// Seed of the images.
-    pub seed: u64,
-    /// Shape families (coarsest level), `1..=8`.
-    pub families: usize,
-    /// Variants per family, `1..=6`.
-    pub variants_per_family: usize,
-    /// Fine classes per variant, `1..=16`.
-    pub fine_per_variant: usize,
-    /// Images per fine class.
-    pub images_per_class: usize,
-    /// Image side in pixels.
-    pub image_size: usize,
-    /// The level whose classes each keep half their fine classes on each side of the split.
-    pub split_level: usize,
-    /// Label levels, `3..=6` ([`crate::data::ShapesConfig::levels`]): 3 = fine class, variant,
-    /// family; 6 adds a form below the variant and an order and a class above the family (the
-    /// variant is then level 2). Left out of the recipe text when 3, so the recipes and run
-    /// keys of the three-level data read as before the deeper levels existed.
-    #[serde(skip_serializing_if = "is_three")]
-    pub levels: usize,
-}
-
-fn is_three(levels: &usize) -> bool {
-    *levels == 3
-}
-
-impl Default for DataConfig {
-    /// The embedded dataset's defaults (256 fine classes × 30 images of 32 × 32), split within
-    /// each variant.
-    fn default() -> Self {
-        let s = ShapesConfig::default();
-        DataConfig {
-            seed: s.seed,
-            families: s.families,
-            variants_per_family: s.variants_per_family,
-            fine_per_variant: s.fine_per_variant,
-            images_per_class: s.images_per_class,
-            image_size: s.image_size,
-            split_level: 1,
-            levels: s.levels,
-        }
-    }
-}
-
-impl DataConfig {
-    /// The dataset configuration (default nuisances).
-    pub fn shapes(&self) -> ShapesConfig {
-        ShapesConfig {
-            seed: self.seed,
-            families: self.families,
-            variants_per_family: self.variants_per_family,
-            fine_per_variant: self.fine_per_variant,
-            images_per_class: self.images_per_class,
-            image_size: self.image_size,
-            levels: self.levels,
-            ..ShapesConfig::default()
-        }
-    }
 }
 
 /// Algorithm and base learning rate of one parameter group.
@@ -275,10 +208,8 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Device.
     pub device: DeviceChoice,
-    /// The embedded dataset's settings (used when `dataset` is `embedded`, the default).
-    pub data: DataConfig,
-    /// The dataset trained and evaluated on: the embedded one (default) or a real dataset on
-    /// disk ([`super::data`]).
+    /// The dataset trained and evaluated on: the embedded one (default, `kind = "embedded"` with
+    /// the generator's settings) or a real dataset on disk ([`super::data`]).
     pub dataset: DatasetConfig,
     /// Image normalisation.
     pub input_norm: InputNorm,
@@ -322,7 +253,6 @@ impl Default for TrainConfig {
         TrainConfig {
             seed: 0,
             device: DeviceChoice::Cpu,
-            data: DataConfig::default(),
             dataset: DatasetConfig::default(),
             input_norm: InputNorm::Dataset,
             model: EmbeddingNetConfig::default(),
@@ -383,8 +313,8 @@ impl TrainConfig {
     pub fn from_toml_file(path: impl AsRef<std::path::Path>) -> Result<Self> {
         let path = path.as_ref();
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        let config: TrainConfig =
-            toml::from_str(&text).map_err(|e| Error::file(path, e.to_string()))?;
+        let config: TrainConfig = toml::from_str(&text)
+            .map_err(|e| Error::file(path, with_moved_key_hint(e.to_string())))?;
         config
             .validate()
             .map_err(|e| Error::file(path, e.to_string()))?;
@@ -438,17 +368,6 @@ impl TrainConfig {
         self.optimizer.loss.algorithm.validate()?;
         self.loss.validate()?;
         self.dataset.validate(self.input_norm)?;
-        if self.dataset != DatasetConfig::Embedded && self.data != DataConfig::default() {
-            return Err(Error::invalid(
-                "data",
-                format!(
-                    "`[data]` configures the embedded dataset, but `dataset.kind` is `{}`: \
-                     remove the `[data]` table",
-                    self.dataset.name()
-                ),
-            ));
-        }
-        self.data.shapes().validate()?;
         if let Some(stage) = self.pretrain_recipe() {
             // The stage's own fields, named as the recipe writes them.
             stage
@@ -456,6 +375,19 @@ impl TrainConfig {
                 .map_err(|e| Error::invalid("pretrain", e.to_string()))?;
         }
         Ok(())
+    }
+}
+
+/// `message` (a recipe's parse error) with a hint where it names a key that moved: the embedded
+/// dataset's `[data]` table is now `[dataset]` with `kind = "embedded"`.
+pub(crate) fn with_moved_key_hint(message: String) -> String {
+    if message.contains("unknown field `data`") {
+        format!(
+            "{message}\nthe embedded dataset's settings moved from `[data]` to `[dataset]` with \
+             `kind = \"embedded\"` (the same keys)"
+        )
+    } else {
+        message
     }
 }
 
@@ -483,6 +415,16 @@ mod toml_tests {
             e.contains("pretrained") && e.contains("random initialisation"),
             "{e}"
         );
+        // A recipe written before the embedded dataset's settings moved into `[dataset]`.
+        std::fs::write(&path, "[data]\nfamilies = 2\n").unwrap();
+        let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("`data`") && e.contains("kind = \"embedded\""),
+            "{e}"
+        );
+        std::fs::write(&path, "[dataset]\nkind = \"embedded\"\nfamilies = 2\n").unwrap();
+        let c = TrainConfig::from_toml_file(&path).unwrap();
+        assert_eq!(c.dataset.embedded().map(|d| d.families), Some(2));
         std::fs::write(&path, "epochs = 0\n").unwrap();
         let e = TrainConfig::from_toml_file(&path).unwrap_err().to_string();
         assert!(e.contains("recipe.toml") && e.contains("epochs"), "{e}");

@@ -16,7 +16,7 @@ use crate::data::dataset::InputNorm;
 use crate::data::loaders::ImageList;
 use crate::data::pipeline::{LoaderConfig, Normalize};
 use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource};
-use crate::data::{retrieval_split, ImageSet};
+use crate::data::{retrieval_split, EmbeddedConfig, ImageSet};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -118,14 +118,23 @@ pub fn input_normalization(norm: InputNorm, train: &ImageSet) -> Result<Normaliz
     }
 }
 
-/// The data of `config`: the embedded dataset generated from `config.data`, or the real dataset
+/// The data of `config`: the embedded dataset generated from its settings, or the real dataset
 /// of `config.dataset` read from disk. Errors for a real dataset name the missing folder or file
 /// and the `data_scripts/` script that prepares it.
 pub fn load_data(config: &TrainConfig) -> Result<RunData> {
     config.validate()?;
-    let Some(dataset) = config.dataset.disk() else {
-        let (train, test) = embedded_split(config)?;
+    if let Some(data) = config.dataset.embedded() {
+        let (train, test) = embedded_split(data)?;
         return RunData::in_memory(train, test, config.input_norm);
+    }
+    let Some(dataset) = config.dataset.disk() else {
+        return Err(Error::invalid(
+            "dataset.kind",
+            format!(
+                "`{}` is neither embedded nor on disk",
+                config.dataset.name()
+            ),
+        ));
     };
     let images = dataset.images();
     let root = dataset.root();
@@ -188,10 +197,10 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
     })
 }
 
-/// The train and test sides of the retrieval split of the embedded dataset of `config.data`.
-pub(crate) fn embedded_split(config: &TrainConfig) -> Result<(ImageSet, ImageSet)> {
-    let images = config.data.shapes().generate()?;
-    let split = retrieval_split(images.labels(), config.data.split_level)?;
+/// The train and test sides of the retrieval split of the embedded dataset `data`.
+pub(crate) fn embedded_split(data: &EmbeddedConfig) -> Result<(ImageSet, ImageSet)> {
+    let images = data.shapes().generate()?;
+    let split = retrieval_split(images.labels(), data.split_level)?;
     Ok((images.select(&split.train)?, images.select(&split.test)?))
 }
 

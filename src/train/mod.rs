@@ -22,8 +22,8 @@ pub use crate::data::loaders::DatasetConfig;
 /// The recipe's sampler, defined beside the samplers ([`crate::samplers::config`]).
 pub use crate::samplers::SamplerConfig;
 pub use config::{
-    DataConfig, DeviceChoice, EvalConfig, GroupConfig, OptimizerConfig, OutputConfig,
-    PretrainStage, TrainConfig,
+    DeviceChoice, EvalConfig, GroupConfig, OptimizerConfig, OutputConfig, PretrainStage,
+    TrainConfig,
 };
 pub use data::{check_recipe, load_data, EvalSet, RecipeCheck, RunData, TestProtocol};
 pub use log::{LogRow, MetricsLog};

@@ -121,10 +121,10 @@ fn parse_value(text: &str) -> std::result::Result<Value, String> {
 
 /// The configuration of `table` (a recipe, possibly overridden), validated.
 fn config_of(table: &Table) -> Result<TrainConfig> {
-    let config: TrainConfig = table
-        .clone()
-        .try_into()
-        .map_err(|e: toml::de::Error| Error::invalid("config", e.message().trim().to_string()))?;
+    let config: TrainConfig = table.clone().try_into().map_err(|e: toml::de::Error| {
+        let message = e.message().trim().to_string();
+        Error::invalid("config", super::config::with_moved_key_hint(message))
+    })?;
     config.validate()?;
     Ok(config)
 }

@@ -140,16 +140,16 @@ pub struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    /// A trainer on the data of `config` (the embedded dataset of `config.data`, or the real
-    /// dataset of `config.dataset`) with the given loss (which replaces `config.loss`), resuming
+    /// A trainer on the data of `config.dataset` (the embedded dataset or a real dataset on
+    /// disk) with the given loss (which replaces `config.loss`), resuming
     /// from `config.resume` if set.
     pub fn new(config: TrainConfig, loss: &'a dyn RankLoss) -> Result<Self> {
         let data = load_data(&config)?;
         Self::with_run_data(config, data, loss)
     }
 
-    /// A trainer on given in-memory training and evaluation images (`config.data` and
-    /// `config.dataset` are not used; test images are queries against each other) with the given
+    /// A trainer on given in-memory training and evaluation images (`config.dataset` is not
+    /// used; test images are queries against each other) with the given
     /// loss (which replaces `config.loss`), resuming from `config.resume` if set.
     pub fn with_data(
         config: TrainConfig,
@@ -161,8 +161,8 @@ impl<'a> Trainer<'a> {
         Self::with_run_data(config, data, loss)
     }
 
-    /// A trainer on given training images and test protocol (`config.data` and
-    /// `config.dataset` are not used) with the given loss (which replaces `config.loss`).
+    /// A trainer on given training images and test protocol (`config.dataset` is not used)
+    /// with the given loss (which replaces `config.loss`).
     pub fn with_run_data(
         config: TrainConfig,
         data: RunData,
@@ -673,9 +673,6 @@ impl<'a> Trainer<'a> {
         if old.sampler != self.config.sampler {
             return Err(mismatch("sampler"));
         }
-        if old.data != self.config.data {
-            return Err(mismatch("data"));
-        }
         if old.pretrain != self.config.pretrain {
             return Err(mismatch("pretrain"));
         }
@@ -791,9 +788,6 @@ impl<'a> Trainer<'a> {
     }
 }
 
-/// The line printed after each epoch: `epoch 3/5: loss 0.4123, test R@1 0.1745 mAP@R 0.0612,
-/// 2470 images/s, 25.9 s, ETA 52 s` (the evaluation's fine-level R@1 and mAP@R of every split
-/// evaluated at this epoch, if any).
 /// Trains the recipe of a [`TrainConfig::pretrain`] stage on `data` to its last epoch (no
 /// evaluation: only its network is kept) and returns every variable of its network by name.
 fn pretrain(stage: TrainConfig, data: &RunData) -> Result<BTreeMap<String, Tensor>> {
@@ -816,6 +810,9 @@ fn pretrain(stage: TrainConfig, data: &RunData) -> Result<BTreeMap<String, Tenso
         .collect())
 }
 
+/// The line printed after each epoch: `epoch 3/5: loss 0.4123, test R@1 0.1745 mAP@R 0.0612,
+/// 2470 images/s, 25.9 s, ETA 52 s` (the evaluation's fine-level R@1 and mAP@R of every split
+/// evaluated at this epoch, if any).
 fn epoch_line(
     summary: &EpochSummary,
     total: u64,

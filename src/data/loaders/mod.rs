@@ -152,6 +152,22 @@ impl TestLists {
 }
 
 impl DatasetConfig {
+    /// The embedded dataset's settings; `None` for a dataset on disk.
+    pub fn embedded(&self) -> Option<&crate::data::EmbeddedConfig> {
+        match self {
+            DatasetConfig::Embedded(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The embedded dataset's settings, to change; `None` for a dataset on disk.
+    pub fn embedded_mut(&mut self) -> Option<&mut crate::data::EmbeddedConfig> {
+        match self {
+            DatasetConfig::Embedded(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// This dataset with its root replaced by `root` (errors for the embedded dataset).
     pub fn with_root(&self, root: &Path) -> Result<DatasetConfig> {
         let mut config = self.clone();
@@ -212,6 +228,9 @@ impl DatasetConfig {
     /// reading the data; `input_norm` must be `imagenet` or `none` for a real dataset (the
     /// statistics of a dataset on disk are not computed).
     pub fn validate(&self, input_norm: InputNorm) -> Result<()> {
+        if let DatasetConfig::Embedded(e) = self {
+            return e.validate();
+        }
         let Some(d) = self.disk() else {
             return Ok(());
         };
@@ -637,7 +656,16 @@ mod tests {
                 ..Transform::happier_sop_test()
             }
         );
-        assert!(DatasetConfig::Embedded.validate(InputNorm::Dataset).is_ok());
+        assert!(DatasetConfig::default()
+            .validate(InputNorm::Dataset)
+            .is_ok());
+        let mut embedded = DatasetConfig::default();
+        embedded.embedded_mut().unwrap().families = 9;
+        let e = embedded
+            .validate(InputNorm::Dataset)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("families"), "{e}");
         let vid = DatasetConfig::VehicleId(vehicleid::VehicleId {
             root: "/data/v".into(),
             test_sizes: Vec::new(),
@@ -699,8 +727,14 @@ mod tests {
         assert_eq!(dyml.name(), "dyml_animal");
         assert_eq!(
             read("kind = \"embedded\"\n").unwrap(),
-            DatasetConfig::Embedded
+            DatasetConfig::default()
         );
+        let small = read("kind = \"embedded\"\nfamilies = 2\nimage_size = 16\n").unwrap();
+        let e = small.embedded().unwrap();
+        assert_eq!((e.families, e.image_size, e.split_level), (2, 16, 1));
+        assert_eq!(read(&toml::to_string(&small).unwrap()).unwrap(), small);
+        let e = read("kind = \"embedded\"\nfamilys = 2\n").unwrap_err();
+        assert!(e.to_string().contains("familys"), "{e}");
         let e = read("kind = \"sop\"\nroot = \"/d\"\nrooot = 1\n").unwrap_err();
         assert!(e.to_string().contains("rooot"), "{e}");
         let e = read("kind = \"sopp\"\nroot = \"/d\"\n").unwrap_err();
