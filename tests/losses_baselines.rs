@@ -511,6 +511,17 @@ fn triplet_gradient_matches_finite_differences() {
 // ---------------------------------------------------------------------------------------------
 // Normalised softmax
 
+/// The proxies of a normalised softmax, each row scaled to unit length, flattened.
+fn unit_proxies(loss: &NormSoftmax) -> Vec<f64> {
+    let w = loss
+        .proxies()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap();
+    normalized_rows(&w, D)
+}
+
 #[test]
 fn arcface_margin_matches_hand_computed_values_and_finite_differences() {
     // Two proxies on the axes; an embedding 30° from its class's proxy, σ = 0.1 (s = 10),
@@ -540,13 +551,7 @@ fn arcface_margin_matches_hand_computed_values_and_finite_differences() {
         let mut arc = NormSoftmax::for_level(&labels, 0, D, 11, DType::F64, &CPU).unwrap();
         arc.temperature = 0.2;
         arc.margin = m;
-        let w = arc
-            .proxies()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap();
-        let p = normalized_rows(&w, D);
+        let p = unit_proxies(&arc);
         let (mut want, mut past) = (0.0, 0);
         for (i, &c) in CLASSES.iter().enumerate() {
             let target = arc.classes().iter().position(|&k| k == c).unwrap();
@@ -602,7 +607,7 @@ fn norm_softmax_matches_a_hand_computed_cross_entropy_and_finite_differences() {
         .unwrap()
         .to_vec1::<f64>()
         .unwrap();
-    let p = normalized_rows(&w, D);
+    let p = unit_proxies(&nsm);
     let mut want = 0.0;
     for (i, &c) in CLASSES.iter().enumerate() {
         let logits: Vec<f64> = (0..5)
