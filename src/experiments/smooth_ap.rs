@@ -99,23 +99,37 @@ fn comparison_rows(b: usize, big: usize) -> Vec<Variant> {
     ]
 }
 
-/// The two face models of Table 4, by the paper's setting name: how each was trained before
-/// fine-tuning (ours: a classifier on the training classes) and a note saying so.
-fn face_models() -> [(&'static str, LossConfig, &'static str); 2] {
+/// One face model of Table 4: the paper's name for it, its setting and baseline row, and how
+/// ours is trained before fine-tuning (a classifier on the training classes) with a note saying
+/// so. Rows and claims both read it.
+struct FaceModel {
+    name: &'static str,
+    setting: &'static str,
+    baseline: &'static str,
+    pretrain: LossConfig,
+    how: &'static str,
+}
+
+/// The two face models of Table 4.
+fn face_models() -> [FaceModel; 2] {
     [
-        (
-            "model=SENet-50",
-            LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
-            "ours: softmax-trained (NormSoftmax, σ = 0.05)",
-        ),
-        (
-            "model=ArcFace ResNet-50",
-            LossConfig::NormSoftmax(NormSoftmaxConfig {
+        FaceModel {
+            name: "SENet-50",
+            setting: "model=SENet-50",
+            baseline: "Softmax (baseline)",
+            pretrain: LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
+            how: "ours: softmax-trained (NormSoftmax, σ = 0.05)",
+        },
+        FaceModel {
+            name: "ArcFace",
+            setting: "model=ArcFace ResNet-50",
+            baseline: "ArcFace (baseline)",
+            pretrain: LossConfig::NormSoftmax(NormSoftmaxConfig {
                 temperature: 1.0 / 64.0,
                 margin: 0.5,
             }),
-            "ours: ArcFace-trained (m = 0.5, s = 64)",
-        ),
+            how: "ours: ArcFace-trained (m = 0.5, s = 64)",
+        },
     ]
 }
 
@@ -142,14 +156,12 @@ fn fine_tune(c: &mut TrainConfig, pretrain: &LossConfig, loss: LossConfig) {
 /// pairwise, the triplet and the Smooth-AP loss.
 fn face_rows() -> Vec<Variant> {
     let mut rows = Vec::new();
-    for (model, pretrain, how) in face_models() {
-        let baseline = if model.contains("ArcFace") {
-            "ArcFace (baseline)"
-        } else {
-            "Softmax (baseline)"
-        };
-        let p = pretrain.clone();
-        rows.push(Variant::with_setting(baseline, model, move |c| c.loss = p.clone()).note(how));
+    for model in face_models() {
+        let p = model.pretrain.clone();
+        rows.push(
+            Variant::with_setting(model.baseline, model.setting, move |c| c.loss = p.clone())
+                .note(model.how),
+        );
         let appended = [
             (
                 "+ Pairwise",
@@ -159,10 +171,12 @@ fn face_rows() -> Vec<Variant> {
             ("+ Smooth-AP", smooth_ap(0.01)),
         ];
         for (method, loss) in appended {
-            let p = pretrain.clone();
+            let p = model.pretrain.clone();
             rows.push(
-                Variant::with_setting(method, model, move |c| fine_tune(c, &p, loss.clone()))
-                    .note(format!("{how}, fine-tuned for ¼ of its epochs")),
+                Variant::with_setting(method, model.setting, move |c| {
+                    fine_tune(c, &p, loss.clone())
+                })
+                .note(format!("{}, fine-tuned for ¼ of its epochs", model.how)),
             );
         }
     }
@@ -264,11 +278,10 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
         |table: &str, setting: &str| row(setting, m.sample(table, "Smooth-AP", setting, "mAP"));
     let recalls = ["R@1", "R@10", "R@100", "R@1000"];
     let face = |method: &str, setting: &str| m.sample(TABLE_FACE, method, setting, "mAP");
-    // Table 4's setting and baseline row of a face model named in a claim.
-    let face_model = |model: &str| match model {
-        "SENet-50" => ("model=SENet-50", "Softmax (baseline)"),
-        _ => ("model=ArcFace ResNet-50", "ArcFace (baseline)"),
-    };
+    let models = face_models();
+    let model_names = models.each_ref().map(|f| f.name);
+    // Table 4's model named in a claim (one of `model_names`).
+    let face_model = |name: &str| models.iter().find(|f| f.name == name);
     vec![
         Claim::on_each(
             "Smooth-AP outperforms the prior methods at the same batch (FastAP, Blackbox AP, \
@@ -301,9 +314,10 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
             "Appending Smooth-AP to a trained face model improves its mAP, for both models \
              (Table 4: SENet-50 0.828 → 0.850 on VGGFace2-Test and 0.726 → 0.754 on IJB-C; \
              ArcFace 0.858 → 0.902 and 0.772 → 0.803; ours: one test set for both columns)",
-            &["SENet-50", "ArcFace"],
-            |model| {
-                let (setting, baseline) = face_model(model);
+            &model_names,
+            |name| {
+                let model = face_model(name);
+                let (setting, baseline) = model.map_or(("", ""), |f| (f.setting, f.baseline));
                 Claim::greater(
                     "",
                     row("+ Smooth-AP", face("+ Smooth-AP", setting)),
@@ -315,9 +329,9 @@ pub fn claims(m: &Measurements) -> Vec<Claim> {
             "Smooth-AP fine-tuning beats pairwise and triplet fine-tuning, for both models \
              (Table 4: SENet-50 0.850 vs 0.828 and 0.845 on VGGFace2-Test, 0.754 vs 0.728 and \
              0.740 on IJB-C; ArcFace 0.902 vs 0.861 and 0.880, 0.803 vs 0.775 and 0.787)",
-            &["SENet-50", "ArcFace"],
-            |model| {
-                let (setting, _) = face_model(model);
+            &model_names,
+            |name| {
+                let setting = face_model(name).map_or("", |f| f.setting);
                 Claim::greater_all(
                     "",
                     row("+ Smooth-AP", face("+ Smooth-AP", setting)),
