@@ -6,7 +6,7 @@
 //! table rows into recipes: the resolved recipe is the rest of the cache key), `src/report/`
 //! (tables and figures), `src/stats.rs` (the tests behind the verdicts) and `src/bin/` (the
 //! CLI, which hands recipes to the library) — and on
-//! the exact dependency versions (`Cargo.lock`). Leaving those folders out lets a change of a
+//! the exact dependency versions (`Cargo.lock`) and the patched dependencies (`vendor/`). Leaving those folders out lets a change of a
 //! caption, a claim or a command-line option reuse the runs; any change of a loss, the trainer,
 //! a model, the data or the metrics makes every run new.
 //!
@@ -36,6 +36,10 @@ fn main() {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let mut files = Vec::new();
     collect(&root.join("src"), &root, &mut files);
+    // The patched candle-core (vendor/candle-core/RANKWISE.md) runs inside every training step.
+    if root.join("vendor").is_dir() {
+        collect(&root.join("vendor"), &root, &mut files);
+    }
     files.sort();
     let lock = root.join("Cargo.lock");
     let mut hash = Fnv::new();
@@ -54,6 +58,7 @@ fn main() {
     write_paper_registry(&root);
     write_dataset_registry(&root);
     println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=vendor");
     println!("cargo:rerun-if-changed=Cargo.lock");
     println!("cargo:rerun-if-changed=build.rs");
 }

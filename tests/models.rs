@@ -384,3 +384,51 @@ fn pretrained_hub_references_resolve_from_the_cache_without_network() {
         .to_string();
     assert!(e.contains("hf:org-only") && e.contains("pretrained"), "{e}");
 }
+
+/// The vendored candle-core stores each gradient as computed instead of adding it to a fresh
+/// zero tensor (vendor/candle-core/RANKWISE.md). On a graph that reuses tensors (`b + b`, `a`
+/// in five places), subtracts, broadcasts, transposes and multiplies matrices, every gradient
+/// equals the hand-derived one and is stored contiguous, as upstream's sums were:
+/// `L = Σ (a + b)⊙a − Σ (b + b) + Σ a·w + Σ (aᵀ)²` gives `∂L/∂a = 4a + b + w·1`,
+/// `∂L/∂b = Σ_i a_i − 2`, `∂L/∂w = aᵀ·1`.
+#[test]
+fn backward_sums_shared_edges_and_stores_contiguous_gradients() {
+    use candle_core::Var;
+    let (av, bv, wv) = (
+        vec![1.0f64, -2.0, 0.5, 3.0, -1.5, 2.5],
+        vec![0.3f64, -0.7, 1.1],
+        vec![0.2f64, -0.4, 1.5, 0.6, -0.9, 0.1],
+    );
+    let a = Var::from_vec(av.clone(), (2, 3), &cpu()).unwrap();
+    let b = Var::from_vec(bv.clone(), (1, 3), &cpu()).unwrap();
+    let w = Var::from_vec(wv.clone(), (3, 2), &cpu()).unwrap();
+    let t1 = (a.broadcast_add(&b).unwrap() * a.as_tensor())
+        .unwrap()
+        .sum_all()
+        .unwrap();
+    let t2 = (b.as_tensor() + b.as_tensor()).unwrap().sum_all().unwrap();
+    let t3 = a.matmul(&w).unwrap().sum_all().unwrap();
+    let t4 = a.t().unwrap().sqr().unwrap().sum_all().unwrap();
+    let loss = ((t1 - t2).unwrap() + t3).unwrap() + t4;
+    let grads = loss.unwrap().backward().unwrap();
+    let got = |v: &Var| {
+        let g = grads.get(v).expect("a gradient for every variable");
+        assert!(g.is_contiguous(), "stored gradients are contiguous");
+        assert_eq!(g.dims(), v.dims());
+        g.flatten_all().unwrap().to_vec1::<f64>().unwrap()
+    };
+    let (ga, gb, gw) = (got(&a), got(&b), got(&w));
+    for i in 0..2 {
+        for j in 0..3 {
+            let want = 4.0 * av[i * 3 + j] + bv[j] + wv[j * 2] + wv[j * 2 + 1];
+            assert!((ga[i * 3 + j] - want).abs() < 1e-12, "∂a[{i},{j}]");
+        }
+    }
+    for j in 0..3 {
+        let column = av[j] + av[3 + j];
+        assert!((gb[j] - (column - 2.0)).abs() < 1e-12, "∂b[{j}]");
+        for k in 0..2 {
+            assert!((gw[j * 2 + k] - column).abs() < 1e-12, "∂w[{j},{k}]");
+        }
+    }
+}
