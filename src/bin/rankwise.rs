@@ -43,6 +43,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+// Keeps the large tensor buffers of a training step for the next step once `tune_allocator` has
+// run (train, embed, reproduce): rankwise::cpu::alloc explains why.
+#[global_allocator]
+static ALLOCATOR: rankwise::cpu::alloc::LargeBlockCache = rankwise::cpu::alloc::LargeBlockCache;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "rankwise",

@@ -45,6 +45,7 @@ pub mod alloc;
 pub mod gemm;
 pub(crate) mod helper_threads;
 pub(crate) mod host_sums;
+pub(crate) mod scratch;
 pub mod threads;
 pub(crate) mod work_phases;
 

@@ -15,7 +15,9 @@
 //!
 //! The batch is cut into [`PARTS`] contiguous parts of images, run in parallel; each thread
 //! unfolds its part into its own buffer and calls a single-threaded GEMM (the `gemm` crate,
-//! candle's own) on it, then writes its images' outputs. Handing the threads one part each,
+//! candle's own) on it, then writes its images' outputs. The unfold and product buffers are the
+//! thread's scratch ([`crate::cpu::scratch`]), kept from one call to the next instead of being
+//! allocated and zero-filled at every layer. Handing the threads one part each,
 //! rather than splitting every product, every unfold and every copy over the threads as
 //! candle's ops do, also lets the unfold buffers be reused and skips the transposed copies of
 //! the outputs (benches/train_throughput_vs_torch.md has the before/after). Within a
@@ -36,6 +38,7 @@
 //! Visin 2016, §4). The input gradient is skipped for inputs that need none (the images).
 
 use crate::cpu::gemm::{gemm_into, transposed, Matrix};
+use crate::cpu::scratch::{prefix, with_buffers};
 use crate::cpu::with_values;
 use crate::error::{Error, Result};
 use candle_core::{CustomOp2, DType, Layout, Shape, Storage, Tensor, WithDType};
@@ -285,13 +288,13 @@ fn valid_range(size: usize, out: usize, offset: usize, g: &Geometry) -> (usize, 
 /// row-major `(C·K²) × (n·H'·W')` matrix whose row `(c, ky, kx)` (the kernel's column order)
 /// holds, for every image and output position, the pixel that kernel tap reads (0 in the
 /// padding).
-fn im2col<T: WithDType>(x: &[T], g: &Geometry, imgs: std::ops::Range<usize>, cols: &mut Vec<T>) {
+fn im2col<T: WithDType>(x: &[T], g: &Geometry, imgs: std::ops::Range<usize>, cols: &mut [T]) {
     let (rows, k) = (g.rows(), g.k);
     let n = imgs.len();
     let image = g.image();
     // Every value is written below (the padding's zeros explicitly), so a reused buffer is not
     // cleared first: zeroing it whole cost as much as the copies.
-    cols.resize(g.patch() * n * rows, T::zero());
+    debug_assert_eq!(cols.len(), g.patch() * n * rows);
     for (col, out) in cols.chunks_mut(n * rows).enumerate() {
         let (ci, ky, kx) = (col / (k * k), (col / k) % k, col % k);
         let (ylo, yhi) = valid_range(g.h, g.ho, ky, g);
@@ -462,24 +465,26 @@ fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_co
                 .into_par_iter()
                 .zip(parts.par_iter())
                 .for_each(|(out, part)| {
-                    let (mut cols, mut prod) = (Vec::new(), Vec::new());
-                    for imgs in g.chunks(part.clone()) {
-                        let n = imgs.len();
-                        im2col(xs, g, imgs.clone(), &mut cols);
-                        prod.resize(g.c_out * n * g.rows(), T::zero());
-                        // Y = W · cols, C_out × (n·H'·W').
-                        gemm_into(
-                            &mut prod,
-                            Matrix::row_major(wmat, g.c_out, g.patch()),
-                            Matrix::row_major(&cols, g.patch(), n * g.rows()),
-                            false,
-                            1,
-                        );
-                        let out = &mut out[(imgs.start - part.start) * g.out_image()..];
-                        for (image, column) in regrouped(g, n) {
-                            out[image].copy_from_slice(&prod[column]);
+                    with_buffers::<T, _, 2>(|[cols, prod]| {
+                        for imgs in g.chunks(part.clone()) {
+                            let n = imgs.len();
+                            let cols = prefix(cols, g.patch() * n * g.rows());
+                            im2col(xs, g, imgs.clone(), cols);
+                            let prod = prefix(prod, g.c_out * n * g.rows());
+                            // Y = W · cols, C_out × (n·H'·W').
+                            gemm_into(
+                                prod,
+                                Matrix::row_major(wmat, g.c_out, g.patch()),
+                                Matrix::row_major(cols, g.patch(), n * g.rows()),
+                                false,
+                                1,
+                            );
+                            let out = &mut out[(imgs.start - part.start) * g.out_image()..];
+                            for (image, column) in regrouped(g, n) {
+                                out[image].copy_from_slice(&prod[column]);
+                            }
                         }
-                    }
+                    })
                 });
             Ok(())
         })
@@ -523,38 +528,40 @@ impl ConvOp {
                     .zip(parts.par_iter())
                     .map(|(mut dx_part, part)| {
                         let mut dw_t = vec![T::zero(); if want_k { weights } else { 0 }];
-                        let (mut cols, mut gy, mut gcols) = (Vec::new(), Vec::new(), Vec::new());
-                        let mut first = true;
-                        for imgs in g.chunks(part.clone()) {
-                            let n = imgs.len();
-                            let cn = n * g.rows();
-                            // ∂Y of these images as C_out × (n·H'·W').
-                            gy.resize(g.c_out * cn, T::zero());
-                            let images = &gys[imgs.start * g.out_image()..];
-                            for (image, column) in regrouped(g, n) {
-                                gy[column].copy_from_slice(&images[image]);
+                        with_buffers::<T, _, 3>(|[cols, gy, gcols]| {
+                            let mut first = true;
+                            for imgs in g.chunks(part.clone()) {
+                                let n = imgs.len();
+                                let cn = n * g.rows();
+                                // ∂Y of these images as C_out × (n·H'·W').
+                                let gy = prefix(gy, g.c_out * cn);
+                                let images = &gys[imgs.start * g.out_image()..];
+                                for (image, column) in regrouped(g, n) {
+                                    gy[column].copy_from_slice(&images[image]);
+                                }
+                                let gy_m = Matrix::row_major(gy, g.c_out, cn);
+                                if want_k {
+                                    // ∂Wᵀ (+)= cols · ∂Yᵀ, a `C·K² × C_out` matrix: gemm runs this
+                                    // orientation (transposed right operand) 1.0–2× faster than
+                                    // ∂Y · colsᵀ (transposed left operand) on four of the small
+                                    // CNN's shapes (AVX-512 microbenchmark, benches/
+                                    // train_throughput_vs_torch.md); the sum below transposes back.
+                                    let cols = prefix(cols, g.patch() * cn);
+                                    im2col(xs, g, imgs.clone(), cols);
+                                    let cols_m = Matrix::row_major(cols, g.patch(), cn);
+                                    gemm_into(&mut dw_t, cols_m, gy_m.t(), !first, 1);
+                                    first = false;
+                                }
+                                if let Some(dx_part) = dx_part.as_deref_mut() {
+                                    // ∂cols = Wᵀ · ∂Y, folded back onto the images.
+                                    let gcols = prefix(gcols, g.patch() * cn);
+                                    let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
+                                    gemm_into(gcols, w_m.t(), gy_m, false, 1);
+                                    let at = (imgs.start - part.start) * g.image();
+                                    col2im(gcols, g, &mut dx_part[at..at + n * g.image()]);
+                                }
                             }
-                            let gy_m = Matrix::row_major(&gy, g.c_out, cn);
-                            if want_k {
-                                // ∂Wᵀ (+)= cols · ∂Yᵀ, a `C·K² × C_out` matrix: gemm runs this
-                                // orientation (transposed right operand) 1.0–2× faster than
-                                // ∂Y · colsᵀ (transposed left operand) on four of the small
-                                // CNN's shapes (AVX-512 microbenchmark, benches/
-                                // train_throughput_vs_torch.md); the sum below transposes back.
-                                im2col(xs, g, imgs.clone(), &mut cols);
-                                let cols_m = Matrix::row_major(&cols, g.patch(), cn);
-                                gemm_into(&mut dw_t, cols_m, gy_m.t(), !first, 1);
-                                first = false;
-                            }
-                            if let Some(dx_part) = dx_part.as_deref_mut() {
-                                // ∂cols = Wᵀ · ∂Y, folded back onto the images.
-                                gcols.resize(g.patch() * cn, T::zero());
-                                let w_m = Matrix::row_major(&wmat, g.c_out, g.patch());
-                                gemm_into(&mut gcols, w_m.t(), gy_m, false, 1);
-                                let at = (imgs.start - part.start) * g.image();
-                                col2im(&mut gcols, g, &mut dx_part[at..at + n * g.image()]);
-                            }
-                        }
+                        });
                         dw_t
                     })
                     .collect())

@@ -18,7 +18,7 @@ use crate::data::pipeline::{LoaderConfig, Normalize};
 use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource};
 use crate::data::{retrieval_split, EmbeddedConfig, ImageSet};
 use crate::error::{Error, Result};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// One test set of a [`TestProtocol`].
 #[derive(Clone)]
@@ -197,11 +197,41 @@ pub fn load_data(config: &TrainConfig) -> Result<RunData> {
     })
 }
 
-/// The train and test sides of the retrieval split of the embedded dataset `data`.
+/// How many generator settings [`embedded_split`] keeps rendered: two runs train side by side.
+const RENDERED_KEPT: usize = 2;
+
+/// The train and test sides of the retrieval split of the embedded dataset `data`, rendered once
+/// per process for the last [`RENDERED_KEPT`] settings asked for.
+///
+/// Rendering is deterministic in the generator's settings, and a `reproduce` or a notebook
+/// trains many runs on the same settings (18 for FastAP at `quick`): rendering each run's copy
+/// again was about 5% of a `quick` paper's time (perf, 2026-11-28). Each run still gets its own
+/// copy of the images.
 pub(crate) fn embedded_split(data: &EmbeddedConfig) -> Result<(ImageSet, ImageSet)> {
-    let images = data.shapes().generate()?;
-    let split = retrieval_split(images.labels(), data.split_level)?;
-    Ok((images.select(&split.train)?, images.select(&split.test)?))
+    type Rendered = Arc<(ImageSet, ImageSet)>;
+    static KEPT: Mutex<Vec<(EmbeddedConfig, Rendered)>> = Mutex::new(Vec::new());
+    // A panic elsewhere while the lock was held leaves complete entries only: keep using them.
+    let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let sets = match kept.iter().position(|(settings, _)| settings == data) {
+        Some(i) => {
+            // Most recently used last, so that the oldest is the one to drop.
+            let entry = kept.remove(i);
+            let sets = entry.1.clone();
+            kept.push(entry);
+            sets
+        }
+        None => {
+            let images = data.shapes().generate()?;
+            let split = retrieval_split(images.labels(), data.split_level)?;
+            let sets = Arc::new((images.select(&split.train)?, images.select(&split.test)?));
+            kept.push((data.clone(), sets.clone()));
+            if kept.len() > RENDERED_KEPT {
+                kept.remove(0);
+            }
+            sets
+        }
+    };
+    Ok((sets.0.clone(), sets.1.clone()))
 }
 
 /// `e` with a pointer to the dataset's preparation script appended to its message.
@@ -292,6 +322,42 @@ pub fn check_recipe(config: &TrainConfig) -> Result<RecipeCheck> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Small settings: 2 × 2 × 2 fine classes of 4 images of 8 × 8.
+    fn small(seed: u64) -> EmbeddedConfig {
+        EmbeddedConfig {
+            seed,
+            families: 2,
+            variants_per_family: 2,
+            fine_per_variant: 2,
+            images_per_class: 4,
+            image_size: 8,
+            ..EmbeddedConfig::default()
+        }
+    }
+
+    /// What the kept renderings give equals a fresh rendering of the same settings, whichever
+    /// settings were asked for in between (more than are kept).
+    #[test]
+    fn kept_renderings_equal_fresh_ones() {
+        let fresh = |data: &EmbeddedConfig| {
+            let images = data.shapes().generate().unwrap();
+            let split = retrieval_split(images.labels(), data.split_level).unwrap();
+            (
+                images.select(&split.train).unwrap(),
+                images.select(&split.test).unwrap(),
+            )
+        };
+        let settings: Vec<_> = (0..RENDERED_KEPT as u64 + 2)
+            .map(|s| small(900 + s))
+            .collect();
+        for round in 0..2 {
+            for data in &settings {
+                assert_eq!(embedded_split(data).unwrap(), fresh(data), "round {round}");
+            }
+        }
+        assert_ne!(fresh(&settings[0]), fresh(&settings[1]), "the seed matters");
+    }
 
     #[test]
     fn hints_keep_the_path_and_line() {
