@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rankwise::data::EmbeddedConfig;
 use rankwise::hierarchy::Labels;
 use rankwise::losses::{check_batch, RankLoss};
-use rankwise::losses::{happier::HappierConfig, rambo::RamboConfig, LossConfig};
+use rankwise::losses::{csl::CslConfig, happier::HappierConfig, rambo::RamboConfig, LossConfig};
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
     SmallCnnConfig,
@@ -641,8 +641,9 @@ fn loss_vars_bits(trainer: &Trainer) -> Vec<(String, Vec<u64>)> {
         .collect()
 }
 
-/// Losses built from the recipe, with their own variables (HAPPIER's proxies, in the `loss`
-/// parameter group) and their own state (RaMBO's score memory), resume bit-identically too.
+/// Losses built from the recipe, with their own variables (HAPPIER's and CSL's proxies, in the
+/// `loss` parameter group) and their own state (RaMBO's score memory), resume bit-identically
+/// too.
 #[test]
 fn losses_from_the_config_with_proxies_or_memory_resume_bit_identically() {
     let happier = LossConfig::Happier(HappierConfig::default());
@@ -651,14 +652,15 @@ fn losses_from_the_config_with_proxies_or_memory_resume_bit_identically() {
         half_normal_margin: true,
         ..RamboConfig::default()
     });
-    for loss in [happier, rambo] {
+    let csl = LossConfig::Csl(CslConfig::default());
+    for loss in [happier, csl, rambo] {
         let mut config = tiny_config();
         config.loss = loss.clone();
         config.epochs = 2;
         config.eval.at_start = false;
         let mut straight = Trainer::from_config(config.clone()).unwrap();
         straight.fit().unwrap();
-        let has_proxies = matches!(loss, LossConfig::Happier(_));
+        let has_proxies = matches!(loss, LossConfig::Happier(_) | LossConfig::Csl(_));
         assert_eq!(
             straight.optimizer().group_names().contains(&"loss"),
             has_proxies,

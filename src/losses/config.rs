@@ -118,6 +118,7 @@ impl LossConfig {
 mod tests {
     use super::*;
     use crate::losses::contrastive::Contrastive;
+    use crate::losses::csl::CslConfig;
     use crate::losses::fastap::FastAp;
     use crate::losses::happier::{HappierConfig, RelevanceKind};
     use crate::losses::norm_softmax::NormSoftmaxConfig;
@@ -167,6 +168,11 @@ mod tests {
                 base: Box::new(LossConfig::NormSoftmax(NormSoftmaxConfig::default())),
                 levels: None,
             }),
+            LossConfig::Csl(CslConfig::default()),
+            LossConfig::Csl(CslConfig {
+                margins: Some(vec![0.1, 0.2]),
+                ..CslConfig::default()
+            }),
         ]
     }
 
@@ -194,7 +200,10 @@ mod tests {
             let expect = matches!(
                 &config,
                 LossConfig::Happier(HappierConfig { lambda, .. }) if *lambda > 0.0
-            ) || matches!(&config, LossConfig::NormSoftmax(_) | LossConfig::Summed(_));
+            ) || matches!(
+                &config,
+                LossConfig::NormSoftmax(_) | LossConfig::Summed(_) | LossConfig::Csl(_)
+            );
             assert_eq!(proxies, expect, "{}", config.name());
         }
     }

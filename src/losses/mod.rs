@@ -13,6 +13,7 @@ pub mod blackbox_rank;
 pub mod cluster;
 pub mod config;
 pub mod contrastive;
+pub mod csl;
 pub mod fastap;
 pub mod happier;
 pub mod norm_softmax;
@@ -49,6 +50,9 @@ config::registry! {
     NormSoftmax(norm_softmax::NormSoftmaxConfig),
     /// The "Σ" hierarchical baselines: the same flat loss at every level, summed.
     Summed(summed_levels::SummedConfig),
+    /// CSL (Sun et al., CVPR 2021, as re-implemented by HAPPIER's authors): hierarchical
+    /// proxies with a margin per level, a baseline of HAPPIER's tables.
+    Csl(csl::CslConfig),
 }
 
 impl Default for LossConfig {

@@ -74,16 +74,10 @@ impl NormSoftmax {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        if dim == 0 {
-            return Err(Error::invalid("dim", "must be at least 1"));
-        }
-        let bound = 1.0 / (dim as f64).sqrt();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let init: Vec<f64> = (0..classes.len() * dim)
-            .map(|_| rng.random_range(-bound..bound))
-            .collect();
-        let proxies = Tensor::from_vec(init, (classes.len(), dim), device)?.to_dtype(dtype)?;
-        Self::with_proxies(classes, Var::from_tensor(&proxies)?)
+        Self::with_proxies(
+            classes,
+            linear_init_proxies(classes.len(), dim, seed, dtype, device)?,
+        )
     }
 
     /// Uses `proxies` (`C × D`, row `i` for `classes[i]`, distinct ids), e.g. restored from a
@@ -244,6 +238,28 @@ impl NormSoftmax {
         debug_assert_eq!(mask.dims2()?, (b, c));
         Ok((logits + mask.broadcast_mul(&delta)?)?)
     }
+}
+
+/// `rows × dim` proxies drawn `U(−1/√dim, 1/√dim)` from `seed`, as `nn.Linear` initialises its
+/// weight (the authors' NSM, HAPPIER's clustering loss and CSL all start their proxies so): the
+/// proxies of every proxy loss here.
+pub(crate) fn linear_init_proxies(
+    rows: usize,
+    dim: usize,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+) -> Result<Var> {
+    if dim == 0 {
+        return Err(Error::invalid("dim", "must be at least 1"));
+    }
+    let bound = 1.0 / (dim as f64).sqrt();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let init: Vec<f64> = (0..rows * dim)
+        .map(|_| rng.random_range(-bound..bound))
+        .collect();
+    let proxies = Tensor::from_vec(init, (rows, dim), device)?.to_dtype(dtype)?;
+    Ok(Var::from_tensor(&proxies)?)
 }
 
 /// The normalised softmax's recipe (`[loss] kind = "norm_softmax"`): its temperature; the
