@@ -87,7 +87,7 @@ static KEPT: Mutex<Kept> = Mutex::new(Kept {
     limit: 0,
 });
 
-/// A global allocator that keeps freed blocks of at least [`LARGE_BLOCK`] bytes (up to [`SLOTS`]
+/// A global allocator that keeps freed blocks of at least [`LARGE_BLOCK`] bytes (up to 1,024
 /// blocks and a quarter of the machine's memory) and reuses them for requests of exactly the
 /// same size and alignment; everything else goes to the system allocator. Enabled by
 /// [`tune_allocator`]; until then it is the system allocator.

@@ -16,7 +16,7 @@
 //! The batch is cut into [`PARTS`] contiguous parts of images, run in parallel; each thread
 //! unfolds its part into its own buffer and calls a single-threaded GEMM (the `gemm` crate,
 //! candle's own) on it, then writes its images' outputs. The unfold and product buffers are the
-//! thread's scratch ([`crate::cpu::scratch`]), kept from one call to the next instead of being
+//! thread's scratch (`cpu::scratch`), kept from one call to the next instead of being
 //! allocated and zero-filled at every layer. Handing the threads one part each,
 //! rather than splitting every product, every unfold and every copy over the threads as
 //! candle's ops do, also lets the unfold buffers be reused and skips the transposed copies of
