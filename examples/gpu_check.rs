@@ -29,6 +29,7 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rankwise::losses::cluster::ClusterLoss;
 use rankwise::losses::contrastive::Contrastive;
+use rankwise::losses::csl::CslConfig;
 use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::happier::{HappierConfig, RelevanceKind};
@@ -343,6 +344,7 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
         "norm_softmax".into(),
         LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
     ));
+    v.push(("csl".into(), LossConfig::Csl(CslConfig::default())));
     v.push((
         "summed(triplet)".into(),
         LossConfig::Summed(SummedConfig {
@@ -360,11 +362,12 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
     v
 }
 
-/// Losses with learnable f32 class proxies (HAPPIER's clustering term, the normalised softmax).
+/// Losses with learnable f32 class proxies (HAPPIER's clustering term, the normalised softmax,
+/// CSL).
 fn has_proxies(config: &LossConfig) -> bool {
     match config {
         LossConfig::Happier(c) => c.lambda > 0.0,
-        LossConfig::NormSoftmax(_) => true,
+        LossConfig::NormSoftmax(_) | LossConfig::Csl(_) => true,
         LossConfig::Summed(s) => has_proxies(&s.base),
         _ => false,
     }
