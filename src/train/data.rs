@@ -221,9 +221,7 @@ pub(crate) fn embedded_split(data: &EmbeddedConfig) -> Result<(ImageSet, ImageSe
             sets
         }
         None => {
-            let images = data.shapes().generate()?;
-            let split = retrieval_split(images.labels(), data.split_level)?;
-            let sets = Arc::new((images.select(&split.train)?, images.select(&split.test)?));
+            let sets = Arc::new(render_split(data)?);
             kept.push((data.clone(), sets.clone()));
             if kept.len() > RENDERED_KEPT {
                 kept.remove(0);
@@ -232,6 +230,13 @@ pub(crate) fn embedded_split(data: &EmbeddedConfig) -> Result<(ImageSet, ImageSe
         }
     };
     Ok((sets.0.clone(), sets.1.clone()))
+}
+
+/// The embedded dataset `data` rendered, then split for retrieval: what [`embedded_split`] keeps.
+fn render_split(data: &EmbeddedConfig) -> Result<(ImageSet, ImageSet)> {
+    let images = data.shapes().generate()?;
+    let split = retrieval_split(images.labels(), data.split_level)?;
+    Ok((images.select(&split.train)?, images.select(&split.test)?))
 }
 
 /// `e` with a pointer to the dataset's preparation script appended to its message.
@@ -340,14 +345,7 @@ mod tests {
     /// settings were asked for in between (more than are kept).
     #[test]
     fn kept_renderings_equal_fresh_ones() {
-        let fresh = |data: &EmbeddedConfig| {
-            let images = data.shapes().generate().unwrap();
-            let split = retrieval_split(images.labels(), data.split_level).unwrap();
-            (
-                images.select(&split.train).unwrap(),
-                images.select(&split.test).unwrap(),
-            )
-        };
+        let fresh = |data: &EmbeddedConfig| render_split(data).unwrap();
         let settings: Vec<_> = (0..RENDERED_KEPT as u64 + 2)
             .map(|s| small(900 + s))
             .collect();
