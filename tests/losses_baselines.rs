@@ -511,15 +511,18 @@ fn triplet_gradient_matches_finite_differences() {
 // ---------------------------------------------------------------------------------------------
 // Normalised softmax
 
-/// The proxies of a normalised softmax, each row scaled to unit length, flattened.
-fn unit_proxies(loss: &NormSoftmax) -> Vec<f64> {
-    let w = loss
-        .proxies()
+/// The proxies of a normalised softmax as they are stored, flattened.
+fn raw_proxies(loss: &NormSoftmax) -> Vec<f64> {
+    loss.proxies()
         .flatten_all()
         .unwrap()
         .to_vec1::<f64>()
-        .unwrap();
-    normalized_rows(&w, D)
+        .unwrap()
+}
+
+/// The proxies of a normalised softmax, each row scaled to unit length, flattened.
+fn unit_proxies(loss: &NormSoftmax) -> Vec<f64> {
+    normalized_rows(&raw_proxies(loss), D)
 }
 
 #[test]
@@ -601,13 +604,8 @@ fn norm_softmax_matches_a_hand_computed_cross_entropy_and_finite_differences() {
     assert_eq!(nsm.classes(), &[0, 1, 2, 3, 9]);
     // Hand computation of −mean log softmax(cos/σ).
     let x = normalized_rows(&data, D);
-    let w = nsm
-        .proxies()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap();
-    let p = unit_proxies(&nsm);
+    let w = raw_proxies(&nsm);
+    let p = normalized_rows(&w, D);
     let mut want = 0.0;
     for (i, &c) in CLASSES.iter().enumerate() {
         let logits: Vec<f64> = (0..5)
