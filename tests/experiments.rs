@@ -742,8 +742,9 @@ fn every_paper_notebook_names_what_its_experiment_produces() {
     assert_eq!(seen, all, "one notebook per paper");
 }
 
-/// Runs trained side by side (two at a time, sharing the thread pools) give the bits the same
-/// runs give alone, and a repeated recipe trains once.
+/// Runs trained side by side (two at a time, each on a pool of its own share of the threads)
+/// give the bits the same runs give alone on the whole pool, or on pools of 1 and 3 threads,
+/// and a repeated recipe trains once.
 #[test]
 fn runs_side_by_side_equal_runs_alone() {
     use experiments::RunSpec;
@@ -778,6 +779,15 @@ fn runs_side_by_side_equal_runs_alone() {
         assert_eq!(a.seed, t.seed);
     }
     assert_eq!(together[2].label, "a again");
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let r = pool.install(|| runner.run(&specs[0])).unwrap();
+        assert_eq!(r.metrics, alone[0].metrics, "{threads} threads");
+        assert_eq!(logged(&r), logged(&alone[0]), "{threads} threads");
+    }
     assert_ne!(
         together[0].metrics, together[1].metrics,
         "two seeds, two runs"

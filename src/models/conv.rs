@@ -39,9 +39,9 @@
 
 use crate::cpu::gemm::{gemm_into, transposed, Matrix};
 use crate::cpu::scratch::{prefix, with_buffers};
-use crate::cpu::with_values;
+use crate::cpu::{slice, with_values};
 use crate::error::{Error, Result};
-use candle_core::{CustomOp2, DType, Layout, Shape, Storage, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
 
 /// Largest number of values in one unfolded patch matrix (64 MiB of `f32`).
@@ -78,14 +78,24 @@ fn conv2d_grouped(
     if !x.device().is_cpu() {
         return conv2d_device(x, kernel, stride, padding);
     }
-    let value = match x.dtype() {
-        DType::F32 => forward::<f32>(&x.detach(), &kernel.detach(), &geometry)?,
-        _ => forward::<f64>(&x.detach(), &kernel.detach(), &geometry)?,
-    };
     if !(x.track_op() || kernel.track_op()) {
-        return Ok(value);
+        let shape = (geometry.b, geometry.c_out, geometry.ho, geometry.wo);
+        fn value<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> Result<Vec<T>> {
+            Ok(with_values::<T, _>(x, |xs| {
+                with_values::<T, _>(kernel, |w| Ok(forward(xs, w, g)))
+            })?)
+        }
+        return Ok(match x.dtype() {
+            DType::F32 => Tensor::from_vec(value::<f32>(x, kernel, &geometry)?, shape, x.device())?,
+            _ => Tensor::from_vec(value::<f64>(x, kernel, &geometry)?, shape, x.device())?,
+        });
     }
-    Ok(x.apply_op2(kernel, ConvOp { geometry, value })?)
+    // The op computes its value in `cpu_fwd`, reading the inputs' buffers in place (they are
+    // made contiguous here): computing it beforehand, as this function did, made candle's
+    // `cpu_fwd` hand back a clone of it, one more copy of every convolution's output at every
+    // training step (bit-identical checkpoints either way, tested by the fixed-seed runs).
+    let (x, kernel) = (x.contiguous()?, kernel.contiguous()?);
+    Ok(x.apply_op2(&kernel, ConvOp { geometry })?)
 }
 
 /// The convolution of [`conv2d`] on any device through candle's forward convolution (im2col +
@@ -455,47 +465,42 @@ fn split_parts<'a, T>(
     out
 }
 
-fn forward<T: WithDType>(x: &Tensor, kernel: &Tensor, g: &Geometry) -> candle_core::Result<Tensor> {
+/// `conv2d` of the `B × C × H × W` values `xs` by the `C_out × C·K²` row-major kernel `wmat`:
+/// the `B × C_out × H' × W'` output values.
+fn forward<T: WithDType>(xs: &[T], wmat: &[T], g: &Geometry) -> Vec<T> {
     let parts = g.parts();
     let mut y = vec![T::zero(); g.b * g.out_image()];
-    // The kernel as a `C_out × C·K²` row-major matrix.
-    with_values::<T, _>(kernel, |wmat| {
-        with_values::<T, _>(x, |xs| {
-            split_parts(&mut y, &parts, g.out_image())
-                .into_par_iter()
-                .zip(parts.par_iter())
-                .for_each(|(out, part)| {
-                    with_buffers::<T, _, 2>(|[cols, prod]| {
-                        for imgs in g.chunks(part.clone()) {
-                            let n = imgs.len();
-                            let cols = prefix(cols, g.patch() * n * g.rows());
-                            im2col(xs, g, imgs.clone(), cols);
-                            let prod = prefix(prod, g.c_out * n * g.rows());
-                            // Y = W · cols, C_out × (n·H'·W').
-                            gemm_into(
-                                prod,
-                                Matrix::row_major(wmat, g.c_out, g.patch()),
-                                Matrix::row_major(cols, g.patch(), n * g.rows()),
-                                false,
-                                1,
-                            );
-                            let out = &mut out[(imgs.start - part.start) * g.out_image()..];
-                            for (image, column) in regrouped(g, n) {
-                                out[image].copy_from_slice(&prod[column]);
-                            }
-                        }
-                    })
-                });
-            Ok(())
-        })
-    })?;
-    Tensor::from_vec(y, (g.b, g.c_out, g.ho, g.wo), x.device())
+    split_parts(&mut y, &parts, g.out_image())
+        .into_par_iter()
+        .zip(parts.par_iter())
+        .for_each(|(out, part)| {
+            with_buffers::<T, _, 2>(|[cols, prod]| {
+                for imgs in g.chunks(part.clone()) {
+                    let n = imgs.len();
+                    let cols = prefix(cols, g.patch() * n * g.rows());
+                    im2col(xs, g, imgs.clone(), cols);
+                    let prod = prefix(prod, g.c_out * n * g.rows());
+                    // Y = W · cols, C_out × (n·H'·W').
+                    gemm_into(
+                        prod,
+                        Matrix::row_major(wmat, g.c_out, g.patch()),
+                        Matrix::row_major(cols, g.patch(), n * g.rows()),
+                        false,
+                        1,
+                    );
+                    let out = &mut out[(imgs.start - part.start) * g.out_image()..];
+                    for (image, column) in regrouped(g, n) {
+                        out[image].copy_from_slice(&prod[column]);
+                    }
+                }
+            })
+        });
+    y
 }
 
-/// The custom op: carries the forward value and the geometry.
+/// The custom op: carries the geometry.
 struct ConvOp {
     geometry: Geometry,
-    value: Tensor,
 }
 
 impl ConvOp {
@@ -599,20 +604,18 @@ impl CustomOp2 for ConvOp {
 
     fn cpu_fwd(
         &self,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-        _: &candle_core::CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
-        let (storage, layout) = self.value.storage_and_layout();
-        match &*storage {
-            Storage::Cpu(s) if layout.is_contiguous() && layout.start_offset() == 0 => {
-                Ok((s.clone(), layout.shape().clone()))
-            }
-            _ => candle_core::bail!(
-                "rankwise-conv2d: the forward value must be a contiguous CPU tensor"
-            ),
-        }
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let g = &self.geometry;
+        let y = match s1 {
+            CpuStorage::F32(_) => CpuStorage::F32(forward(slice(s1, l1)?, slice(s2, l2)?, g)),
+            CpuStorage::F64(_) => CpuStorage::F64(forward(slice(s1, l1)?, slice(s2, l2)?, g)),
+            _ => candle_core::bail!("rankwise-conv2d: only f32 and f64 are supported"),
+        };
+        Ok((y, Shape::from((g.b, g.c_out, g.ho, g.wo))))
     }
 
     fn bwd(
