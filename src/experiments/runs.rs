@@ -276,18 +276,17 @@ impl Runner {
         };
         // Each side-by-side run on a pool of its own share of the threads (see the docs); alone,
         // a run keeps the whole pool. A pool that cannot be made leaves the run on the shared one.
-        let worker = || match (jobs > 1)
-            .then(|| {
-                rayon::ThreadPoolBuilder::new()
+        let worker = || {
+            if jobs > 1 {
+                let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads_per_run)
                     .thread_name(|i| format!("rankwise-run-{i}"))
-                    .build()
-                    .ok()
-            })
-            .flatten()
-        {
-            Some(pool) => pool.install(worker_loop),
-            None => worker_loop(),
+                    .build();
+                if let Ok(pool) = pool {
+                    return pool.install(worker_loop);
+                }
+            }
+            worker_loop()
         };
         std::thread::scope(|scope| {
             for _ in 1..jobs {
