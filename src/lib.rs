@@ -5,7 +5,7 @@
 //! (Rolínek et al., CVPR 2020), HAPPIER (Ramzi et al., ECCV 2022) and SSR (Shen et al.,
 //! NeurIPS 2021).
 //!
-//! The data flows one way through the modules (`tests/architecture.rs` fails on any import
+//! The data flows one way through the modules (`tests/integration/architecture.rs` fails on any import
 //! cycle between modules or between files, and on any import of a lower layer); each layer uses
 //! only the layers above it (the same table heads `ARCHITECTURE.md`):
 //!

@@ -7,7 +7,7 @@
 //!   separable triangle filter whose support grows with the downscaling factor (antialiasing),
 //!   8-bit fixed-point coefficients (22 fractional bits), horizontal pass first with an 8-bit
 //!   intermediate image. It reproduces Pillow's output byte for byte (tested against Pillow
-//!   output in `tests/pipeline.rs`).
+//!   output in `tests/integration/pipeline.rs`).
 //! * [`Op::Resize`] with [`Resize::ShorterSide`] is `transforms.Resize(int)`: the shorter side
 //!   becomes `s`, the longer `int(s · long / short)` (truncated).
 //! * [`Op::CenterCrop`] is `transforms.CenterCrop`: top-left corner
@@ -27,7 +27,7 @@
 //! replicated, alpha dropped). PNG decoding is lossless, so identical to PIL. JPEG is not
 //! bit-identical: the `image` crate decodes with zune-jpeg, whose integer IDCT and chroma
 //! up-sampling round differently from libjpeg-turbo's (Pillow's decoder). Measured on the q90,
-//! 4:2:0 fixture of `tests/pipeline.rs`: max |Δ| = 3, 28 % of the values differ, mean |Δ| 0.39 (on
+//! 4:2:0 fixture of `tests/integration/pipeline.rs`: max |Δ| = 3, 28 % of the values differ, mean |Δ| 0.39 (on
 //! a 0–255 scale); a grey JPEG of the same image: max |Δ| = 1 on 1.6 % of the values. Everything
 //! after decoding is exact.
 //!

@@ -1,9 +1,11 @@
 //! The papers' claims, decided on our measurements by a stated statistical rule.
 //!
 //! Every row that enters a claim is measured over several seeds ([`super::SeedCounts`]); a
-//! claim compares rows with Welch's two-sided t-test at the 5% level ([`stats::welch`]), or
-//! with the paired t-test when both rows were scored on the same test units (SSR's episodes and
-//! queries: [`stats::compare`]), and ends in one of three verdicts ([`Verdict`]):
+//! claim compares rows with a two-sided t-test at the 5% level ([`stats::compare`]): paired
+//! seed by seed when both rows ran the same seeds (every row of a paper's recipe runs the same
+//! seed list, and a seed fixes the initial weights and the batches), paired unit by unit when
+//! both rows were scored on the same test units (SSR's episodes and queries), else Welch's
+//! ([`stats::welch`]); it ends in one of three verdicts ([`Verdict`]):
 //!
 //! - **holds**: every comparison the statement makes goes the paper's way beyond the noise;
 //! - **contradicted**: some comparison goes significantly the other way;
@@ -20,10 +22,12 @@ use super::table::Measurements;
 use crate::stats::{self, Sample};
 
 /// The rule that decides every claim, as printed above each claims table.
-pub const RULE: &str = "Welch's two-sided t-test over the seeds at 5% for each comparison a \
-    claim makes, or the paired t-test (`paired p`) when both rows were scored on the same test \
-    units — SSR's episodes or queries: over the units for one trained model, over the seeds' \
-    mean differences for several; a claim holds when every comparison goes the paper's way \
+pub const RULE: &str = "a two-sided t-test at 5% for each comparison a claim makes: paired \
+    (`paired p`) over the seeds' differences when both rows ran the same seeds (a seed fixes \
+    the initial weights and the batches, shared by the two rows), or over the test units when \
+    both rows were scored on the same ones — SSR's episodes or queries: over the units for one \
+    trained model, over the seeds' mean differences for several —, else Welch's test over the \
+    seeds; a claim holds when every comparison goes the paper's way \
     significantly, is contradicted when one goes significantly the other way (5% / number of \
     comparisons), and is inconclusive otherwise.";
 
@@ -133,7 +137,8 @@ fn describe(name: &str, s: Option<&Sample>) -> String {
     }
 }
 
-/// `p=0.012` (3 decimals), prefixed `paired ` when the test paired the rows' test units.
+/// `p=0.012` (3 decimals), prefixed `paired ` when the test paired the rows' seeds or test
+/// units.
 fn p_text(c: &stats::Comparison) -> String {
     let p = if c.p < 1e-4 {
         "p<1e-4".to_string()
@@ -142,7 +147,9 @@ fn p_text(c: &stats::Comparison) -> String {
     };
     match c.test {
         stats::Test::Welch => p,
-        stats::Test::PairedUnits | stats::Test::PairedReplicates => format!("paired {p}"),
+        stats::Test::PairedUnits | stats::Test::PairedReplicates | stats::Test::PairedSeeds => {
+            format!("paired {p}")
+        }
     }
 }
 
@@ -572,7 +579,7 @@ mod tests {
             row("b", s(&[1.0, 1.1])),
         );
         let md = claims_markdown(&[c], &Measurements::default());
-        assert!(md.contains("Welch's two-sided t-test"), "{md}");
+        assert!(md.contains("Rule: a two-sided t-test at 5%"), "{md}");
         assert!(md.contains("| \\|P\\| = 4 beats 8 |"), "{md}");
         assert!(md.starts_with("Verdicts: "), "{md}");
     }

@@ -91,12 +91,14 @@ impl Measured {
         }
     }
 
-    /// The seeds (or test units) as a sample (mean, spread, 95% interval).
+    /// The seeds (or test units) as a sample (mean, spread, 95% interval); one value per seed
+    /// of [`Provenance::seeds`] carries its seed, so that rows run with the same seeds are
+    /// compared seed by seed ([`crate::stats::Sample::with_seeds`]).
     pub fn sample(&self) -> crate::stats::Sample {
         use crate::stats::Sample;
         match &self.units {
             Some(u) => Sample::on_units(self.samples.clone(), u.clone()),
-            None => Sample::new(self.samples.clone()),
+            None => Sample::new(self.samples.clone()).with_seeds(self.provenance.seeds.clone()),
         }
     }
 
@@ -789,5 +791,27 @@ mod tests {
             md.starts_with("### T2\n") && md.contains("| Smooth-AP | batch=224 | 79.2 / 17.0 |"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn values_over_seeds_carry_their_seeds_into_the_claims_test() {
+        let over = |values: Vec<f64>, seeds: Vec<u64>| {
+            Measured::over_seeds(
+                "T2",
+                "Smooth-AP",
+                "SOP",
+                "R@1",
+                values,
+                Unit::Fraction,
+                quick().with_runs(seeds, "cpu", "abc"),
+            )
+        };
+        let a = over(vec![0.275, 0.30, 0.23], vec![0, 1, 2]);
+        assert_eq!(a.sample().seeds, Some(vec![0, 1, 2]));
+        let b = over(vec![0.26, 0.29, 0.21], vec![0, 1, 2]);
+        let c = crate::stats::compare(&a.sample(), &b.sample());
+        assert_eq!(c.test, crate::stats::Test::PairedSeeds);
+        // Seeds that do not match the values one to one: no seeds, no pairing.
+        assert_eq!(over(vec![0.3, 0.2], vec![0, 1, 2]).sample().seeds, None);
     }
 }

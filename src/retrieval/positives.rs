@@ -8,7 +8,7 @@
 //! positives are; each metric then walks a few thousand positives instead of 60k levels (the
 //! dense metric passes were 40% of a full-ranking evaluation in the profile, more than the
 //! sort). Positions and levels are those of the dense list, so every metric is bit-identical
-//! to the dense path (tested here and in `tests/retrieval_engine.rs`).
+//! to the dense path (tested here and in `tests/integration/retrieval_engine.rs`).
 //!
 //! (Counting, for each sorted positive, the negatives ranked before it without sorting the
 //! negatives — buckets over the score range — was tried and measured slower on SOP: most

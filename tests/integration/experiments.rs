@@ -559,7 +559,7 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
         assert!(loaded.is_ok(), "{f}: {:?}", loaded.err());
     }
     assert!(recipe.at(Scale::Quick).is_ok());
-    // The paper scale reads features from files that are not shipped (tests/ssr_features.rs).
+    // The paper scale reads features from files that are not shipped (tests/integration/ssr_features.rs).
     assert!(recipe.at(Scale::Paper).unwrap().features.is_some());
 }
 
