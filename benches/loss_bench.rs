@@ -12,10 +12,12 @@
 //! Losses (`--loss`, repeatable; default all): `smooth-ap` (paper: query not in its own list),
 //! `happier` (`HapLoss::default()` — paper mode, `H-rank^>` optimised — plus the 0.1-weighted
 //! clustering loss), `roadmap` (`Roadmap::default()`: SupAP + the 0.9/0.6 calibration, weights 1/1), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
-//! `triplet-semihard` (FaceNet semi-hard, margin 0.05). `--batch` is repeatable too.
+//! `triplet-semihard` (FaceNet semi-hard, margin 0.05), `nsm` (normalised softmax, σ = 0.05, one
+//! proxy per class of the batch) and `csl` (HAPPIER's CSL baseline: s = 32, margins 0.25 /
+//! 0.45, one proxy per class of the batch). `--batch` is repeatable too.
 //!
 //! Labels: 4 images per fine class (`fine = i / 4`), and 2 coarse classes per batch
-//! (`coarse = fine mod 2`, SOP's hierarchical sampler), used by HAPPIER only. Embeddings:
+//! (`coarse = fine mod 2`, SOP's hierarchical sampler), used by HAPPIER and CSL only. Embeddings:
 //! standard normal (ChaCha8, seed 0), L2-normalised inside each loss.
 //!
 //! Each configuration: one warm-up run, then timed runs of forward + backward (the gradient is
@@ -34,8 +36,9 @@
 //! calling thread; `RANKWISE_NO_THREAD_TUNING=1` leaves candle's default); the JSON line says
 //! which (`candle_threads`).
 //!
-//! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP, RaMBO and
-//! ROADMAP values and gradients to `PATH` (JSON), for the cross-check in `losses_vs_torch.py`.
+//! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP, RaMBO,
+//! ROADMAP, NSM and CSL values and gradients (and the proxies of the last two) to `PATH` (JSON),
+//! for the cross-check in `losses_vs_torch.py`.
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device, Tensor, Var};
@@ -43,8 +46,10 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rankwise::losses::cluster::ClusterLoss;
 use rankwise::losses::contrastive::Contrastive;
+use rankwise::losses::csl::Csl;
 use rankwise::losses::fastap::FastAp;
 use rankwise::losses::happier::{HapLoss, Happier};
+use rankwise::losses::norm_softmax::NormSoftmax;
 use rankwise::losses::rambo::{Rambo, RecallWeight};
 use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
@@ -54,7 +59,7 @@ use rankwise::Labels;
 use std::time::Instant;
 
 const DIM: usize = 512;
-const LOSSES: [&str; 7] = [
+const LOSSES: [&str; 9] = [
     "smooth-ap",
     "happier",
     "roadmap",
@@ -62,6 +67,8 @@ const LOSSES: [&str; 7] = [
     "rambo",
     "contrastive",
     "triplet-semihard",
+    "nsm",
+    "csl",
 ];
 const BATCHES: [usize; 5] = [128, 256, 384, 1024, 4096];
 /// Timed steps are added until they sum to this many seconds (see [`bench`]).
@@ -96,14 +103,19 @@ fn labels(b: usize) -> Result<Labels> {
     )?)
 }
 
+/// The distinct fine classes of `y`, in increasing order (one proxy each).
+fn fine_classes(y: &Labels) -> Vec<i64> {
+    let mut classes = y.column(0);
+    classes.sort_unstable();
+    classes.dedup();
+    classes
+}
+
 fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
     Ok(match name {
         "smooth-ap" => Box::new(SmoothAp::default()),
         "happier" => {
-            let mut classes = y.column(0);
-            classes.sort_unstable();
-            classes.dedup();
-            let cluster = ClusterLoss::new(&classes, DIM, 0, DType::F32, &Device::Cpu)?;
+            let cluster = ClusterLoss::new(&fine_classes(y), DIM, 0, DType::F32, &Device::Cpu)?;
             Box::new(Happier::new(HapLoss::default(), cluster))
         }
         "roadmap" => Box::new(Roadmap::default()),
@@ -114,6 +126,14 @@ fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
             mining: TripletMining::SemiHard,
             ..Triplet::default()
         }),
+        "nsm" => Box::new(NormSoftmax::new(
+            &fine_classes(y),
+            DIM,
+            0,
+            DType::F32,
+            &Device::Cpu,
+        )?),
+        "csl" => Box::new(Csl::new(y, DIM, 0, DType::F32, &Device::Cpu)?),
         other => bail!("unknown loss {other}; one of {LOSSES:?}"),
     })
 }
@@ -209,8 +229,8 @@ fn value_and_gradient(
 }
 
 /// Writes a B = 64 `f64` batch with our Smooth-AP, RaMBO (recall, log log: the benchmark's
-/// configuration) and ROADMAP values and gradients, for the cross-check in
-/// `losses_vs_torch.py`.
+/// configuration), ROADMAP, NSM and CSL values and gradients (with the two proxy losses'
+/// proxies, seed 0, `f64`), for the cross-check in `losses_vs_torch.py`.
 fn write_check(path: &str) -> Result<()> {
     let b = 64;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
@@ -222,10 +242,16 @@ fn write_check(path: &str) -> Result<()> {
     let rambo_loss = make_loss("rambo", &y)?;
     let (rambo, rambo_grad) = value_and_gradient(rambo_loss.as_ref(), &data, &y, b)?;
     let (roadmap, roadmap_grad) = value_and_gradient(&Roadmap::default(), &data, &y, b)?;
+    let nsm_loss = NormSoftmax::new(&fine_classes(&y), DIM, 0, DType::F64, &Device::Cpu)?;
+    let (nsm, nsm_grad) = value_and_gradient(&nsm_loss, &data, &y, b)?;
+    let csl_loss = Csl::new(&y, DIM, 0, DType::F64, &Device::Cpu)?;
+    let (csl, csl_grad) = value_and_gradient(&csl_loss, &data, &y, b)?;
+    let flat = |v: &Var| -> Result<Vec<f64>> { Ok(v.as_tensor().flatten_all()?.to_vec1::<f64>()?) };
     let out = serde_json::json!({
         "B": b,
         "D": DIM,
         "fine": y.column(0),
+        "coarse": y.column(1),
         "embeddings": data,
         "smooth_ap_loss": smooth_ap,
         "smooth_ap_grad": smooth_ap_grad,
@@ -233,13 +259,19 @@ fn write_check(path: &str) -> Result<()> {
         "rambo_grad": rambo_grad,
         "roadmap_loss": roadmap,
         "roadmap_grad": roadmap_grad,
+        "nsm_loss": nsm,
+        "nsm_grad": nsm_grad,
+        "nsm_proxies": flat(nsm_loss.proxies())?,
+        "csl_loss": csl,
+        "csl_grad": csl_grad,
+        "csl_proxies": flat(csl_loss.proxies())?,
     });
     std::fs::write(path, out.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap"], "B": b, "dtype": "f64",
-            "smooth_ap_loss": smooth_ap, "rambo_loss": rambo, "roadmap_loss": roadmap,
-            "written": path})
+        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap", "nsm", "csl"], "B": b,
+            "dtype": "f64", "smooth_ap_loss": smooth_ap, "rambo_loss": rambo,
+            "roadmap_loss": roadmap, "nsm_loss": nsm, "csl_loss": csl, "written": path})
     );
     Ok(())
 }

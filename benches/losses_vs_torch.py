@@ -80,6 +80,13 @@ Implementations (all take raw embeddings and L2-normalise them first, as rankwis
   (the paper) in the three places where their `RecallLoss` departs from it: the query removed
   from its own sequence, per-query averaging, exact counts `rk - rk+`; deterministic margin
   alpha = 0.02, lambda = 4 on normalised ranks, and `/ lambda` without their `+ 1e-8`.
+* nsm: the normalised softmax of HAPPIER's `NormSoftmax` loss (cross-entropy of the cosines
+  between the normalised embeddings and normalised proxies, temperature 0.05), one proxy per
+  class of the batch.
+* csl: CSL as HAPPIER's authors write it (`csl_loss.py`): s = 32, margins 0.25 / 0.45 for the
+  fine and coarse levels; at each level softplus(logsumexp over the other classes' proxies of
+  s * cos - s * cos(own proxy) + s * margin), averaged over the batch, summed over the levels;
+  one proxy per fine class of the batch.
 """
 import argparse
 import gc
@@ -93,7 +100,8 @@ import time
 import torch
 
 DIM = 512
-LOSSES = ["smooth-ap", "happier", "roadmap", "fastap", "rambo", "contrastive", "triplet-semihard"]
+LOSSES = ["smooth-ap", "happier", "roadmap", "fastap", "rambo", "contrastive", "triplet-semihard",
+          "nsm", "csl"]
 BATCHES = [128, 256, 384, 1024, 4096]
 # B^3-sized f32 tensors' worth of memory at the peak of forward + backward, from the peak RSS
 # measured at B = 384 minus the ~516 MiB of `import torch` (9.1, 9.7 and 4.6), rounded up; a
@@ -293,6 +301,29 @@ def roadmap(emb, fine):
     return sup_ap(emb, fine) + contrastive(emb, fine)
 
 
+# ---------------------------------------------------------------- proxy losses (HAPPIER's baselines)
+def nsm(emb, fine, proxies, temperature=0.05):
+    v = torch.nn.functional.normalize(emb, dim=1)
+    logits = v @ torch.nn.functional.normalize(proxies, dim=1).t() / temperature
+    return torch.nn.functional.cross_entropy(logits, fine)
+
+
+def csl(emb, fine, coarse, proxies, scale=32.0, margins=(0.25, 0.45)):
+    """Proxy c is fine class c (the batch's classes are 0..C-1); its coarse class is c's."""
+    v = torch.nn.functional.normalize(emb, dim=1)
+    logits = scale * (v @ torch.nn.functional.normalize(proxies, dim=1).t())
+    c = proxies.shape[0]
+    proxy_fine = torch.arange(c, device=emb.device)
+    proxy_coarse = torch.zeros(c, dtype=coarse.dtype, device=emb.device).scatter_(0, fine, coarse)
+    own = logits.gather(1, fine[:, None]).squeeze(1)
+    total = 0.0
+    for level, (item, proxy) in enumerate([(fine, proxy_fine), (coarse, proxy_coarse)]):
+        negative = item[:, None] != proxy[None, :]
+        lse = torch.logsumexp(logits.masked_fill(~negative, float("-inf")), dim=1)
+        total = total + torch.nn.functional.softplus(lse - own + margins[level] * scale).mean()
+    return total
+
+
 # ---------------------------------------------------------------- RaMBO (blackbox-backprop)
 def rank_normalised(seq):
     """1-based descending ranks along dim 1, divided by the sequence length."""
@@ -342,7 +373,7 @@ def make_case(name, b, device="cpu"):
     data = torch.randn(b, DIM, dtype=torch.float32)
     fine, coarse = labels(b)
     proxies = None
-    if name == "happier":
+    if name in ("happier", "nsm", "csl"):
         nclass = int(fine.max()) + 1
         proxies = torch.empty(nclass, DIM).uniform_(-1 / math.sqrt(DIM), 1 / math.sqrt(DIM))
     # `.to("cpu")` of a CPU tensor is the tensor itself: the CPU path is as before.
@@ -357,6 +388,8 @@ def make_case(name, b, device="cpu"):
         "rambo": lambda e: rambo(e, fine),
         "contrastive": lambda e: contrastive(e, fine),
         "triplet-semihard": lambda e: triplet_semihard(e, fine),
+        "nsm": lambda e: nsm(e, fine, proxies),
+        "csl": lambda e: csl(e, fine, coarse, proxies),
     }
     return data, fns[name]
 
@@ -585,8 +618,17 @@ def check(path, dev=torch.device("cpu")):
         ref = json.load(f)
     b, d = ref["B"], ref["D"]
     fine = torch.tensor(ref["fine"], device=dev)
+    coarse = torch.tensor(ref["coarse"], device=dev) if "coarse" in ref else None
+
+    def proxies(key):
+        # Our proxies (one per fine class, in class order), as the loss was given them.
+        p = torch.tensor(ref[key + "_proxies"], dtype=torch.float64, device=dev)
+        return p.view(-1, d)
+
     failed = 0
-    checks = [("smooth-ap", "smooth_ap", smooth_ap), ("roadmap", "roadmap", roadmap), ("rambo", "rambo", rambo)]
+    checks = [("smooth-ap", "smooth_ap", smooth_ap), ("roadmap", "roadmap", roadmap), ("rambo", "rambo", rambo),
+              ("nsm", "nsm", lambda e, f: nsm(e, f, proxies("nsm"))),
+              ("csl", "csl", lambda e, f: csl(e, f, coarse, proxies("csl")))]
     for name, key, fn in checks:
         if key + "_loss" not in ref:
             continue

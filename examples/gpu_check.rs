@@ -29,11 +29,11 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rankwise::losses::cluster::ClusterLoss;
 use rankwise::losses::contrastive::Contrastive;
-use rankwise::losses::csl::CslConfig;
+use rankwise::losses::csl::{Csl, CslConfig};
 use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::happier::{HappierConfig, RelevanceKind};
-use rankwise::losses::norm_softmax::NormSoftmaxConfig;
+use rankwise::losses::norm_softmax::{NormSoftmax, NormSoftmaxConfig};
 use rankwise::losses::rambo::{Rambo, RecallWeight};
 use rankwise::losses::rambo::{RamboConfig, RamboMetric};
 use rankwise::losses::roadmap::Roadmap;
@@ -854,20 +854,21 @@ fn check_resume(report: &mut Report, device: &str, scratch: &Path) -> Result<()>
     report.push("checks", entry)
 }
 
-/// The loss formulations of `benches/loss_bench.rs` (the same as `losses_vs_torch.py`'s).
-fn bench_loss(name: &str, b: usize, d: usize, dev: &Device) -> Result<Box<dyn RankLoss>> {
+/// The loss formulations of `benches/loss_bench.rs` (the same as `losses_vs_torch.py`'s), for
+/// the batch labelled `labels` (4 images per fine class, 2 coarse classes).
+fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box<dyn RankLoss>> {
+    // One proxy per fine class of the batch, in increasing order, on the embeddings' device.
+    let classes = || {
+        let mut c = labels.column(0);
+        c.sort_unstable();
+        c.dedup();
+        c
+    };
     Ok(match name {
         "smooth-ap" => Box::new(SmoothAp::default()),
-        // One proxy per fine class of the batch (4 images each), on the embeddings' device.
         "happier" => Box::new(Happier::new(
             HapLoss::default(),
-            ClusterLoss::new(
-                &(0..b as i64 / 4).collect::<Vec<i64>>(),
-                d,
-                0,
-                DType::F32,
-                dev,
-            )?,
+            ClusterLoss::new(&classes(), d, 0, DType::F32, dev)?,
         )),
         "roadmap" => Box::new(Roadmap::default()),
         "fastap" => Box::new(FastAp::default()),
@@ -889,6 +890,8 @@ fn bench_loss(name: &str, b: usize, d: usize, dev: &Device) -> Result<Box<dyn Ra
             },
             Triplet::forward_plain,
         ),
+        "nsm" => Box::new(NormSoftmax::new(&classes(), d, 0, DType::F32, dev)?),
+        "csl" => Box::new(Csl::new(labels, d, 0, DType::F32, dev)?),
         other => bail!("unknown loss {other}"),
     })
 }
@@ -922,7 +925,7 @@ fn time_loss(name: &str, b: usize, dev: &Device, reps: usize) -> Result<(f64, f6
             .map(|i| vec![i / 4, 1_000_000 + (i / 4) % 2])
             .collect(),
     )?;
-    let loss = bench_loss(name, b, d, dev)?;
+    let loss = bench_loss(name, &labels, d, dev)?;
     let data: Vec<f32> = normal(b * d, 0).into_iter().map(|v| v as f32).collect();
     let host_data = Tensor::from_vec(data, (b, d), &Device::Cpu)?;
     let mut times = Vec::new();
@@ -957,6 +960,8 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         "fastap",
         "rambo",
         "contrastive",
+        "nsm",
+        "csl",
         "triplet-semihard-plain",
         "fastap-plain",
         "contrastive-plain",
