@@ -103,19 +103,11 @@ fn labels(b: usize) -> Result<Labels> {
     )?)
 }
 
-/// The distinct fine classes of `y`, in increasing order (one proxy each).
-fn fine_classes(y: &Labels) -> Vec<i64> {
-    let mut classes = y.column(0);
-    classes.sort_unstable();
-    classes.dedup();
-    classes
-}
-
 fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
     Ok(match name {
         "smooth-ap" => Box::new(SmoothAp::default()),
         "happier" => {
-            let cluster = ClusterLoss::new(&fine_classes(y), DIM, 0, DType::F32, &Device::Cpu)?;
+            let cluster = ClusterLoss::for_level(y, 0, DIM, 0, DType::F32, &Device::Cpu)?;
             Box::new(Happier::new(HapLoss::default(), cluster))
         }
         "roadmap" => Box::new(Roadmap::default()),
@@ -126,8 +118,9 @@ fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
             mining: TripletMining::SemiHard,
             ..Triplet::default()
         }),
-        "nsm" => Box::new(NormSoftmax::new(
-            &fine_classes(y),
+        "nsm" => Box::new(NormSoftmax::for_level(
+            y,
+            0,
             DIM,
             0,
             DType::F32,
@@ -242,7 +235,7 @@ fn write_check(path: &str) -> Result<()> {
     let rambo_loss = make_loss("rambo", &y)?;
     let (rambo, rambo_grad) = value_and_gradient(rambo_loss.as_ref(), &data, &y, b)?;
     let (roadmap, roadmap_grad) = value_and_gradient(&Roadmap::default(), &data, &y, b)?;
-    let nsm_loss = NormSoftmax::new(&fine_classes(&y), DIM, 0, DType::F64, &Device::Cpu)?;
+    let nsm_loss = NormSoftmax::for_level(&y, 0, DIM, 0, DType::F64, &Device::Cpu)?;
     let (nsm, nsm_grad) = value_and_gradient(&nsm_loss, &data, &y, b)?;
     let csl_loss = Csl::new(&y, DIM, 0, DType::F64, &Device::Cpu)?;
     let (csl, csl_grad) = value_and_gradient(&csl_loss, &data, &y, b)?;

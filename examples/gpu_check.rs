@@ -857,18 +857,12 @@ fn check_resume(report: &mut Report, device: &str, scratch: &Path) -> Result<()>
 /// The loss formulations of `benches/loss_bench.rs` (the same as `losses_vs_torch.py`'s), for
 /// the batch labelled `labels` (4 images per fine class, 2 coarse classes).
 fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box<dyn RankLoss>> {
-    // One proxy per fine class of the batch, in increasing order, on the embeddings' device.
-    let classes = || {
-        let mut c = labels.column(0);
-        c.sort_unstable();
-        c.dedup();
-        c
-    };
     Ok(match name {
         "smooth-ap" => Box::new(SmoothAp::default()),
+        // One proxy per fine class of the batch, in increasing order, on the embeddings' device.
         "happier" => Box::new(Happier::new(
             HapLoss::default(),
-            ClusterLoss::new(&classes(), d, 0, DType::F32, dev)?,
+            ClusterLoss::for_level(labels, 0, d, 0, DType::F32, dev)?,
         )),
         "roadmap" => Box::new(Roadmap::default()),
         "fastap" => Box::new(FastAp::default()),
@@ -890,7 +884,7 @@ fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box
             },
             Triplet::forward_plain,
         ),
-        "nsm" => Box::new(NormSoftmax::new(&classes(), d, 0, DType::F32, dev)?),
+        "nsm" => Box::new(NormSoftmax::for_level(labels, 0, d, 0, DType::F32, dev)?),
         "csl" => Box::new(Csl::new(labels, d, 0, DType::F32, dev)?),
         other => bail!("unknown loss {other}"),
     })
