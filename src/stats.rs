@@ -281,22 +281,100 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
 /// replicate's mean difference is one observation and the test has `R − 1` degrees of freedom,
 /// so the verdict generalises over the seeds of the trained models, not only over the units.
 pub fn compare(a: &Sample, b: &Sample) -> Comparison {
+    match pairing(a, b) {
+        Some((d, test)) => paired(&d, test),
+        None => welch(a, b),
+    }
+}
+
+/// The differences a paired test of `a` and `b` runs on, and which paired test it is; `None`
+/// when [`compare`] falls back to [`welch`].
+fn pairing(a: &Sample, b: &Sample) -> Option<(Vec<f64>, Test)> {
     let differences =
         |a: &[f64], b: &[f64]| -> Vec<f64> { a.iter().zip(b).map(|(x, y)| x - y).collect() };
     match (&a.units, &b.units, &a.seeds, &b.seeds) {
         (Some(ua), Some(ub), _, _) if ua == ub && a.values.len() == b.values.len() && !a.exact => {
             let d = differences(&a.values, &b.values);
-            if ua.replicates() >= 2 {
-                paired(&ua.replicate_means(&d), Test::PairedReplicates)
+            Some(if ua.replicates() >= 2 {
+                (ua.replicate_means(&d), Test::PairedReplicates)
             } else {
-                paired(&d, Test::PairedUnits)
-            }
+                (d, Test::PairedUnits)
+            })
         }
         (None, None, Some(sa), Some(sb)) if sa == sb && !a.exact && !b.exact => {
-            paired(&differences(&a.values, &b.values), Test::PairedSeeds)
+            Some((differences(&a.values, &b.values), Test::PairedSeeds))
         }
-        _ => welch(a, b),
+        _ => None,
     }
+}
+
+/// The most seeds [`seeds_to_decide`] looks at.
+pub const SEEDS_CAP: usize = 1000;
+
+/// How many seeds per row (replicates, for values on [`Units`]) the test [`compare`] makes would
+/// need for the observed gap between `a` and `b` to reach two-sided significance at `alpha`,
+/// if the mean difference and the noise stayed as measured: the smallest `m ≥ 2` with
+/// `|d̄| / (s / √m) ≥ t_{1 − α/2, m − 1}` for a paired test (`s`: the sd of the differences),
+/// or with Welch's statistic and degrees of freedom at `m` seeds on each side. At that many
+/// seeds a gap of exactly this size is significant about half of the time, so it is a floor
+/// for planning, not a promise. `None` when no number up to [`SEEDS_CAP`] would do (a gap too
+/// small for its noise, or none), when there is no noise estimate, and for a paired test over
+/// the units of one trained model (more units, not seeds, would change it).
+///
+/// ```
+/// use rankwise::stats::{compare, seeds_to_decide, Sample};
+/// let seeds: Vec<u64> = (0..4).collect();
+/// let a = Sample::new(vec![0.30, 0.34, 0.29, 0.33]).with_seeds(seeds.clone());
+/// let b = Sample::new(vec![0.31, 0.31, 0.30, 0.30]).with_seeds(seeds);
+/// assert!(compare(&a, &b).p > 0.05); // a gap of 0.01 inside the noise at 4 seeds
+/// let m = seeds_to_decide(&a, &b, 0.05).unwrap();
+/// assert!(m > 4 && m < 30, "{m}");
+/// ```
+pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> Option<usize> {
+    // |t| at m seeds and its degrees of freedom, from the measured gap and noise.
+    let statistic: Box<dyn Fn(f64) -> (f64, f64)> = match pairing(a, b) {
+        Some((_, Test::PairedUnits)) => return None,
+        Some((d, _)) => {
+            let (mean, s) = (d.iter().sum::<f64>() / d.len() as f64, sd(&d));
+            // A NaN sd (fewer than two differences) fails `s > 0` too.
+            let noisy = s > 0.0;
+            if !noisy || mean == 0.0 || !mean.is_finite() {
+                return None;
+            }
+            Box::new(move |m| (mean.abs() / s * m.sqrt(), m - 1.0))
+        }
+        None => {
+            let (a, b) = (a.as_seeds(), b.as_seeds());
+            let variance = |s: &Sample| if s.exact { 0.0 } else { s.sd().powi(2) };
+            let (va, vb) = (variance(&a), variance(&b));
+            let gap = (a.mean() - b.mean()).abs();
+            let noisy = va + vb > 0.0;
+            if !noisy || gap == 0.0 || !gap.is_finite() {
+                return None;
+            }
+            // Welch–Satterthwaite with m seeds on each side: (va + vb)² (m − 1) / (va² + vb²).
+            let df_per = (va + vb).powi(2) / (va * va + vb * vb);
+            Box::new(move |m| (gap / ((va + vb) / m).sqrt(), df_per * (m - 1.0)))
+        }
+    };
+    let significant = |m: usize| {
+        let (t, df) = statistic(m as f64);
+        t >= t_quantile(1.0 - alpha / 2.0, df)
+    };
+    if !significant(SEEDS_CAP) {
+        return None;
+    }
+    // |t| grows and the critical value falls with m: bisect for the first significant m.
+    let (mut lo, mut hi) = (1, SEEDS_CAP);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if significant(mid) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
 }
 
 /// The one-sample t-test of the paired differences `d` against 0 (`n − 1` degrees of freedom);
@@ -686,5 +764,85 @@ mod tests {
         // consistent gain over only three seeds is not yet significant.
         assert!((c.p - 0.074_179_900_227_448_54).abs() < 1e-9, "{}", c.p);
         assert!(!c.a_larger());
+    }
+
+    /// `m` seeds whose values have exactly mean `mean` and sample sd `s` (a symmetric pattern).
+    fn exact_moments(m: usize, mean: f64, s: f64) -> Vec<f64> {
+        let z: Vec<f64> = (0..m).map(|i| i as f64 - (m - 1) as f64 / 2.0).collect();
+        let zs = sd(&z);
+        z.iter().map(|v| mean + s * v / zs).collect()
+    }
+
+    #[test]
+    fn seeds_to_decide_is_where_the_same_gap_and_noise_turn_significant() {
+        // A paired gap of 0.0084 with a seed-difference sd of 0.0136 (HAPPIER_F vs HAPPIER,
+        // fine R@1, at standard): measured on 8 seeds, p ≈ 0.13.
+        let (gap, noise) = (0.0084, 0.0136);
+        let on = |m: usize| {
+            let seeds: Vec<u64> = (0..m as u64).collect();
+            let a = Sample::new(exact_moments(m, gap, noise)).with_seeds(seeds.clone());
+            let b = Sample::new(vec![0.0; m]).with_seeds(seeds);
+            (a, b)
+        };
+        let (a, b) = on(8);
+        let m = seeds_to_decide(&a, &b, ALPHA).unwrap();
+        // Brute force: the same moments over m seeds reach p < 5%, over m − 1 they do not.
+        let p = |m: usize| {
+            let (a, b) = on(m);
+            compare(&a, &b).p
+        };
+        assert!(
+            p(m) < ALPHA && p(m - 1) >= ALPHA,
+            "m {m}: {} {}",
+            p(m),
+            p(m - 1)
+        );
+        // scipy: the first n with 0.0084 / (0.0136 / √n) ≥ t.ppf(0.975, n − 1) is 13.
+        assert_eq!(m, 13);
+        // The answer depends on the gap and noise, not on how many seeds measured them; a
+        // stricter level needs more seeds.
+        let (a12, b12) = on(12);
+        assert_eq!(seeds_to_decide(&a12, &b12, ALPHA), Some(13));
+        assert!(seeds_to_decide(&a, &b, ALPHA / 4.0).unwrap() > m);
+        // Already significant: at most the seeds measured.
+        let (a30, b30) = on(30);
+        assert!(compare(&a30, &b30).p < ALPHA);
+        assert!(seeds_to_decide(&a30, &b30, ALPHA).unwrap() <= 30);
+        // A gap a thousand times smaller than its noise, no gap, no noise estimate: none.
+        let tiny = Sample::new(exact_moments(8, 1e-5, 0.0136)).with_seeds((0..8).collect());
+        assert_eq!(seeds_to_decide(&tiny, &b, ALPHA), None);
+        assert_eq!(seeds_to_decide(&b, &b, ALPHA), None);
+        let one = Sample::new(vec![0.3]).with_seeds(vec![0]);
+        let other = Sample::new(vec![0.2]).with_seeds(vec![0]);
+        assert_eq!(seeds_to_decide(&one, &other, ALPHA), None);
+    }
+
+    #[test]
+    fn seeds_to_decide_follows_welch_and_skips_a_single_model() {
+        // Unpaired rows (no seeds), equal spread 0.02 and a gap of 0.01: Welch's statistic at m
+        // seeds a side is 0.01 / √(2 · 0.02² / m) with 2 (m − 1) degrees of freedom.
+        let a = Sample::new(exact_moments(6, 0.31, 0.02));
+        let b = Sample::new(exact_moments(6, 0.30, 0.02));
+        let m = seeds_to_decide(&a, &b, ALPHA).unwrap();
+        let p = |m: usize| {
+            welch(
+                &Sample::new(exact_moments(m, 0.31, 0.02)),
+                &Sample::new(exact_moments(m, 0.30, 0.02)),
+            )
+            .p
+        };
+        assert!(p(m) < ALPHA && p(m - 1) >= ALPHA, "m {m}");
+        // Against an exact value, the test is one-sample over the noisy side.
+        let exact = Sample::exact(0.30);
+        let m1 = seeds_to_decide(&a, &exact, ALPHA).unwrap();
+        let p1 = |m: usize| welch(&Sample::new(exact_moments(m, 0.31, 0.02)), &exact).p;
+        assert!(p1(m1) < ALPHA && p1(m1 - 1) >= ALPHA, "m {m1}");
+        // One trained model's test units: more seeds are not what would decide it.
+        let units = Units::new("episodes", 1, 4);
+        let (ua, ub) = (
+            Sample::on_units(vec![0.5, 0.6, 0.4, 0.7], units.clone()),
+            Sample::on_units(vec![0.49, 0.61, 0.38, 0.69], units),
+        );
+        assert_eq!(seeds_to_decide(&ua, &ub, ALPHA), None);
     }
 }

@@ -31,6 +31,12 @@ pub const RULE: &str = "a two-sided t-test at 5% for each comparison a claim mak
     significantly, is contradicted when one goes significantly the other way (5% / number of \
     comparisons), and is inconclusive otherwise.";
 
+/// What `≈ m seeds to decide` after an undecided comparison means, as printed under [`RULE`].
+pub const SEEDS_NOTE: &str = "`≈ m seeds to decide` after a comparison inside the noise: the \
+    seeds per row at which the same gap and noise would reach the level the rule asks of it \
+    (a gap of exactly that size is then significant about half of the time; `> 1000`: a tie \
+    for any practical number of seeds).";
+
 /// The outcome of checking a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verdict {
@@ -94,7 +100,25 @@ fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, String)
     } else {
         None
     };
-    (outcome, p_text(&c))
+    let mut text = p_text(&c);
+    if outcome.is_none() {
+        // Where a gap is inside the noise, how far it is from a verdict: the seeds per row at
+        // which this gap and noise would reach the level the rule asks of it (5% the paper's
+        // way, 5% / m against), so a reader tells an under-powered gap from a tie.
+        let alpha = if c.difference > 0.0 {
+            stats::ALPHA
+        } else {
+            alpha_against
+        };
+        let noisy = |s: &Sample| s.exact || s.n() >= 2;
+        if c.difference != 0.0 && c.test != stats::Test::PairedUnits && noisy(a) && noisy(b) {
+            text.push_str(&match stats::seeds_to_decide(a, b, alpha) {
+                Some(m) => format!(", ≈{m} seeds to decide"),
+                None => format!(", > {} seeds to decide", stats::SEEDS_CAP),
+            });
+        }
+    }
+    (outcome, text)
 }
 
 /// The verdict of a statement made of several comparisons, from each one's outcome.
@@ -412,7 +436,7 @@ pub fn claims_markdown(claims: &[Claim], m: &Measurements) -> String {
     let [holds, contradicted, inconclusive, missing] = tally(claims);
     let mut out = format!(
         "Verdicts: {holds} hold, {contradicted} contradicted, {inconclusive} inconclusive, \
-         {missing} not measured. Rule: {RULE} Values: mean ± 95% interval (n = seeds).\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+         {missing} not measured. Rule: {RULE} Values: mean ± 95% interval (n = seeds). {SEEDS_NOTE}\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
     );
     for c in claims {
         out.push_str(&format!(
@@ -470,10 +494,42 @@ mod tests {
             row("b", s(&[90.9, 91.46, 92.02])),
         );
         assert_eq!(noisy.verdict, Verdict::Inconclusive);
+        // How far from a verdict: Welch's statistic for this gap and spread reaches 5% at 625
+        // seeds a side (scipy: the first n with 0.06 / √((s_a² + s_b²) / n) ≥ t.ppf(0.975,
+        // df_Welch(n))).
+        assert!(
+            noisy.evidence.ends_with("p=0.898, ≈625 seeds to decide"),
+            "{}",
+            noisy.evidence
+        );
+        // Seeds shared by both rows: the paired test's count (scipy: 23 for these
+        // differences, mean 0.01, sd 0.0231).
+        let seeds: Vec<u64> = (0..4).collect();
+        let paired = Claim::greater(
+            "a > b",
+            row(
+                "a",
+                Some(Sample::new(vec![0.30, 0.34, 0.29, 0.33]).with_seeds(seeds.clone())),
+            ),
+            row(
+                "b",
+                Some(Sample::new(vec![0.31, 0.31, 0.30, 0.30]).with_seeds(seeds)),
+            ),
+        );
+        assert!(
+            paired
+                .evidence
+                .ends_with("paired p=0.450, ≈23 seeds to decide"),
+            "{}",
+            paired.evidence
+        );
+        // A decided comparison needs no estimate.
+        assert!(!clear.evidence.contains("seeds to decide"));
         // One seed says nothing about the noise, however large the gap.
         let single = Claim::greater("a > b", row("a", s(&[9.0])), row("b", s(&[1.0])));
         assert_eq!(single.verdict, Verdict::Inconclusive);
         assert!(single.evidence.contains("(1 seed)"));
+        assert!(!single.evidence.contains("seeds to decide"));
         let missing = Claim::greater("a > b", row("a", None), row("b", s(&[1.0, 2.0])));
         assert_eq!(missing.verdict, Verdict::NotMeasured);
         assert!(
