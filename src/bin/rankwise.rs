@@ -51,7 +51,9 @@ static ALLOCATOR: rankwise::cpu::alloc::LargeBlockCache = rankwise::cpu::alloc::
 #[derive(Parser, Debug)]
 #[command(
     name = "rankwise",
-    version,
+    // The run code too: run-cache entries made by another build (another machine, a device)
+    // are reused only where it matches (rankwise::experiments::RUN_CODE).
+    version = concat!(env!("CARGO_PKG_VERSION"), " (run code ", env!("RANKWISE_RUN_CODE"), ")"),
     about = "Rank-based learning for image retrieval: train embedding networks (Smooth-AP, \
              FastAP, RaMBO, HAPPIER, …), embed images, and compute exact retrieval metrics \
              (mAP, mAP@R, R@k, H-AP, ASI, NDCG) for embeddings with hierarchical labels"
@@ -260,9 +262,11 @@ enum SplitArg {
 #[derive(Args, Debug)]
 struct ReproduceArgs {
     /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
-    /// embedded dataset on the CPU, minutes), standard (the quick data trained 4x longer, SSR with
-    /// 6 replicates; tables under paper_tables/standard/) or paper (the papers' data and recipes;
-    /// needs the data and a GPU). Default: $RANKWISE_SCALE, else quick.
+    /// embedded dataset on the CPU, minutes), standard (the quick data trained 4x longer, each
+    /// recipe's `[seeds] standard` seeds, SSR with its replicates; tables under
+    /// paper_tables/standard/) or paper (the papers' data and recipes; needs the data and a GPU).
+    /// Default: $RANKWISE_SCALE, else quick. Runs side by side: $RANKWISE_JOBS, else the CPUs
+    /// (at most 4).
     #[arg(long, value_name = "SCALE")]
     scale: Option<String>,
     #[arg(help = papers_help())]
