@@ -311,35 +311,47 @@ fn pairing(a: &Sample, b: &Sample) -> Option<(Vec<f64>, Test)> {
 /// The most seeds [`seeds_to_decide`] looks at.
 pub const SEEDS_CAP: usize = 1000;
 
+/// What [`seeds_to_decide`] finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeedsToDecide {
+    /// This many seeds per row would reach the level.
+    At(usize),
+    /// Not within [`SEEDS_CAP`] seeds: the gap is too small for its noise (a tie for any
+    /// practical number of seeds).
+    Beyond,
+    /// The question has no answer here: no gap, no noise estimate (a row with one seed, or rows
+    /// without spread), or a paired test over the units of one trained model (more units, not
+    /// seeds, would change it).
+    NotApplicable,
+}
+
 /// How many seeds per row (replicates, for values on [`Units`]) the test [`compare`] makes would
 /// need for the observed gap between `a` and `b` to reach two-sided significance at `alpha`,
 /// if the mean difference and the noise stayed as measured: the smallest `m ≥ 2` with
 /// `|d̄| / (s / √m) ≥ t_{1 − α/2, m − 1}` for a paired test (`s`: the sd of the differences),
 /// or with Welch's statistic and degrees of freedom at `m` seeds on each side. At that many
 /// seeds a gap of exactly this size is significant about half of the time, so it is a floor
-/// for planning, not a promise. `None` when no number up to [`SEEDS_CAP`] would do (a gap too
-/// small for its noise, or none), when there is no noise estimate, and for a paired test over
-/// the units of one trained model (more units, not seeds, would change it).
+/// for planning, not a promise. See [`SeedsToDecide`] for when no number is given.
 ///
 /// ```
-/// use rankwise::stats::{compare, seeds_to_decide, Sample};
+/// use rankwise::stats::{compare, seeds_to_decide, Sample, SeedsToDecide};
 /// let seeds: Vec<u64> = (0..4).collect();
 /// let a = Sample::new(vec![0.30, 0.34, 0.29, 0.33]).with_seeds(seeds.clone());
 /// let b = Sample::new(vec![0.31, 0.31, 0.30, 0.30]).with_seeds(seeds);
 /// assert!(compare(&a, &b).p > 0.05); // a gap of 0.01 inside the noise at 4 seeds
-/// let m = seeds_to_decide(&a, &b, 0.05).unwrap();
+/// let SeedsToDecide::At(m) = seeds_to_decide(&a, &b, 0.05) else { panic!() };
 /// assert!(m > 4 && m < 30, "{m}");
 /// ```
-pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> Option<usize> {
+pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> SeedsToDecide {
     // |t| at m seeds and its degrees of freedom, from the measured gap and noise.
     let statistic: Box<dyn Fn(f64) -> (f64, f64)> = match pairing(a, b) {
-        Some((_, Test::PairedUnits)) => return None,
+        Some((_, Test::PairedUnits)) => return SeedsToDecide::NotApplicable,
         Some((d, _)) => {
             let (mean, s) = (d.iter().sum::<f64>() / d.len() as f64, sd(&d));
             // A NaN sd (fewer than two differences) fails `s > 0` too.
             let noisy = s > 0.0;
             if !noisy || mean == 0.0 || !mean.is_finite() {
-                return None;
+                return SeedsToDecide::NotApplicable;
             }
             Box::new(move |m| (mean.abs() / s * m.sqrt(), m - 1.0))
         }
@@ -350,7 +362,7 @@ pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> Option<usize> {
             let gap = (a.mean() - b.mean()).abs();
             let noisy = va + vb > 0.0;
             if !noisy || gap == 0.0 || !gap.is_finite() {
-                return None;
+                return SeedsToDecide::NotApplicable;
             }
             // Welch–Satterthwaite with m seeds on each side: (va + vb)² (m − 1) / (va² + vb²).
             let df_per = (va + vb).powi(2) / (va * va + vb * vb);
@@ -362,7 +374,7 @@ pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> Option<usize> {
         t >= t_quantile(1.0 - alpha / 2.0, df)
     };
     if !significant(SEEDS_CAP) {
-        return None;
+        return SeedsToDecide::Beyond;
     }
     // |t| grows and the critical value falls with m: bisect for the first significant m.
     let (mut lo, mut hi) = (1, SEEDS_CAP);
@@ -374,7 +386,7 @@ pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> Option<usize> {
             lo = mid;
         }
     }
-    Some(hi)
+    SeedsToDecide::At(hi)
 }
 
 /// The one-sample t-test of the paired differences `d` against 0 (`n − 1` degrees of freedom);
@@ -785,7 +797,11 @@ mod tests {
             (a, b)
         };
         let (a, b) = on(8);
-        let m = seeds_to_decide(&a, &b, ALPHA).unwrap();
+        let at = |a: &Sample, b: &Sample, alpha: f64| match seeds_to_decide(a, b, alpha) {
+            SeedsToDecide::At(m) => m,
+            other => panic!("{other:?}"),
+        };
+        let m = at(&a, &b, ALPHA);
         // Brute force: the same moments over m seeds reach p < 5%, over m − 1 they do not.
         let p = |m: usize| {
             let (a, b) = on(m);
@@ -802,19 +818,22 @@ mod tests {
         // The answer depends on the gap and noise, not on how many seeds measured them; a
         // stricter level needs more seeds.
         let (a12, b12) = on(12);
-        assert_eq!(seeds_to_decide(&a12, &b12, ALPHA), Some(13));
-        assert!(seeds_to_decide(&a, &b, ALPHA / 4.0).unwrap() > m);
+        assert_eq!(seeds_to_decide(&a12, &b12, ALPHA), SeedsToDecide::At(13));
+        assert!(at(&a, &b, ALPHA / 4.0) > m);
         // Already significant: at most the seeds measured.
         let (a30, b30) = on(30);
         assert!(compare(&a30, &b30).p < ALPHA);
-        assert!(seeds_to_decide(&a30, &b30, ALPHA).unwrap() <= 30);
+        assert!(at(&a30, &b30, ALPHA) <= 30);
         // A gap a thousand times smaller than its noise, no gap, no noise estimate: none.
         let tiny = Sample::new(exact_moments(8, 1e-5, 0.0136)).with_seeds((0..8).collect());
-        assert_eq!(seeds_to_decide(&tiny, &b, ALPHA), None);
-        assert_eq!(seeds_to_decide(&b, &b, ALPHA), None);
+        assert_eq!(seeds_to_decide(&tiny, &b, ALPHA), SeedsToDecide::Beyond);
+        assert_eq!(seeds_to_decide(&b, &b, ALPHA), SeedsToDecide::NotApplicable);
         let one = Sample::new(vec![0.3]).with_seeds(vec![0]);
         let other = Sample::new(vec![0.2]).with_seeds(vec![0]);
-        assert_eq!(seeds_to_decide(&one, &other, ALPHA), None);
+        assert_eq!(
+            seeds_to_decide(&one, &other, ALPHA),
+            SeedsToDecide::NotApplicable
+        );
     }
 
     #[test]
@@ -823,7 +842,11 @@ mod tests {
         // seeds a side is 0.01 / √(2 · 0.02² / m) with 2 (m − 1) degrees of freedom.
         let a = Sample::new(exact_moments(6, 0.31, 0.02));
         let b = Sample::new(exact_moments(6, 0.30, 0.02));
-        let m = seeds_to_decide(&a, &b, ALPHA).unwrap();
+        let at = |a: &Sample, b: &Sample| match seeds_to_decide(a, b, ALPHA) {
+            SeedsToDecide::At(m) => m,
+            other => panic!("{other:?}"),
+        };
+        let m = at(&a, &b);
         let p = |m: usize| {
             welch(
                 &Sample::new(exact_moments(m, 0.31, 0.02)),
@@ -834,7 +857,7 @@ mod tests {
         assert!(p(m) < ALPHA && p(m - 1) >= ALPHA, "m {m}");
         // Against an exact value, the test is one-sample over the noisy side.
         let exact = Sample::exact(0.30);
-        let m1 = seeds_to_decide(&a, &exact, ALPHA).unwrap();
+        let m1 = at(&a, &exact);
         let p1 = |m: usize| welch(&Sample::new(exact_moments(m, 0.31, 0.02)), &exact).p;
         assert!(p1(m1) < ALPHA && p1(m1 - 1) >= ALPHA, "m {m1}");
         // One trained model's test units: more seeds are not what would decide it.
@@ -843,6 +866,9 @@ mod tests {
             Sample::on_units(vec![0.5, 0.6, 0.4, 0.7], units.clone()),
             Sample::on_units(vec![0.49, 0.61, 0.38, 0.69], units),
         );
-        assert_eq!(seeds_to_decide(&ua, &ub, ALPHA), None);
+        assert_eq!(
+            seeds_to_decide(&ua, &ub, ALPHA),
+            SeedsToDecide::NotApplicable
+        );
     }
 }

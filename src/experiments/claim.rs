@@ -110,12 +110,12 @@ fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, String)
         } else {
             alpha_against
         };
-        let noisy = |s: &Sample| s.exact || s.n() >= 2;
-        if c.difference != 0.0 && c.test != stats::Test::PairedUnits && noisy(a) && noisy(b) {
-            text.push_str(&match stats::seeds_to_decide(a, b, alpha) {
-                Some(m) => format!(", ≈{m} seeds to decide"),
-                None => format!(", > {} seeds to decide", stats::SEEDS_CAP),
-            });
+        match stats::seeds_to_decide(a, b, alpha) {
+            stats::SeedsToDecide::At(m) => text.push_str(&format!(", ≈{m} seeds to decide")),
+            stats::SeedsToDecide::Beyond => {
+                text.push_str(&format!(", > {} seeds to decide", stats::SEEDS_CAP))
+            }
+            stats::SeedsToDecide::NotApplicable => {}
         }
     }
     (outcome, text)
