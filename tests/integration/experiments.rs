@@ -180,18 +180,17 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         let table = root().join(format!(
             "paper_tables/standard/measured/{paper}_standard.csv"
         ));
-        let text = std::fs::read_to_string(&table).unwrap();
-        let column = text
-            .lines()
-            .next()
+        let mut reader = csv::Reader::from_path(&table).unwrap();
+        let column = reader
+            .headers()
             .unwrap()
-            .split(',')
+            .iter()
             .position(|c| c == "seeds")
             .unwrap();
         assert!(
-            text.lines()
-                .skip(1)
-                .any(|l| l.split(',').nth(column) == Some(listed.as_str())),
+            reader
+                .records()
+                .any(|r| r.unwrap().get(column) == Some(listed.as_str())),
             "{}: no row ran the recipe's seeds {listed}",
             table.display()
         );
