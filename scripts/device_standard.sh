@@ -81,6 +81,9 @@ def set_key(section, key, value, text):
     return new
 text = set_key("seeds", "standard", count, text)
 text = set_key("standard", "seed", first, text)
+# The earlier looks of the committed tables need not be below this run's count, and this run's
+# tables are scratch: drop them.
+text = re.sub(r"^\[seeds\.looks\]\n(?:(?!^\[).*\n)*", "", text, flags=re.M)
 open(path, "w").write(text)
 EOF
     done

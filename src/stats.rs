@@ -4,7 +4,8 @@
 //! over the seeds when both rows ran the same seeds ([`Sample::with_seeds`]), a paired t-test
 //! when both rows were measured on the same test units — SSR's episodes and queries
 //! ([`Units`]) — else Welch's unequal-variance t-test over the seeds; two-sided, at the 5%
-//! level).
+//! level, or at the lower level of a group-sequential design ([`sequential_level`]) when the
+//! rows got more seeds after verdicts on them had been read ([`Sample::with_looks`]).
 //!
 //! The Student-t distribution is computed from the regularised incomplete beta function
 //! (continued fraction, Lentz's method) and `ln Γ` (Lanczos, g = 7, 9 terms), so no
@@ -80,6 +81,9 @@ pub struct Sample {
     /// The seed of each value (`Some` only with one value per seed, see
     /// [`Sample::with_seeds`]): two rows that ran the same seeds are compared seed by seed.
     pub seeds: Option<Vec<u64>>,
+    /// The seed (or replicate) counts at which verdicts on these values were read, in
+    /// increasing order ([`Sample::with_looks`]); empty when the count was fixed in advance.
+    pub looks: Vec<usize>,
 }
 
 impl Sample {
@@ -90,6 +94,7 @@ impl Sample {
             exact: false,
             units: None,
             seeds: None,
+            looks: Vec::new(),
         }
     }
 
@@ -108,6 +113,22 @@ impl Sample {
         self
     }
 
+    /// The same values, read at the seed (or replicate) counts `looks` (increasing; the
+    /// earlier looks and this one): the rows got more seeds after verdicts on them had been
+    /// read at the smaller counts, a group-sequential design, so [`compare`] holds each
+    /// comparison to the level of [`sequential_level`] over those looks (those below its own
+    /// seed count, and that count) instead of [`ALPHA`]: without it, adding seeds until a gap
+    /// turns significant would decide more claims by chance than the 5% the rule states.
+    /// Ignored unless the values are one per seed ([`Sample::with_seeds`]) or on units of
+    /// several replicates: the looks count seeds (replicates), not repeated draws or timings.
+    pub fn with_looks(mut self, looks: Vec<usize>) -> Self {
+        let seeded = self.seeds.is_some() || self.units.as_ref().is_some_and(|u| u.replicates() >= 2);
+        if seeded {
+            self.looks = looks;
+        }
+        self
+    }
+
     /// One value per test unit of `units` (as many values as `units.replicate`).
     pub fn on_units(values: Vec<f64>, units: Units) -> Self {
         debug_assert_eq!(values.len(), units.replicate.len());
@@ -116,6 +137,7 @@ impl Sample {
             exact: false,
             units: Some(units),
             seeds: None,
+            looks: Vec::new(),
         }
     }
 
@@ -126,6 +148,7 @@ impl Sample {
             exact: true,
             units: None,
             seeds: None,
+            looks: Vec::new(),
         }
     }
 
@@ -173,6 +196,7 @@ impl Sample {
             exact: self.exact,
             units: None,
             seeds: None,
+            looks: Vec::new(),
         }
     }
 }
@@ -210,17 +234,19 @@ pub struct Comparison {
     pub p: f64,
     /// The test that gave `p`.
     pub test: Test,
+    /// The level `p` is held to: [`ALPHA`], or [`sequential_level`] of the samples' looks.
+    pub level: f64,
 }
 
 impl Comparison {
     /// `a` is larger than `b` beyond the noise: the difference is positive and significant.
     pub fn a_larger(&self) -> bool {
-        self.difference > 0.0 && self.p < ALPHA
+        self.difference > 0.0 && self.p < self.level
     }
 
     /// `b` is larger than `a` beyond the noise.
     pub fn b_larger(&self) -> bool {
-        self.difference < 0.0 && self.p < ALPHA
+        self.difference < 0.0 && self.p < self.level
     }
 }
 
@@ -240,6 +266,7 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
             difference,
             p: 1.0,
             test,
+            level: ALPHA,
         };
     }
     // A side's variance of the mean, and its share of the Welch–Satterthwaite denominator.
@@ -259,6 +286,7 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
             difference,
             p,
             test,
+            level: ALPHA,
         };
     }
     let t = difference / se2.sqrt();
@@ -267,6 +295,7 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
         difference,
         p: two_sided_p(t, df),
         test,
+        level: ALPHA,
     }
 }
 
@@ -280,11 +309,131 @@ pub fn welch(a: &Sample, b: &Sample) -> Comparison {
 /// model's rows differ on the population of episodes or queries; with `R ≥ 2` replicates each
 /// replicate's mean difference is one observation and the test has `R − 1` degrees of freedom,
 /// so the verdict generalises over the seeds of the trained models, not only over the units.
+///
+/// The level is [`ALPHA`], or, when the samples carry looks ([`Sample::with_looks`]),
+/// [`sequential_level`] over the looks below the comparison's own seed count (the seeds both
+/// rows share, the smaller count for Welch's test, the replicates for values on units) and that
+/// count; a paired test over one model's units has no seeds to look at and keeps [`ALPHA`].
 pub fn compare(a: &Sample, b: &Sample) -> Comparison {
-    match pairing(a, b) {
-        Some((d, test)) => paired(&d, test),
-        None => welch(a, b),
+    let (mut c, seeds) = match pairing(a, b) {
+        Some((d, Test::PairedUnits)) => (paired(&d, Test::PairedUnits), None),
+        Some((d, test)) => (paired(&d, test), Some(d.len())),
+        None => {
+            let seeds = match (a.exact, b.exact) {
+                (true, _) => b.n(),
+                (_, true) => a.n(),
+                _ => a.n().min(b.n()),
+            };
+            (welch(a, b), Some(seeds))
+        }
+    };
+    if let Some(n) = seeds {
+        let mut looks: Vec<usize> = a
+            .looks
+            .iter()
+            .chain(&b.looks)
+            .copied()
+            .filter(|&l| l < n)
+            .collect();
+        if !looks.is_empty() {
+            looks.push(n);
+            c.level = sequential_level(&looks, ALPHA);
+        }
     }
+    c
+}
+
+/// The nominal two-sided level of each look of a group-sequential design with Pocock's
+/// constant boundary (Pocock 1977; Jennison & Turnbull 2000, Sec. 2.2): verdicts read at the seed
+/// counts `looks` (each look's test statistic `Z_k` at its count; more seeds between looks), an
+/// effect declared at a look where `|Z_k| ≥ c`, with `c` such that under no effect
+/// `P(|Z_k| ≥ c at some look) = alpha`. The looks' statistics are those of a Brownian motion
+/// observed at the counts (`corr(Z_j, Z_k) = √(n_j / n_k)`), so `c` follows from the recursive
+/// numerical integration of Armitage, McPherson and Rowe (1969) over the continuation region
+/// and the level is `P(|Z| ≥ c)`. One look (or none) gives `alpha`; equally spaced looks give
+/// Pocock's tabulated levels (2.94% for two at 5%, 2.21% for three, 1.82% for four). Testing at
+/// this level only at the last look is valid too, and conservative (its rejections are a
+/// subset of the design's). Applied to t-tests, as here, it is the usual nominal-level
+/// approximation.
+///
+/// ```
+/// use rankwise::stats::sequential_level;
+/// assert_eq!(sequential_level(&[16], 0.05), 0.05);
+/// // Read at 8 seeds, then at 16: each look at 2.94% keeps the overall level at 5%.
+/// assert!((sequential_level(&[8, 16], 0.05) - 0.0294).abs() < 1e-4);
+/// ```
+pub fn sequential_level(looks: &[usize], alpha: f64) -> f64 {
+    let mut t: Vec<f64> = looks.iter().filter(|&&n| n > 0).map(|&n| n as f64).collect();
+    t.sort_by(f64::total_cmp);
+    t.dedup();
+    if t.len() <= 1 {
+        return alpha;
+    }
+    // The crossing probability falls as the boundary c rises: bisect for the c where it is alpha.
+    let (mut lo, mut hi) = (0.0f64, 10.0f64);
+    for _ in 0..50 {
+        let mid = 0.5 * (lo + hi);
+        if crossing_probability(mid, &t) > alpha {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    crossing_probability(0.5 * (lo + hi), &[1.0])
+}
+
+/// `P(|S(t_k)| ≥ c √t_k at some k)` for a standard Brownian motion `S` observed at the
+/// increasing times `t`: one minus the mass that stays inside the boundary at every look,
+/// carried from look to look by convolving its sub-density with the Gaussian increment
+/// (Simpson's rule on a grid over each look's continuation interval).
+fn crossing_probability(c: f64, t: &[f64]) -> f64 {
+    let density = |x: f64, variance: f64| {
+        (-x * x / (2.0 * variance)).exp() / (2.0 * std::f64::consts::PI * variance).sqrt()
+    };
+    // Points per interval: odd for Simpson, and fine against the narrowest increment (a spacing
+    // of at most a tenth of its standard deviation), so the kernel is well resolved.
+    let narrowest = t
+        .windows(2)
+        .map(|w| w[1] - w[0])
+        .fold(t[0], f64::min)
+        .sqrt();
+    let widest = 2.0 * c * t[t.len() - 1].sqrt();
+    let points = ((widest / (0.1 * narrowest)).ceil() as usize).clamp(201, 4001) | 1;
+    let grid = |tk: f64| -> (Vec<f64>, Vec<f64>) {
+        let half = c * tk.sqrt();
+        let h = 2.0 * half / (points - 1) as f64;
+        let x = (0..points).map(|i| -half + i as f64 * h).collect();
+        let w = (0..points)
+            .map(|i| {
+                h / 3.0
+                    * match i {
+                        0 => 1.0,
+                        i if i == points - 1 => 1.0,
+                        i if i % 2 == 1 => 4.0,
+                        _ => 2.0,
+                    }
+            })
+            .collect();
+        (x, w)
+    };
+    let (mut x, mut w) = grid(t[0]);
+    let mut g: Vec<f64> = x.iter().map(|&s| density(s, t[0])).collect();
+    for k in 1..t.len() {
+        let step = t[k] - t[k - 1];
+        let (next_x, next_w) = grid(t[k]);
+        g = next_x
+            .iter()
+            .map(|&s| {
+                x.iter()
+                    .zip(&w)
+                    .zip(&g)
+                    .map(|((&u, &wu), &gu)| wu * gu * density(s - u, step))
+                    .sum()
+            })
+            .collect();
+        (x, w) = (next_x, next_w);
+    }
+    1.0 - w.iter().zip(&g).map(|(wi, gi)| wi * gi).sum::<f64>()
 }
 
 /// The differences a paired test of `a` and `b` runs on, and which paired test it is; `None`
@@ -412,6 +561,7 @@ fn paired(d: &[f64], test: Test) -> Comparison {
         difference,
         p,
         test,
+        level: ALPHA,
     }
 }
 
@@ -870,5 +1020,59 @@ mod tests {
             seeds_to_decide(&ua, &ub, ALPHA),
             SeedsToDecide::NotApplicable
         );
+    }
+
+    #[test]
+    fn sequential_levels_match_pococks_constants() {
+        // Nominal level 2·(1 − Φ(c)) of Pocock's constant c for K equally spaced looks at 5%
+        // (Jennison & Turnbull 2000, Table 2.1: c = 2.178, 2.289, 2.361, 2.413), and for our
+        // looks as scipy's multivariate normal gives them (bisection on
+        // 1 − P(|Z_k| < c ∀k), corr(Z_j, Z_k) = √(n_j / n_k)).
+        for (looks, level) in [
+            (vec![1, 2], 0.029_385_785_866),
+            (vec![1, 2, 3], 0.022_051_751_654),
+            (vec![1, 2, 3, 4], 0.018_211_919_211),
+            (vec![1, 2, 3, 4, 5], 0.015_813_558_529),
+            (vec![8, 16], 0.029_385_785_866),
+            (vec![6, 10], 0.030_732_495_505),
+            (vec![3, 5, 8, 16], 0.017_059_085_770),
+        ] {
+            let got = sequential_level(&looks, ALPHA);
+            assert!((got - level).abs() < 2e-6, "{looks:?}: {got} vs {level}");
+        }
+        // One look is the plain level; repeats and order do not count as looks.
+        assert_eq!(sequential_level(&[], ALPHA), ALPHA);
+        assert_eq!(sequential_level(&[16], ALPHA), ALPHA);
+        assert_eq!(
+            sequential_level(&[16, 8, 8], ALPHA),
+            sequential_level(&[8, 16], ALPHA)
+        );
+        // Each added look lowers the level.
+        assert!(sequential_level(&[3, 5, 8, 16], ALPHA) < sequential_level(&[5, 8, 16], ALPHA));
+    }
+
+    #[test]
+    fn looks_lower_the_level_a_comparison_is_held_to() {
+        // Eight seeds whose paired differences give p = 0.048 (scipy): significant at 5%, not at the
+        // 2.94% of a second look (read at 4 seeds before).
+        let seeds: Vec<u64> = (0..8).collect();
+        let b = Sample::new(vec![0.30; 8]).with_seeds(seeds.clone());
+        let a = Sample::new(vec![0.31, 0.29, 0.33, 0.305, 0.32, 0.31, 0.30, 0.325])
+            .with_seeds(seeds);
+        let plain = compare(&a, &b);
+        assert!(plain.p > 0.0294 && plain.p < ALPHA, "{}", plain.p);
+        assert!(plain.a_larger() && plain.level == ALPHA);
+        let looked = compare(&a.clone().with_looks(vec![4, 8]), &b.clone().with_looks(vec![4, 8]));
+        assert_eq!(looked.p, plain.p);
+        assert!((looked.level - 0.029_385_785_866).abs() < 2e-6 && !looked.a_larger());
+        // Looks at or above the comparison's seed count are not earlier looks.
+        assert_eq!(compare(&a.clone().with_looks(vec![8, 16]), &b).level, ALPHA);
+        // Values that are not one per seed (batch draws, timings) take no looks.
+        assert!(Sample::new(vec![0.1, 0.2, 0.3]).with_looks(vec![2, 3]).looks.is_empty());
+        // One model's test units are not seeds: no look applies.
+        let units = Units::new("episodes", 1, 4);
+        let ua = Sample::on_units(vec![0.5, 0.6, 0.4, 0.7], units.clone()).with_looks(vec![2]);
+        let ub = Sample::on_units(vec![0.49, 0.61, 0.38, 0.69], units).with_looks(vec![2]);
+        assert_eq!(compare(&ua, &ub).level, ALPHA);
     }
 }

@@ -17,6 +17,12 @@
 //! `5% / m` for its `m` comparisons (Bonferroni), so that a claim with many parts is not
 //! contradicted by chance more often than a claim with one. A row measured once has no noise
 //! estimate, so any claim resting on it is inconclusive.
+//!
+//! Where a scale's verdicts were read at smaller seed counts before its rows got more seeds
+//! (`[seeds.looks]` of the recipe, [`super::SeedCounts::looks`]), 5% becomes the per-look level
+//! of Pocock's group-sequential boundary over those looks ([`stats::sequential_level`], e.g.
+//! 1.71% for looks at 3, 5, 8 and 16 seeds), in both directions: seeds added where a gap was
+//! undecided would otherwise decide claims by chance more often than the rule states.
 
 use super::table::Measurements;
 use crate::stats::{self, Sample};
@@ -34,13 +40,42 @@ pub const RULE: &str = "a two-sided t-test at 5% for each comparison a claim mak
 /// What `≈ m seeds to decide` after an undecided comparison means, as printed under [`RULE`].
 pub const SEEDS_NOTE: &str = "`≈ m seeds to decide` after a comparison inside the noise: the \
     seeds per row at which the same gap and noise would reach the level the rule asks of it \
-    (a gap of exactly that size is then significant about half of the time; `> 1000`: a tie \
-    for any practical number of seeds).";
+    now (a gap of exactly that size is then significant about half of the time; reading it at \
+    m seeds would be one more look, whose level is a little lower; `> 1000`: a tie for any \
+    practical number of seeds).";
+
+/// What the design's earlier looks do to the rule, as printed under [`RULE`]: `None` without
+/// an earlier look; `looks` are the seed counts at which the verdicts were read, the current
+/// one last ([`super::SeedCounts::looks`]).
+pub fn looks_note(looks: &[usize]) -> Option<String> {
+    let (&now, earlier) = looks.split_last()?;
+    if earlier.is_empty() {
+        return None;
+    }
+    let list = |v: &[usize]| {
+        let v: Vec<String> = v.iter().map(|n| n.to_string()).collect();
+        match v.split_last() {
+            Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+            _ => v.join(""),
+        }
+    };
+    let level = 100.0 * stats::sequential_level(looks, stats::ALPHA);
+    Some(format!(
+        "Sequential design: these verdicts were read before at {} seeds (or replicates) and the \
+         rows got more seeds after each look, so every comparison over the {now} is held to \
+         {level:.2}% instead of 5% (against: {level:.2}% / number of comparisons) — the level of \
+         Pocock's boundary for looks at {} (`stats::sequential_level`), which keeps the chance \
+         of deciding a claim without an effect at 5% over all the looks.",
+        list(earlier),
+        list(looks),
+    ))
+}
 
 /// The outcome of checking a claim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Verdict {
-    /// Every comparison goes the paper's way, each significant at 5%.
+    /// Every comparison goes the paper's way, each significant at 5% (or at the level of the
+    /// design's looks).
     Holds,
     /// Some comparison goes significantly the other way (Bonferroni over the comparisons).
     Contradicted,
@@ -88,11 +123,13 @@ pub fn row(name: impl Into<String>, values: Option<Sample>) -> Row {
     (name.into(), values)
 }
 
-/// The outcome of one comparison `a > b`: `Some(true)` if significant that way at `alpha`,
-/// `Some(false)` if significant the other way at `alpha_against`, `None` otherwise, with the
-/// p-value.
-fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, String) {
+/// The outcome of one comparison `a > b` of a statement making `comparisons` of them:
+/// `Some(true)` if significant that way at the comparison's level (5%, or the lower level of a
+/// design with earlier looks, [`stats::compare`]), `Some(false)` if significant the other way at
+/// that level divided by `comparisons`, `None` otherwise, with the p-value.
+fn compare(a: &Sample, b: &Sample, comparisons: usize) -> (Option<bool>, String) {
     let c = stats::compare(a, b);
+    let alpha_against = c.level / comparisons as f64;
     let outcome = if c.a_larger() {
         Some(true)
     } else if c.difference < 0.0 && c.p < alpha_against {
@@ -106,7 +143,7 @@ fn compare(a: &Sample, b: &Sample, alpha_against: f64) -> (Option<bool>, String)
         // which this gap and noise would reach the level the rule asks of it (5% the paper's
         // way, 5% / m against), so a reader tells an under-powered gap from a tie.
         let alpha = if c.difference > 0.0 {
-            stats::ALPHA
+            c.level
         } else {
             alpha_against
         };
@@ -228,11 +265,10 @@ impl Claim {
             Ok(s) => s,
             Err(why) => return Claim::not_measured(claim, &rows, why),
         };
-        let alpha_against = stats::ALPHA / others.len() as f64;
         let mut outcomes = Vec::new();
         let mut parts = Vec::new();
         for (other, s) in others.iter().zip(&samples[1..]) {
-            let (o, p) = compare(samples[0], s, alpha_against);
+            let (o, p) = compare(samples[0], s, others.len());
             outcomes.push(o);
             parts.push(format!(
                 "{} vs {}: {p}",
@@ -270,14 +306,14 @@ impl Claim {
             Ok(_) => return Claim::not_measured(claim, rows, "fewer than two rows".into()),
             Err(why) => return Claim::not_measured(claim, rows, why),
         };
-        let alpha_against = stats::ALPHA / (samples.len() - 1) as f64;
+        let steps_count = samples.len() - 1;
         let mut outcomes = Vec::new();
         let mut steps = Vec::new();
         for (i, w) in samples.windows(2).enumerate() {
             let (o, p) = if up {
-                compare(w[1], w[0], alpha_against)
+                compare(w[1], w[0], steps_count)
             } else {
-                compare(w[0], w[1], alpha_against)
+                compare(w[0], w[1], steps_count)
             };
             outcomes.push(o);
             steps.push(format!("→ {} ({p})", describe(&rows[i + 1].0, Some(w[1]))));
@@ -308,9 +344,9 @@ impl Claim {
             (s[0].mean() - s[2].mean()).abs(),
         );
         let (c_near, c_far) = (stats::compare(s[0], s[1]), stats::compare(s[0], s[2]));
-        let verdict = if to_near < to_far && c_far.p < stats::ALPHA {
+        let verdict = if to_near < to_far && c_far.p < c_far.level {
             Verdict::Holds
-        } else if to_far < to_near && c_near.p < stats::ALPHA {
+        } else if to_far < to_near && c_near.p < c_near.level {
             Verdict::Contradicted
         } else {
             Verdict::Inconclusive
@@ -427,16 +463,19 @@ pub fn tally(claims: &[Claim]) -> [usize; 4] {
 }
 
 /// The claims as a Markdown table (claim, verdict, our numbers) after the rule that decides
-/// them, then whether the runs had converged ([`super::convergence::describe`]) and the
+/// them (and the level its earlier looks set, [`looks_note`]), then whether the runs had converged ([`super::convergence::describe`]) and the
 /// degenerate rows that no claim counts, if any.
 pub fn claims_markdown(claims: &[Claim], m: &Measurements) -> String {
     let degenerate = &m.degenerate;
     // A `|` inside a cell (e.g. "|P|") would end it.
     let cell = |t: &str| t.replace('|', "\\|");
     let [holds, contradicted, inconclusive, missing] = tally(claims);
+    let sequential = looks_note(&m.looks)
+        .map(|n| format!("{n} "))
+        .unwrap_or_default();
     let mut out = format!(
         "Verdicts: {holds} hold, {contradicted} contradicted, {inconclusive} inconclusive, \
-         {missing} not measured. Rule: {RULE} Values: mean ± 95% interval (n = seeds). {SEEDS_NOTE}\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
+         {missing} not measured. Rule: {RULE} {sequential}Values: mean ± 95% interval (n = seeds). {SEEDS_NOTE}\n\n| claim | verdict | our numbers |\n|---|---|---|\n"
     );
     for c in claims {
         out.push_str(&format!(
@@ -638,5 +677,45 @@ mod tests {
         assert!(md.contains("Rule: a two-sided t-test at 5%"), "{md}");
         assert!(md.contains("| \\|P\\| = 4 beats 8 |"), "{md}");
         assert!(md.starts_with("Verdicts: "), "{md}");
+        assert!(!md.contains("Sequential design"), "{md}");
+        // Earlier looks: the markdown states the level they set.
+        let looked = Measurements {
+            looks: vec![3, 5, 8, 16],
+            ..Measurements::default()
+        };
+        let md = claims_markdown(&[], &looked);
+        assert!(
+            md.contains("read before at 3, 5 and 8 seeds")
+                && md.contains("over the 16 is held to 1.71% instead of 5%")
+                && md.contains("looks at 3, 5, 8 and 16"),
+            "{md}"
+        );
+        assert_eq!(looks_note(&[16]), None);
+    }
+
+    #[test]
+    fn earlier_looks_hold_every_comparison_to_the_designs_level() {
+        // Paired p = 0.048 (scipy) at 8 seeds: holds at 5%, inconclusive at the 2.94% of a
+        // design that read the verdicts at 4 seeds before; the other way, contradicted at 5%
+        // and inconclusive with the look.
+        let seeds: Vec<u64> = (0..8).collect();
+        let a = Sample::new(vec![0.31, 0.29, 0.33, 0.305, 0.32, 0.31, 0.30, 0.325])
+            .with_seeds(seeds.clone());
+        let b = Sample::new(vec![0.30; 8]).with_seeds(seeds);
+        let looked = |x: &Sample| Some(x.clone().with_looks(vec![4, 8]));
+        let plain = Claim::greater("a > b", row("a", Some(a.clone())), row("b", Some(b.clone())));
+        assert_eq!(plain.verdict, Verdict::Holds);
+        let sequential = Claim::greater("a > b", row("a", looked(&a)), row("b", looked(&b)));
+        assert_eq!(sequential.verdict, Verdict::Inconclusive);
+        // The seeds to decide are counted at the design's level (scipy: 10 at 2.94%).
+        assert!(
+            sequential.evidence.ends_with("paired p=0.048, ≈10 seeds to decide"),
+            "{}",
+            sequential.evidence
+        );
+        let against = Claim::greater("b > a", row("b", Some(b.clone())), row("a", Some(a.clone())));
+        assert_eq!(against.verdict, Verdict::Contradicted);
+        let against = Claim::greater("b > a", row("b", looked(&b)), row("a", looked(&a)));
+        assert_eq!(against.verdict, Verdict::Inconclusive);
     }
 }

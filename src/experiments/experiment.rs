@@ -84,7 +84,9 @@ impl Experiment for TrainedPaper {
 
     fn measure(&self, cx: &Context) -> Result<Measurements> {
         let recipe = ExperimentRecipe::for_paper_with(cx.root, self.key, cx.changes)?;
-        (self.measure)(cx.runner, &recipe, cx.scale)
+        let mut m = (self.measure)(cx.runner, &recipe, cx.scale)?;
+        m.looks = recipe.seeds.looks(cx.scale);
+        Ok(m)
     }
 
     fn claims(&self, cx: &Context, m: &Measurements) -> Result<Vec<Claim>> {

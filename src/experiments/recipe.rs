@@ -80,7 +80,7 @@ pub fn scale_from_env(default: Scale) -> Result<Scale> {
 /// How many seeds every table row runs at each scale (`[seeds]` of a recipe). Seed `i` of a
 /// row is the base recipe's `seed + i`: it changes the initial weights and the batches, not
 /// the data, so the spread over seeds is the run-to-run noise a claim must rise above.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SeedCounts {
     /// CI scale (2 by default: the smallest count that has a spread, so CI runs the interval
@@ -92,6 +92,9 @@ pub struct SeedCounts {
     pub standard: usize,
     /// The paper's scale (3 by default).
     pub paper: usize,
+    /// `[seeds.looks]`: the smaller counts at which a scale's verdicts were read before its
+    /// rows got more seeds (none by default).
+    pub looks: EarlierLooks,
 }
 
 impl Default for SeedCounts {
@@ -101,6 +104,39 @@ impl Default for SeedCounts {
             quick: 3,
             standard: 3,
             paper: 3,
+            looks: EarlierLooks::default(),
+        }
+    }
+}
+
+/// For each scale, the seed counts (increasing, each below the scale's count) at which its
+/// claims' verdicts were read before the rows got more seeds (`[seeds.looks]`, e.g.
+/// `standard = [3, 5, 8]`). Reading verdicts and adding seeds where they were undecided is a
+/// group-sequential design: every comparison is then held to the level of
+/// [`crate::stats::sequential_level`] over those looks and the current count, not 5%, so that
+/// the seeds added after a look cannot decide claims by chance more often than the rule
+/// states. A count fixed in advance has no earlier looks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EarlierLooks {
+    /// At the tiny scale.
+    pub tiny: Vec<usize>,
+    /// At the quick scale.
+    pub quick: Vec<usize>,
+    /// At the standard scale.
+    pub standard: Vec<usize>,
+    /// At the paper's scale.
+    pub paper: Vec<usize>,
+}
+
+impl EarlierLooks {
+    /// The earlier looks of `scale`.
+    pub fn of(&self, scale: Scale) -> &[usize] {
+        match scale {
+            Scale::Tiny => &self.tiny,
+            Scale::Quick => &self.quick,
+            Scale::Standard => &self.standard,
+            Scale::Paper => &self.paper,
         }
     }
 }
@@ -116,13 +152,35 @@ impl SeedCounts {
         }
     }
 
-    /// Errors if a scale has no seed.
+    /// Every look at `scale`'s verdicts, in order: the earlier looks ([`EarlierLooks`]) and
+    /// the current count (just the count when the scale has no earlier look).
+    pub fn looks(&self, scale: Scale) -> Vec<usize> {
+        let mut looks = self.looks.of(scale).to_vec();
+        looks.push(self.count(scale));
+        looks
+    }
+
+    /// Errors if a scale has no seed, or if its earlier looks are not increasing counts of at
+    /// least one seed below its count.
     pub fn validate(&self) -> Result<()> {
         for scale in Scale::ALL {
-            if self.count(scale) == 0 {
+            let count = self.count(scale);
+            if count == 0 {
                 return Err(Error::invalid(
                     "seeds",
                     format!("`{scale} = 0`: every row needs at least one seed"),
+                ));
+            }
+            let looks = self.looks.of(scale);
+            let increasing = looks.windows(2).all(|w| w[0] < w[1]);
+            if !increasing || looks.iter().any(|&l| l == 0 || l >= count) {
+                return Err(Error::invalid(
+                    "seeds.looks",
+                    format!(
+                        "`{scale} = {looks:?}`: the earlier looks must be increasing seed counts \
+                         below the scale's `{scale} = {count}` (drop the looks at or above it if \
+                         you lowered the count)"
+                    ),
                 ));
             }
         }
@@ -328,5 +386,21 @@ mod tests {
             e.contains("p.toml") && e.contains("[seeds]") && e.contains("tiny = 0"),
             "{e}"
         );
+        // Earlier looks: read back in order with the count; out of order or not below the
+        // count is an error naming the scale.
+        write("[seeds]\nquick = 8\n[seeds.looks]\nquick = [3, 5]");
+        let r = ExperimentRecipe::from_toml_file(&path).unwrap();
+        assert_eq!(r.seeds.looks(Scale::Quick), [3, 5, 8]);
+        assert_eq!(r.seeds.looks(Scale::Tiny), [2]);
+        for bad in ["[5, 3]", "[3, 8]", "[0, 3]"] {
+            write(&format!("[seeds]\nquick = 8\n[seeds.looks]\nquick = {bad}"));
+            let e = ExperimentRecipe::from_toml_file(&path)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("p.toml") && e.contains("seeds.looks") && e.contains("quick = 8"),
+                "{e}"
+            );
+        }
     }
 }

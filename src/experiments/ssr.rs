@@ -522,7 +522,9 @@ pub fn measure_with(root: &Path, scale: Scale, changes: &str) -> Result<Measurem
         }
         parts.push(measure_replicate(root, &recipe, scale, i, checkpoints)?);
     }
-    merge_replicates(parts)
+    let mut m = merge_replicates(parts)?;
+    m.looks = all.seeds.looks(scale);
+    Ok(m)
 }
 
 /// Offset between the meta-training seeds of two replicates: replicate `i` meta-trains with

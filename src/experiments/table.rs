@@ -160,6 +160,11 @@ pub struct Measurements {
     pub runs: Vec<TableRun>,
     /// The rows the claims leave out ([`Measurements::flag_degenerate`]).
     pub degenerate: Vec<Degenerate>,
+    /// The seed counts at which the claims' verdicts are read, the current one last
+    /// ([`super::SeedCounts::looks`]); [`Measurements::sample`] gives them to every sample, so
+    /// that the claims hold each comparison to the level of the design
+    /// ([`crate::stats::Sample::with_looks`]). Empty: no earlier look.
+    pub looks: Vec<usize>,
 }
 
 /// A table row whose run cannot stand for what the row claims to measure, so the paper's
@@ -417,7 +422,7 @@ impl Measurements {
     /// claim; `None` if not measured or if the row is degenerate.
     pub fn sample(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<Sample> {
         self.cell(table, method, setting, metric)
-            .map(Measured::sample)
+            .map(|c| c.sample().with_looks(self.looks.clone()))
     }
 
     /// [`Measurements::sample`] of the cell in `dataset`'s column, for a table whose columns
@@ -432,7 +437,7 @@ impl Measurements {
         metric: &str,
     ) -> Option<Sample> {
         self.cell_on(table, Some(dataset), method, setting, metric)
-            .map(Measured::sample)
+            .map(|c| c.sample().with_looks(self.looks.clone()))
     }
 
     fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {

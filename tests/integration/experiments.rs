@@ -194,6 +194,16 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
             "{}: no row ran the recipe's seeds {listed}",
             table.display()
         );
+        // The committed claims were decided at the level of the recipe's looks: its note is
+        // there when the verdicts were read before, and absent otherwise.
+        let claims = std::fs::read_to_string(root().join(format!(
+            "paper_tables/standard/measured/{paper}_standard_claims.md"
+        )))
+        .unwrap();
+        match experiments::claim::looks_note(&recipe.seeds.looks(Scale::Standard)) {
+            Some(note) => assert!(claims.contains(&note), "{paper}: missing {note}"),
+            None => assert!(!claims.contains("Sequential design"), "{paper}"),
+        }
         if recipe.paper.is_none() {
             let e = recipe.base(Scale::Paper).unwrap_err().to_string();
             assert!(e.contains("[paper]"), "{e}");
