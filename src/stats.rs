@@ -122,7 +122,8 @@ impl Sample {
     /// Ignored unless the values are one per seed ([`Sample::with_seeds`]) or on units of
     /// several replicates: the looks count seeds (replicates), not repeated draws or timings.
     pub fn with_looks(mut self, looks: Vec<usize>) -> Self {
-        let seeded = self.seeds.is_some() || self.units.as_ref().is_some_and(|u| u.replicates() >= 2);
+        let seeded =
+            self.seeds.is_some() || self.units.as_ref().is_some_and(|u| u.replicates() >= 2);
         if seeded {
             self.looks = looks;
         }
@@ -363,7 +364,11 @@ pub fn compare(a: &Sample, b: &Sample) -> Comparison {
 /// assert!((sequential_level(&[8, 16], 0.05) - 0.0294).abs() < 1e-4);
 /// ```
 pub fn sequential_level(looks: &[usize], alpha: f64) -> f64 {
-    let mut t: Vec<f64> = looks.iter().filter(|&&n| n > 0).map(|&n| n as f64).collect();
+    let mut t: Vec<f64> = looks
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| n as f64)
+        .collect();
     t.sort_by(f64::total_cmp);
     t.dedup();
     if t.len() <= 1 {
@@ -1057,18 +1062,24 @@ mod tests {
         // 2.94% of a second look (read at 4 seeds before).
         let seeds: Vec<u64> = (0..8).collect();
         let b = Sample::new(vec![0.30; 8]).with_seeds(seeds.clone());
-        let a = Sample::new(vec![0.31, 0.29, 0.33, 0.305, 0.32, 0.31, 0.30, 0.325])
-            .with_seeds(seeds);
+        let a =
+            Sample::new(vec![0.31, 0.29, 0.33, 0.305, 0.32, 0.31, 0.30, 0.325]).with_seeds(seeds);
         let plain = compare(&a, &b);
         assert!(plain.p > 0.0294 && plain.p < ALPHA, "{}", plain.p);
         assert!(plain.a_larger() && plain.level == ALPHA);
-        let looked = compare(&a.clone().with_looks(vec![4, 8]), &b.clone().with_looks(vec![4, 8]));
+        let looked = compare(
+            &a.clone().with_looks(vec![4, 8]),
+            &b.clone().with_looks(vec![4, 8]),
+        );
         assert_eq!(looked.p, plain.p);
         assert!((looked.level - 0.029_385_785_866).abs() < 2e-6 && !looked.a_larger());
         // Looks at or above the comparison's seed count are not earlier looks.
         assert_eq!(compare(&a.clone().with_looks(vec![8, 16]), &b).level, ALPHA);
         // Values that are not one per seed (batch draws, timings) take no looks.
-        assert!(Sample::new(vec![0.1, 0.2, 0.3]).with_looks(vec![2, 3]).looks.is_empty());
+        assert!(Sample::new(vec![0.1, 0.2, 0.3])
+            .with_looks(vec![2, 3])
+            .looks
+            .is_empty());
         // One model's test units are not seeds: no look applies.
         let units = Units::new("episodes", 1, 4);
         let ua = Sample::on_units(vec![0.5, 0.6, 0.4, 0.7], units.clone()).with_looks(vec![2]);

@@ -40,9 +40,8 @@ pub const RULE: &str = "a two-sided t-test at 5% for each comparison a claim mak
 /// What `≈ m seeds to decide` after an undecided comparison means, as printed under [`RULE`].
 pub const SEEDS_NOTE: &str = "`≈ m seeds to decide` after a comparison inside the noise: the \
     seeds per row at which the same gap and noise would reach the level the rule asks of it \
-    now (a gap of exactly that size is then significant about half of the time; reading it at \
-    m seeds would be one more look, whose level is a little lower; `> 1000`: a tie for any \
-    practical number of seeds).";
+    (a gap of exactly that size is then significant about half of the time; `> 1000`: a tie \
+    for any practical number of seeds).";
 
 /// What the design's earlier looks do to the rule, as printed under [`RULE`]: `None` without
 /// an earlier look; `looks` are the seed counts at which the verdicts were read, the current
@@ -65,7 +64,9 @@ pub fn looks_note(looks: &[usize]) -> Option<String> {
          rows got more seeds after each look, so every comparison over the {now} is held to \
          {level:.2}% instead of 5% (against: {level:.2}% / number of comparisons) — the level of \
          Pocock's boundary for looks at {} (`stats::sequential_level`), which keeps the chance \
-         of deciding a claim without an effect at 5% over all the looks.",
+         of deciding a claim without an effect at 5% over all the looks; `≈ m seeds to decide` \
+         counts at this level, and reading the verdicts at m seeds would be one more look, at a \
+         slightly lower level.",
         list(earlier),
         list(looks),
     ))
@@ -703,17 +704,27 @@ mod tests {
             .with_seeds(seeds.clone());
         let b = Sample::new(vec![0.30; 8]).with_seeds(seeds);
         let looked = |x: &Sample| Some(x.clone().with_looks(vec![4, 8]));
-        let plain = Claim::greater("a > b", row("a", Some(a.clone())), row("b", Some(b.clone())));
+        let plain = Claim::greater(
+            "a > b",
+            row("a", Some(a.clone())),
+            row("b", Some(b.clone())),
+        );
         assert_eq!(plain.verdict, Verdict::Holds);
         let sequential = Claim::greater("a > b", row("a", looked(&a)), row("b", looked(&b)));
         assert_eq!(sequential.verdict, Verdict::Inconclusive);
         // The seeds to decide are counted at the design's level (scipy: 10 at 2.94%).
         assert!(
-            sequential.evidence.ends_with("paired p=0.048, ≈10 seeds to decide"),
+            sequential
+                .evidence
+                .ends_with("paired p=0.048, ≈10 seeds to decide"),
             "{}",
             sequential.evidence
         );
-        let against = Claim::greater("b > a", row("b", Some(b.clone())), row("a", Some(a.clone())));
+        let against = Claim::greater(
+            "b > a",
+            row("b", Some(b.clone())),
+            row("a", Some(a.clone())),
+        );
         assert_eq!(against.verdict, Verdict::Contradicted);
         let against = Claim::greater("b > a", row("b", looked(&b)), row("a", looked(&a)));
         assert_eq!(against.verdict, Verdict::Inconclusive);
