@@ -364,16 +364,38 @@ pub fn compare(a: &Sample, b: &Sample) -> Comparison {
 /// assert!((sequential_level(&[8, 16], 0.05) - 0.0294).abs() < 1e-4);
 /// ```
 pub fn sequential_level(looks: &[usize], alpha: f64) -> f64 {
-    let mut t: Vec<f64> = looks
-        .iter()
-        .filter(|&&n| n > 0)
-        .map(|&n| n as f64)
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t.dedup();
-    if t.len() <= 1 {
+    let mut counts: Vec<usize> = looks.iter().copied().filter(|&n| n > 0).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.len() <= 1 {
         return alpha;
     }
+    // Every comparison of a table asks for the same design (hundreds per paper), and each
+    // boundary costs about fifty integrations: compute it once per design and level.
+    type Levels = std::collections::HashMap<(Vec<usize>, u64), f64>;
+    static LEVELS: std::sync::OnceLock<std::sync::Mutex<Levels>> = std::sync::OnceLock::new();
+    let levels = LEVELS.get_or_init(Default::default);
+    let key = (counts, alpha.to_bits());
+    // A poisoned lock only means another thread panicked mid-insert; its entries are whole.
+    let cached = levels
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .copied();
+    if let Some(level) = cached {
+        return level;
+    }
+    let level = pocock_level(&key.0, alpha);
+    levels
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, level);
+    level
+}
+
+/// [`sequential_level`] for increasing, distinct, positive `counts` (at least two).
+fn pocock_level(counts: &[usize], alpha: f64) -> f64 {
+    let t: Vec<f64> = counts.iter().map(|&n| n as f64).collect();
     // The crossing probability falls as the boundary c rises: bisect for the c where it is alpha.
     let (mut lo, mut hi) = (0.0f64, 10.0f64);
     for _ in 0..50 {

@@ -464,8 +464,9 @@ pub fn tally(claims: &[Claim]) -> [usize; 4] {
 }
 
 /// The claims as a Markdown table (claim, verdict, our numbers) after the rule that decides
-/// them (and the level its earlier looks set, [`looks_note`]), then whether the runs had converged ([`super::convergence::describe`]) and the
-/// degenerate rows that no claim counts, if any.
+/// them (and the level its earlier looks set, [`looks_note`]), then whether the runs had
+/// converged ([`super::convergence::describe`]) and the degenerate rows that no claim counts, if
+/// any.
 pub fn claims_markdown(claims: &[Claim], m: &Measurements) -> String {
     let degenerate = &m.degenerate;
     // A `|` inside a cell (e.g. "|P|") would end it.

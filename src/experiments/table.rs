@@ -163,7 +163,8 @@ pub struct Measurements {
     /// The seed counts at which the claims' verdicts are read, the current one last
     /// ([`super::SeedCounts::looks`]); [`Measurements::sample`] gives them to every sample, so
     /// that the claims hold each comparison to the level of the design
-    /// ([`crate::stats::Sample::with_looks`]). Empty: no earlier look.
+    /// ([`crate::stats::Sample::with_looks`]). Empty or the current count alone: no earlier
+    /// look, the plain 5%.
     pub looks: Vec<usize>,
 }
 
