@@ -84,6 +84,11 @@ pub struct Sample {
     /// The seed (or replicate) counts at which verdicts on these values were read, in
     /// increasing order ([`Sample::with_looks`]); empty when the count was fixed in advance.
     pub looks: Vec<usize>,
+    /// The paper's printed value of the row these values measure, as a fraction, for each
+    /// dataset column the values stand beside ([`Sample::with_published`]); empty when the
+    /// paper prints none. A claim carries the paper's gap between two rows to our scale with
+    /// them (`experiments::claim`).
+    pub published: Vec<(String, f64)>,
 }
 
 impl Sample {
@@ -95,6 +100,7 @@ impl Sample {
             units: None,
             seeds: None,
             looks: Vec::new(),
+            published: Vec::new(),
         }
     }
 
@@ -130,6 +136,23 @@ impl Sample {
         self
     }
 
+    /// The same values with the paper's printed value of their row: `(dataset column, value
+    /// as a fraction)` for each column the values stand beside. Tests ignore it; a claim reads
+    /// the paper's gap between two rows from it.
+    pub fn with_published(mut self, published: Vec<(String, f64)>) -> Self {
+        self.published = published;
+        self
+    }
+
+    /// The same sample with `by` added to every value (seeds, units, looks and pairing kept):
+    /// testing `shifted(−δ)` against `b` tests whether the gap to `b` differs from `δ`.
+    pub fn shifted(&self, by: f64) -> Sample {
+        Sample {
+            values: self.values.iter().map(|v| v + by).collect(),
+            ..self.clone()
+        }
+    }
+
     /// One value per test unit of `units` (as many values as `units.replicate`).
     pub fn on_units(values: Vec<f64>, units: Units) -> Self {
         debug_assert_eq!(values.len(), units.replicate.len());
@@ -139,6 +162,7 @@ impl Sample {
             units: Some(units),
             seeds: None,
             looks: Vec::new(),
+            published: Vec::new(),
         }
     }
 
@@ -150,6 +174,7 @@ impl Sample {
             units: None,
             seeds: None,
             looks: Vec::new(),
+            published: Vec::new(),
         }
     }
 
@@ -198,6 +223,7 @@ impl Sample {
             units: None,
             seeds: None,
             looks: Vec::new(),
+            published: Vec::new(),
         }
     }
 }

@@ -64,6 +64,28 @@ pub fn measure_paper_with(
     changes: &str,
 ) -> Result<(Measurements, Vec<Claim>)> {
     let experiment = find(paper)?;
+    let published = published_values(root, experiment)?;
+    measure_experiment(experiment, root, runner, scale, changes, &published)
+}
+
+/// The paper's published values, `root/paper_tables/published/<key>.csv`.
+fn published_values(root: &Path, experiment: &dyn Experiment) -> Result<Published> {
+    Published::for_key(
+        root.join("paper_tables").join("published"),
+        experiment.key(),
+    )
+}
+
+/// [`measure_paper_with`] of a found experiment, its published values read: the claims see
+/// the paper's printed values of each row ([`Measurements::attach_published`]).
+fn measure_experiment(
+    experiment: &dyn Experiment,
+    root: &Path,
+    runner: &Runner,
+    scale: Scale,
+    changes: &str,
+    published: &Published,
+) -> Result<(Measurements, Vec<Claim>)> {
     let cx = Context {
         root,
         runner,
@@ -72,6 +94,7 @@ pub fn measure_paper_with(
     };
     let mut m = experiment.measure(&cx)?;
     m.flag_degenerate();
+    m.attach_published(published);
     let claims = experiment.claims(&cx, &m)?;
     Ok((m, claims))
 }
@@ -99,12 +122,9 @@ pub fn reproduce_paper_with(
     changes: &str,
 ) -> Result<PaperResults> {
     let experiment = find(paper)?;
+    let published = published_values(root, experiment)?;
     let (measurements, claims) =
-        measure_paper_with(experiment.key(), root, runner, scale, changes)?;
-    let published = Published::for_key(
-        root.join("paper_tables").join("published"),
-        experiment.key(),
-    )?;
+        measure_experiment(experiment, root, runner, scale, changes, &published)?;
     let tables = publish::comparisons(experiment.name(), &published, &measurements)?;
     let figures = experiment.figures(&measurements, &tables)?;
     Ok(PaperResults {

@@ -213,13 +213,16 @@ pub fn reading(results: &PaperResults) -> String {
         }
         super::Scale::Quick | super::Scale::Standard => {
             " The data are not the paper's: a verdict is about the ordering or effect the paper \
-             states, not its values.\n\n"
+             states (its gaps carried to our scale), not its values.\n\n"
         }
         super::Scale::Paper => "\n\n",
     });
     let groups = [
         (Verdict::Holds, "Holds beyond the noise"),
-        (Verdict::Contradicted, "Contradicted beyond the noise"),
+        (
+            Verdict::Contradicted,
+            "Contradicted beyond the noise (the order reversed, or the paper's gap ruled out)",
+        ),
         (
             Verdict::Inconclusive,
             "Inconclusive: the gaps are inside the noise",

@@ -166,6 +166,11 @@ pub struct Measurements {
     /// ([`crate::stats::Sample::with_looks`]). Empty or the current count alone: no earlier
     /// look, the plain 5%.
     pub looks: Vec<usize>,
+    /// The paper's printed values keyed like our cells (table, method, dataset, metric,
+    /// setting), as fractions ([`Measurements::attach_published`]); [`Measurements::sample`]
+    /// gives each sample its row's, so that a claim can carry the paper's gap between two rows
+    /// to our scale.
+    pub published: std::collections::BTreeMap<(String, String, String, String, String), f64>,
 }
 
 /// A table row whose run cannot stand for what the row claims to measure, so the paper's
@@ -422,8 +427,69 @@ impl Measurements {
     /// Our values of `metric` in `table`'s row `method` / `setting`, one per seed, for a
     /// claim; `None` if not measured or if the row is degenerate.
     pub fn sample(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<Sample> {
-        self.cell(table, method, setting, metric)
-            .map(|c| c.sample().with_looks(self.looks.clone()))
+        let c = self.cell(table, method, setting, metric)?;
+        // The same runs may stand beside several of the paper's datasets (SSR's CUB and CARS
+        // columns): each of those columns' printed values belongs to this sample.
+        let columns: Vec<&Measured> = self
+            .cells
+            .iter()
+            .filter(|o| {
+                o.table == c.table
+                    && o.method == c.method
+                    && o.setting == c.setting
+                    && o.metric == c.metric
+                    && o.samples == c.samples
+            })
+            .collect();
+        Some(self.seeded(c, &columns))
+    }
+
+    /// The paper's printed values (as fractions) of the cells `columns`, with their datasets.
+    fn published_of(&self, columns: &[&Measured]) -> Vec<(String, f64)> {
+        columns
+            .iter()
+            .filter_map(|c| {
+                let key = (
+                    c.table.clone(),
+                    c.method.clone(),
+                    c.dataset.clone(),
+                    c.metric.clone(),
+                    c.setting.clone(),
+                );
+                self.published.get(&key).map(|&v| (c.dataset.clone(), v))
+            })
+            .collect()
+    }
+
+    /// `c`'s sample with the design's looks and the printed values of `columns`.
+    fn seeded(&self, c: &Measured, columns: &[&Measured]) -> Sample {
+        c.sample()
+            .with_looks(self.looks.clone())
+            .with_published(self.published_of(columns))
+    }
+
+    /// Keeps the paper's printed scores of `published` (percent or fraction, converted to
+    /// fractions like our cells) for [`Measurements::sample`]; times, and numbers whose source
+    /// the digests doubt ([`crate::report::PublishedRow::is_uncertain`]), are left out.
+    pub fn attach_published(&mut self, published: &crate::report::Published) {
+        for r in published.rows() {
+            if r.is_uncertain() {
+                continue;
+            }
+            let Some(v) = r.unit.convert(r.value, Unit::Fraction) else {
+                continue;
+            };
+            self.published.insert(
+                (
+                    r.table.clone(),
+                    r.method.clone(),
+                    r.dataset.clone(),
+                    r.metric.clone(),
+                    r.setting.clone(),
+                ),
+                v,
+            );
+        }
     }
 
     /// [`Measurements::sample`] of the cell in `dataset`'s column, for a table whose columns
@@ -438,7 +504,7 @@ impl Measurements {
         metric: &str,
     ) -> Option<Sample> {
         self.cell_on(table, Some(dataset), method, setting, metric)
-            .map(|c| c.sample().with_looks(self.looks.clone()))
+            .map(|c| self.seeded(c, &[c]))
     }
 
     fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {
@@ -549,5 +615,44 @@ mod degenerate_tests {
             m.sample("T", "A", "", "R@1")
         );
         assert_eq!(m.sample_on("T", "E", "A", "", "R@1"), None);
+    }
+
+    #[test]
+    fn samples_carry_the_papers_printed_values_of_their_columns() {
+        let prov = Provenance::new("embedded shapes", Scale::Tiny, "");
+        let over = |dataset: &str, method: &str, v: Vec<f64>| {
+            Measured::over_seeds("T", method, dataset, "R@1", v, Unit::Fraction, prov.clone())
+        };
+        let mut m = Measurements {
+            cells: vec![
+                // One set of runs stands beside CUB and CARS; another run beside iNat.
+                over("CUB", "A", vec![0.1, 0.2]),
+                over("CARS", "A", vec![0.1, 0.2]),
+                over("iNat", "A", vec![0.3, 0.4]),
+                over("CUB", "B", vec![0.1, 0.1]),
+            ],
+            ..Measurements::default()
+        };
+        let published = crate::report::Published::parse(
+            std::path::Path::new("p.csv"),
+            "table,method,dataset,metric,setting,value,unit,source\n\
+             T,A,CUB,R@1,,34.0,percent,x\n\
+             T,A,CARS,R@1,,0.5,fraction,x\n\
+             T,A,iNat,R@1,,70.0,percent,x\n\
+             T,B,CUB,R@1,,30.0,percent,row assignment uncertain\n\
+             T,A,CUB,time,,12,ms,x\n",
+        )
+        .unwrap();
+        m.attach_published(&published);
+        let a = m.sample("T", "A", "", "R@1").unwrap();
+        assert_eq!(
+            a.published,
+            [("CUB".to_string(), 0.34), ("CARS".to_string(), 0.5)]
+        );
+        let inat = m.sample_on("T", "iNat", "A", "", "R@1").unwrap();
+        assert_eq!(inat.published, [("iNat".to_string(), 0.7)]);
+        // A number the digests doubt gives no gap to test against.
+        assert!(m.sample("T", "B", "", "R@1").unwrap().published.is_empty());
+        assert_eq!(m.published.len(), 3);
     }
 }
