@@ -215,7 +215,7 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert!(e.contains("no_such_paper.toml"), "{e}");
     assert!("medium".parse::<Scale>().is_err());
     assert_eq!("standard".parse::<Scale>().unwrap(), Scale::Standard);
-    // SSR's standard scale: the quick recipe with a converged backbone and 10 replicates.
+    // SSR's standard scale: the quick recipe with a converged backbone and 16 replicates.
     let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
     let standard = ssr.at(Scale::Standard).unwrap();
     let mut quick = ssr.at(Scale::Quick).unwrap();
@@ -235,7 +235,7 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
             ssr.seeds.count(Scale::Quick),
             ssr.seeds.count(Scale::Standard)
         ),
-        (3, 10)
+        (3, 16)
     );
     let mut no_standard = ssr.clone();
     no_standard.standard = None;
