@@ -192,7 +192,10 @@ fn compare(a: &Sample, b: &Sample, comparisons: usize) -> (Option<bool>, String)
     let alpha_against = c.level / comparisons as f64;
     let gap = paper_gap(a, b);
     // Whether `a − b` is below the paper's gap: the test of `a − gap` against `b`.
-    let below = (gap > 0.0).then(|| (stats::compare(&a.shifted(-gap), b), a.shifted(-gap)));
+    let below = (gap > 0.0).then(|| {
+        let shifted = a.shifted(-gap);
+        (stats::compare(&shifted, b), shifted)
+    });
     let against = below.as_ref().map_or(c, |(s, _)| *s);
     let outcome = if c.a_larger() {
         Some(true)

@@ -170,7 +170,7 @@ pub struct Measurements {
     /// setting), as fractions ([`Measurements::attach_published`]); [`Measurements::sample`]
     /// gives each sample its row's, so that a claim can carry the paper's gap between two rows
     /// to our scale.
-    pub published: std::collections::BTreeMap<(String, String, String, String, String), f64>,
+    pub published: std::collections::BTreeMap<crate::report::CellKey, f64>,
 }
 
 /// A table row whose run cannot stand for what the row claims to measure, so the paper's
@@ -441,7 +441,7 @@ impl Measurements {
                     && o.samples == c.samples
             })
             .collect();
-        Some(self.seeded(c, &columns))
+        Some(self.claim_sample(c, &columns))
     }
 
     /// The paper's printed values (as fractions) of the cells `columns`, with their datasets.
@@ -449,20 +449,14 @@ impl Measurements {
         columns
             .iter()
             .filter_map(|c| {
-                let key = (
-                    c.table.clone(),
-                    c.method.clone(),
-                    c.dataset.clone(),
-                    c.metric.clone(),
-                    c.setting.clone(),
-                );
-                self.published.get(&key).map(|&v| (c.dataset.clone(), v))
+                let v = *self.published.get(&c.key())?;
+                Some((c.dataset.clone(), v))
             })
             .collect()
     }
 
     /// `c`'s sample with the design's looks and the printed values of `columns`.
-    fn seeded(&self, c: &Measured, columns: &[&Measured]) -> Sample {
+    fn claim_sample(&self, c: &Measured, columns: &[&Measured]) -> Sample {
         c.sample()
             .with_looks(self.looks.clone())
             .with_published(self.published_of(columns))
@@ -479,16 +473,7 @@ impl Measurements {
             let Some(v) = r.unit.convert(r.value, Unit::Fraction) else {
                 continue;
             };
-            self.published.insert(
-                (
-                    r.table.clone(),
-                    r.method.clone(),
-                    r.dataset.clone(),
-                    r.metric.clone(),
-                    r.setting.clone(),
-                ),
-                v,
-            );
+            self.published.insert(r.key(), v);
         }
     }
 
@@ -504,7 +489,7 @@ impl Measurements {
         metric: &str,
     ) -> Option<Sample> {
         self.cell_on(table, Some(dataset), method, setting, metric)
-            .map(|c| self.seeded(c, &[c]))
+            .map(|c| self.claim_sample(c, &[c]))
     }
 
     fn cell(&self, table: &str, method: &str, setting: &str, metric: &str) -> Option<&Measured> {

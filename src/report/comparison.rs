@@ -13,7 +13,7 @@
 //! dataset × metric, cells `paper / ours`).
 
 use super::provenance::Provenance;
-use super::published::{check_setting, PublishedRow, Unit};
+use super::published::{check_setting, CellKey, PublishedRow, Unit};
 use super::tables::{csv_text, markdown_table, write_text_pair, TableFiles};
 use crate::error::{Error, Result};
 use polars::prelude::{Column, DataFrame};
@@ -122,7 +122,8 @@ impl Measured {
         self
     }
 
-    fn key(&self) -> Key {
+    /// The key of the paper's value this one stands beside.
+    pub fn key(&self) -> CellKey {
         (
             self.table.clone(),
             self.method.clone(),
@@ -138,19 +139,6 @@ impl Measured {
             self.table, self.method, self.dataset, self.metric, self.setting
         )
     }
-}
-
-/// (table, method, dataset, metric, setting).
-type Key = (String, String, String, String, String);
-
-fn published_key(r: &PublishedRow) -> Key {
-    (
-        r.table.clone(),
-        r.method.clone(),
-        r.dataset.clone(),
-        r.metric.clone(),
-        r.setting.clone(),
-    )
 }
 
 /// Which sides of a comparison row hold a value.
@@ -242,7 +230,7 @@ impl Comparison {
         published: &[&PublishedRow],
         measured: &[Measured],
     ) -> Result<Self> {
-        let mut by_key: HashMap<Key, usize> = HashMap::new();
+        let mut by_key: HashMap<CellKey, usize> = HashMap::new();
         for (i, m) in measured.iter().enumerate() {
             if !m.value.is_finite() {
                 return Err(Error::invalid(
@@ -263,7 +251,7 @@ impl Comparison {
         let mut used = vec![false; measured.len()];
         let mut rows = Vec::with_capacity(published.len() + measured.len());
         for p in published {
-            let ours = by_key.get(&published_key(p)).map(|&i| {
+            let ours = by_key.get(&p.key()).map(|&i| {
                 used[i] = true;
                 &measured[i]
             });

@@ -42,7 +42,7 @@ pub use figures::{
 };
 pub use fonts::{FONT_ENV, FONT_FAMILY};
 pub use provenance::{git_commit, Provenance};
-pub use published::{published_dir, Published, PublishedRow, Unit};
+pub use published::{published_dir, CellKey, Published, PublishedRow, Unit};
 pub use standard_charts::{
     accuracy_with_intervals, precision_recall, sweep, training_curves, LogCurve, Sweep,
 };

@@ -123,7 +123,22 @@ pub struct PublishedRow {
     pub line: usize,
 }
 
+/// The key a printed value and our value of it share: (table, method, dataset, metric,
+/// setting).
+pub type CellKey = (String, String, String, String, String);
+
 impl PublishedRow {
+    /// The row's [`CellKey`].
+    pub fn key(&self) -> CellKey {
+        (
+            self.table.clone(),
+            self.method.clone(),
+            self.dataset.clone(),
+            self.metric.clone(),
+            self.setting.clone(),
+        )
+    }
+
     /// True when the source marks the value as doubtful (`uncertain` or `GARBLED`, as the
     /// digests do): garbled extraction, inferred labels or columns, values printed with `?`.
     pub fn is_uncertain(&self) -> bool {
@@ -225,14 +240,7 @@ impl Published {
             })?;
             let line = record.position().map_or(0, |p| p.line() as usize);
             let row = parse_row(path, line, &record)?;
-            let key = (
-                row.table.clone(),
-                row.method.clone(),
-                row.dataset.clone(),
-                row.metric.clone(),
-                row.setting.clone(),
-            );
-            if let Some(first) = seen.insert(key, line) {
+            if let Some(first) = seen.insert(row.key(), line) {
                 return Err(Error::line(
                     path,
                     line,
