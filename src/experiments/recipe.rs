@@ -207,6 +207,40 @@ pub struct ExperimentRecipe {
     /// The paper's scale.
     #[serde(default)]
     pub paper: Option<TrainConfig>,
+    /// `[pretraining.<scale>]`: how the backbone every run of a scale starts from is
+    /// pretrained ([`Self::pretraining`]); a scale without one trains from random weights.
+    #[serde(default)]
+    pub pretraining: Pretraining,
+}
+
+/// For each scale, the changes (TOML, over the scale's base recipe) of the run that pretrains
+/// the backbone all of the scale's runs fine-tune — what ImageNet is to the papers' SOP runs:
+/// e.g. another draw of the embedded generator (`dataset.seed = 1`: other classes) learnt with a
+/// softmax classifier. `loss` and `sampler`, when given, replace the base's whole table (another
+/// kind has other fields); every other table merges key by key ([`merge_toml`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Pretraining {
+    /// At the tiny scale.
+    pub tiny: Option<toml::Table>,
+    /// At the quick scale.
+    pub quick: Option<toml::Table>,
+    /// At the standard scale.
+    pub standard: Option<toml::Table>,
+    /// At the paper's scale.
+    pub paper: Option<toml::Table>,
+}
+
+impl Pretraining {
+    /// The changes of `scale`, if any.
+    pub fn of(&self, scale: Scale) -> Option<&toml::Table> {
+        match scale {
+            Scale::Tiny => self.tiny.as_ref(),
+            Scale::Quick => self.quick.as_ref(),
+            Scale::Standard => self.standard.as_ref(),
+            Scale::Paper => self.paper.as_ref(),
+        }
+    }
 }
 
 impl ExperimentRecipe {
@@ -236,6 +270,11 @@ impl ExperimentRecipe {
             .seeds
             .validate()
             .map_err(|e| Error::file(path, format!("[seeds]: {e}")))?;
+        for scale in Scale::ALL {
+            recipe
+                .pretraining(scale)
+                .map_err(|e| Error::file(path, format!("[pretraining.{scale}]: {e}")))?;
+        }
         Ok(recipe)
     }
 
@@ -278,6 +317,32 @@ impl ExperimentRecipe {
                 )
             }),
         }
+    }
+}
+
+impl ExperimentRecipe {
+    /// The recipe that pretrains the backbone every run of `scale` starts from: the scale's
+    /// base recipe with `[pretraining.<scale>]` merged over it ([`Pretraining`]); `None` when
+    /// the scale has no such section. The runs get its weights through
+    /// [`super::Runner::pretrained_backbone`] (trained once, cached).
+    pub fn pretraining(&self, scale: Scale) -> Result<Option<TrainConfig>> {
+        let Some(changes) = self.pretraining.of(scale) else {
+            return Ok(None);
+        };
+        let base = self.base(scale)?;
+        let mut table: toml::Table = toml::from_str(&base.to_toml_string()?)
+            .map_err(|e| Error::invalid("pretraining", e.to_string()))?;
+        for whole in ["loss", "sampler"] {
+            if changes.contains_key(whole) {
+                table.remove(whole);
+            }
+        }
+        merge_toml(&mut table, changes.clone());
+        let config: TrainConfig = table
+            .try_into()
+            .map_err(|e: toml::de::Error| Error::invalid("pretraining", e.to_string()))?;
+        config.validate()?;
+        Ok(Some(config))
     }
 }
 

@@ -122,39 +122,115 @@ impl Runner {
     }
 
     /// The recipe of `spec` as the cache keys it: outputs, resume and progress bars do not
-    /// change the result, so they are left out.
+    /// change the result, so they are left out; pretrained weights on disk are keyed by their
+    /// bytes, not their path ([`content_key`]), so that new weights at the same path are a new
+    /// run and the same weights under another folder (another machine's cache) are the same
+    /// one. Returns the recipe to train (its real paths) and the key.
     fn keyed(spec: &RunSpec) -> Result<(TrainConfig, String)> {
         let mut config = spec.config.clone();
         config.output = Default::default();
         config.resume = None;
         config.progress = false;
-        let recipe = config.to_toml_string()?;
+        let mut key = config.clone();
+        if let Some(path) = config.pretrained.as_deref().filter(|p| p.is_file()) {
+            key.pretrained = Some(PathBuf::from(content_key(path)?));
+        }
+        let recipe = key.to_toml_string()?;
         Ok((config, recipe))
+    }
+
+    /// The file name (without extension) of the run keyed `recipe`: the hash of the recipe,
+    /// the crate version and [`RUN_CODE`].
+    fn key_name(recipe: &str) -> String {
+        let key = format!(
+            "rankwise {} code {RUN_CODE}\n{recipe}",
+            env!("CARGO_PKG_VERSION")
+        );
+        format!("{:016x}", fnv1a(key.as_bytes()))
+    }
+
+    /// Where the result of the recipe keyed `recipe` is cached (`None` without a cache).
+    fn result_path(&self, recipe: &str) -> Option<PathBuf> {
+        self.cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{}.json", Self::key_name(recipe))))
     }
 
     /// The result of `spec`: from the cache if the same recipe was run by the same code
     /// ([`RUN_CODE`]), otherwise trained now (and cached).
     pub fn run(&self, spec: &RunSpec) -> Result<RunResult> {
         let (config, recipe) = Self::keyed(spec)?;
-        let key = format!(
-            "rankwise {} code {RUN_CODE}\n{recipe}",
-            env!("CARGO_PKG_VERSION")
-        );
-        let path = self
-            .cache_dir
-            .as_ref()
-            .map(|d| d.join(format!("{:016x}.json", fnv1a(key.as_bytes()))));
-        if let Some(path) = &path {
-            if let Some(hit) = read_cached(path, &recipe)? {
-                if self.verbose {
-                    println!("{}: cached ({:.0} s when run)", spec.label, hit.seconds);
-                }
-                return Ok(RunResult {
-                    label: spec.label.clone(),
-                    ..hit
-                });
-            }
+        let path = self.result_path(&recipe);
+        if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
+            return Ok(hit);
         }
+        let (result, _) = self.train(spec, config, recipe)?;
+        store(path.as_deref(), &result)?;
+        Ok(result)
+    }
+
+    /// The backbone weights a pretraining recipe ends with — the network every run of a scale
+    /// starts from, as the papers fine-tune an ImageNet-pretrained backbone
+    /// ([`super::ExperimentRecipe::pretraining`]): `spec` is trained once like any run (its
+    /// result cached, so its curve can be read back), and its backbone written as safetensors
+    /// with the names [`crate::models::pretrained::load_backbone`] reads, to
+    /// `<cache>/backbones/<key>.safetensors` (without a cache, the system's temporary folder).
+    /// The next call with the same recipe and code returns that file without training.
+    pub fn pretrained_backbone(&self, spec: &RunSpec) -> Result<PathBuf> {
+        let (config, recipe) = Self::keyed(spec)?;
+        let path = self.result_path(&recipe);
+        let dir = match &self.cache_dir {
+            Some(d) => d.join("backbones"),
+            None => std::env::temp_dir().join("rankwise-backbones"),
+        };
+        let weights = dir.join(format!("{}.safetensors", Self::key_name(&recipe)));
+        if weights.is_file() && self.cached(path.as_deref(), spec, &recipe)?.is_some() {
+            return Ok(weights);
+        }
+        let (result, trainer) = self.train(spec, config, recipe)?;
+        let backbone: Vec<(String, candle_core::Tensor)> = trainer
+            .params()
+            .all()
+            .into_iter()
+            .filter_map(|(n, v)| {
+                n.strip_prefix(crate::models::BACKBONE_PREFIX)
+                    .map(|k| (k.to_string(), v.as_tensor().clone()))
+            })
+            .collect();
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // The recipe rides along in the file's metadata: what trained these weights.
+        crate::train::checkpoint::save(&weights, &backbone, &result.recipe)?;
+        store(path.as_deref(), &result)?;
+        Ok(weights)
+    }
+
+    /// The cached result at `path` for `spec` (its own label), if any.
+    fn cached(
+        &self,
+        path: Option<&Path>,
+        spec: &RunSpec,
+        recipe: &str,
+    ) -> Result<Option<RunResult>> {
+        let Some(hit) = path.map(|p| read_cached(p, recipe)).transpose()?.flatten() else {
+            return Ok(None);
+        };
+        if self.verbose {
+            println!("{}: cached ({:.0} s when run)", spec.label, hit.seconds);
+        }
+        Ok(Some(RunResult {
+            label: spec.label.clone(),
+            ..hit
+        }))
+    }
+
+    /// Trains `config` (the recipe of `spec`, keyed `recipe`) to its end and collects what it
+    /// measured; the trainer is returned for its weights.
+    fn train(
+        &self,
+        spec: &RunSpec,
+        config: TrainConfig,
+        recipe: String,
+    ) -> Result<(RunResult, Trainer<'static>)> {
         if self.verbose {
             println!("{}: training ({} epochs)…", spec.label, config.epochs);
         }
@@ -200,15 +276,7 @@ impl Runner {
             let r1 = result.metric("R@1", Some(0)).unwrap_or(f64::NAN);
             println!("{}: done in {seconds:.0} s, R@1 {r1:.4}", spec.label);
         }
-        if let Some(path) = &path {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-            }
-            let json = serde_json::to_string(&result)
-                .map_err(|e| Error::file(path, format!("cannot serialise the run: {e}")))?;
-            write_atomically(path, |w| w.write_all(json.as_bytes()))?;
-        }
-        Ok(result)
+        Ok((result, trainer))
     }
 
     /// Runs every spec, in order.
@@ -345,6 +413,30 @@ fn read_cached(path: &Path, recipe: &str) -> Result<Option<RunResult>> {
         )
     })?;
     Ok((cached.recipe == recipe && cached.code == RUN_CODE).then_some(cached))
+}
+
+/// Writes `result` to `path` (if any) atomically, making its folder.
+fn store(path: Option<&Path>, result: &RunResult) -> Result<()> {
+    let Some(path) = path else {
+        return Ok(());
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let json = serde_json::to_string(result)
+        .map_err(|e| Error::file(path, format!("cannot serialise the run: {e}")))?;
+    write_atomically(path, |w| w.write_all(json.as_bytes()))
+}
+
+/// What a pretrained-weights file stands for in a run's cache key: its bytes' hash and length
+/// (`weights fnv1a 0123456789abcdef, 412345 bytes`), whatever folder holds it.
+fn content_key(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    Ok(format!(
+        "weights fnv1a {:016x}, {} bytes",
+        fnv1a(&bytes),
+        bytes.len()
+    ))
 }
 
 /// 64-bit FNV-1a: a stable file name for a recipe (std's hasher may change between releases).

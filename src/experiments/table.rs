@@ -276,7 +276,17 @@ pub fn run_tables(
     scale: Scale,
     tables: impl FnOnce(&TrainConfig) -> Vec<TableSpec>,
 ) -> Result<Measurements> {
-    let base = recipe.base(scale)?;
+    let mut base = recipe.base(scale)?;
+    let pretraining = recipe.pretraining(scale)?;
+    if let Some(p) = &pretraining {
+        // One pretrained backbone for every row and seed, as the papers start every run from
+        // the same ImageNet weights.
+        let spec = RunSpec {
+            label: format!("pretraining ({})", describe_pretraining(p)),
+            config: p.clone(),
+        };
+        base.pretrained = Some(runner.pretrained_backbone(&spec)?);
+    }
     let seeds = recipe.seeds(scale)?;
     let tables = tables(&base);
     let variants: Vec<&Variant> = tables.iter().flat_map(|t| &t.variants).collect();
@@ -292,7 +302,14 @@ pub fn run_tables(
         runs[k % variants.len()].push(r);
     }
     let data = data_name(&base);
-    let described = describe_recipe(&base);
+    let described = match &pretraining {
+        Some(p) => format!(
+            "{}, from a backbone pretrained by {}",
+            describe_recipe(&base),
+            describe_pretraining(p)
+        ),
+        None => describe_recipe(&base),
+    };
     let mut out = Measurements::default();
     let rows = tables
         .iter()
@@ -382,6 +399,22 @@ pub fn describe_recipe(config: &TrainConfig) -> String {
         "{backbone}, dim {}, {epochs}, {sampler}",
         config.model.head.dim
     )
+}
+
+/// A pretraining recipe in a few words: its loss, epochs and data (`norm_softmax, 48 epochs
+/// on embedded shapes, dataset seed 1`).
+pub fn describe_pretraining(config: &TrainConfig) -> String {
+    let data = match &config.dataset {
+        crate::train::DatasetConfig::Embedded(d) => {
+            format!("{} (dataset seed {})", data_name(config), d.seed)
+        }
+        _ => data_name(config),
+    };
+    let epochs = match config.epochs {
+        1 => "1 epoch".to_string(),
+        n => format!("{n} epochs"),
+    };
+    format!("{}, {epochs} on {data}", config.loss.name())
 }
 
 /// Sets the batch size of an m-per-class sampler (other samplers are left as they are).
