@@ -4,8 +4,11 @@
 #
 #   scripts/device_standard.sh pack
 #       here, after `cargo build --release`: the stripped binary, xz-compressed, into
-#       .gpu/rankwise-cpu.xz (git-ignored; name `.gpu` in the device call's `carry`), and its
-#       run code into .gpu/RUN_CODE_CPU.
+#       .gpu/rankwise-cpu.xz (git-ignored; name `.gpu` in the device call's `carry`), its
+#       run code into .gpu/RUN_CODE_CPU, and the pretrained backbones of the standard cache
+#       (target/rankwise-runs/standard/backbones/, with their runs' entries) into
+#       .gpu/standard-backbones/: the runs there start from these very weights (a run's key
+#       holds its weights' bytes, and another CPU may round the pretraining differently).
 #   scripts/device_standard.sh run OUT_DIR BUDGET_S FIRST_SEED SEEDS PAPER...
 #       there: seeds FIRST_SEED … FIRST_SEED + SEEDS − 1 of every row of each PAPER's standard
 #       recipe (smooth_ap, fastap, rambo, happier: the papers whose runs are cached; SSR's are
@@ -38,6 +41,17 @@ case "$cmd" in
     strip -o .gpu/rankwise-cpu "$bin"
     xz -T0 -6 -f .gpu/rankwise-cpu
     "$bin" --version | sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p' > .gpu/RUN_CODE_CPU
+    rm -rf .gpu/standard-backbones
+    cache="${CARGO_TARGET_DIR:-target}/rankwise-runs/standard"
+    if compgen -G "$cache/backbones/*.safetensors" > /dev/null; then
+      mkdir -p .gpu/standard-backbones/backbones
+      for w in "$cache"/backbones/*.safetensors; do
+        stem=$(basename "$w" .safetensors)
+        cp "$w" .gpu/standard-backbones/backbones/
+        [[ -f "$cache/$stem.json" ]] && cp "$cache/$stem.json" .gpu/standard-backbones/
+      done
+      echo "packed $(ls .gpu/standard-backbones/backbones | wc -l) pretrained backbone(s)"
+    fi
     echo "packed .gpu/rankwise-cpu.xz ($(du -h .gpu/rankwise-cpu.xz | cut -f1)), run code $(cat .gpu/RUN_CODE_CPU)"
     ;;
   run)
@@ -93,6 +107,9 @@ EOF
       if (( left < 30 )); then echo "out of budget before $p" | tee -a "$log"; break; fi
       echo "$(date -u +%T) +$((SECONDS - start))s $p (at most ${left}s)" | tee -a "$log"
       mkdir -p "$scratch/runs-$p"
+      # The backbones pretrained on the build machine (see pack), so that these runs' keys are
+      # those of the runs there.
+      [[ -d .gpu/standard-backbones ]] && cp -r .gpu/standard-backbones/. "$scratch/runs-$p/"
       rc=0
       RANKWISE_JOBS=$cores RAYON_NUM_THREADS=$cores timeout "$left" "$bin" reproduce --scale standard \
         --root "$scratch/root" --runs-dir "$scratch/runs-$p" --tables-dir "$scratch/tables" \

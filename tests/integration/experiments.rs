@@ -867,3 +867,90 @@ fn only_the_similarity_update_rows_choose_their_own_lambda() {
     }
     assert_eq!(similarity_rows, 2);
 }
+
+/// The standard protocol's pretraining: one backbone trained once from `[pretraining.<scale>]`
+/// (other classes: dataset seed 1, a softmax classifier), written where `load_backbone` reads
+/// it, read back from the cache the second time, and every run that starts from it keyed by
+/// the weights' bytes, not their path.
+#[test]
+fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
+    use experiments::RunSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = ExperimentRecipe::for_paper(root(), "fastap").unwrap();
+    let pre = recipe
+        .pretraining(Scale::Tiny)
+        .unwrap()
+        .expect("fastap's tiny scale pretrains");
+    let base = recipe.base(Scale::Tiny).unwrap();
+    // The changes merged over the base: other data, the softmax classifier, the rest kept.
+    assert!(matches!(
+        (&pre.dataset, &base.dataset),
+        (rankwise::train::DatasetConfig::Embedded(p), rankwise::train::DatasetConfig::Embedded(b))
+            if p.seed == 1 && b.seed == 0 && p.families == b.families
+    ));
+    assert!(pre.loss.name().contains("softmax"), "{}", pre.loss.name());
+    assert_eq!((pre.model.clone(), pre.seed), (base.model.clone(), base.seed));
+    let runner = Runner::new(Some(dir.path().join("runs")), false);
+    let spec = RunSpec {
+        label: "pretraining".into(),
+        config: pre,
+    };
+    let weights = runner.pretrained_backbone(&spec).unwrap();
+    assert!(weights.starts_with(dir.path().join("runs").join("backbones")));
+    let written = std::fs::read(&weights).unwrap();
+    let modified = std::fs::metadata(&weights).unwrap().modified().unwrap();
+    // Cached: the same file, not rewritten.
+    assert_eq!(runner.pretrained_backbone(&spec).unwrap(), weights);
+    assert_eq!(std::fs::metadata(&weights).unwrap().modified().unwrap(), modified);
+    // A run from these weights is another run than one from random weights.
+    let mut from = base.clone();
+    from.pretrained = Some(weights.clone());
+    let tuned = runner
+        .run(&RunSpec {
+            label: "fine-tuned".into(),
+            config: from.clone(),
+        })
+        .unwrap();
+    let scratch = runner
+        .run(&RunSpec {
+            label: "scratch".into(),
+            config: base.clone(),
+        })
+        .unwrap();
+    assert_ne!(tuned.metrics, scratch.metrics);
+    assert!(!tuned.recipe.contains("backbones"), "keyed by content: {}", tuned.recipe);
+    // The same bytes under another path: the same cached run. Other bytes at the first path:
+    // a new run.
+    let copy = dir.path().join("elsewhere.safetensors");
+    std::fs::copy(&weights, &copy).unwrap();
+    let mut moved = base.clone();
+    moved.pretrained = Some(copy.clone());
+    let again = runner
+        .run(&RunSpec {
+            label: "moved".into(),
+            config: moved.clone(),
+        })
+        .unwrap();
+    assert_eq!((again.recipe.clone(), again.seconds), (tuned.recipe.clone(), tuned.seconds));
+    let mut other = written.clone();
+    let last = other.len() - 1;
+    other[last] ^= 1;
+    std::fs::write(&copy, &other).unwrap();
+    let changed = runner
+        .run(&RunSpec {
+            label: "changed".into(),
+            config: moved,
+        })
+        .unwrap();
+    assert_ne!(changed.recipe, tuned.recipe);
+}
+
+/// A pretraining section that does not make a valid recipe is an error naming the file and the
+/// section, when the recipe is read.
+#[test]
+fn a_bad_pretraining_section_names_the_file_and_the_section() {
+    let e = ExperimentRecipe::for_paper_with(root(), "fastap", "[pretraining.tiny]\nepochs = \"many\"\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("fastap.toml") && e.contains("[pretraining.tiny]"), "{e}");
+}
