@@ -262,8 +262,9 @@ enum SplitArg {
 #[derive(Args, Debug)]
 struct ReproduceArgs {
     /// tiny (seconds, numbers meaningless, written under target/reproduce-tiny/), quick (the
-    /// embedded dataset on the CPU, minutes), standard (the quick data trained 4x longer, each
-    /// recipe's `[seeds] standard` seeds, SSR with its replicates; tables under
+    /// embedded dataset on the CPU, minutes), standard (the quick data and network trained longer,
+    /// fine-tuned from the backbone of the recipe's `[pretraining.standard]` where it has one,
+    /// each recipe's `[seeds] standard` seeds, SSR with its replicates; tables under
     /// paper_tables/standard/) or paper (the papers' data and recipes; needs the data and a GPU).
     /// Default: $RANKWISE_SCALE, else quick. Runs side by side: $RANKWISE_JOBS, else the CPUs
     /// (at most 4).

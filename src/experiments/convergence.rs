@@ -152,7 +152,7 @@ mod tests {
         let m = mean_curve(&[a.clone(), b]);
         assert_eq!(m.len(), 2);
         assert!((m[0].1 - 0.2).abs() < 1e-12 && (m[1].1 - 0.4).abs() < 1e-12);
-        assert_eq!(mean_curve(&[a.clone()]), a);
+        assert_eq!(mean_curve(std::slice::from_ref(&a)), a);
         assert!(mean_curve(&[]).is_empty());
         // Two runs jittering in opposite phase around a flat 0.3 (each moves 1 point over its
         // tail) average to a flat curve: the row converged, neither run did.
@@ -164,5 +164,67 @@ mod tests {
             .collect();
         assert!(tail_move(&up).unwrap() >= TOLERANCE);
         assert!(tail_move(&mean_curve(&[up, down])).unwrap() < 1e-12);
+    }
+
+    fn run(recipe: &str, curve: &[f64]) -> RunResult {
+        RunResult {
+            label: recipe.into(),
+            recipe: recipe.into(),
+            metrics: Vec::new(),
+            log: curve
+                .iter()
+                .enumerate()
+                .map(|(e, &value)| crate::train::LogRow {
+                    epoch: e as u64,
+                    step: 0,
+                    split: "test".into(),
+                    metric: "R@1".into(),
+                    level: Some(0),
+                    value,
+                })
+                .collect(),
+            seconds: 0.0,
+            test_queries: 0,
+            seed: 0,
+            device: "cpu".into(),
+            code: String::new(),
+        }
+    }
+
+    fn row(runs: Vec<RunResult>) -> super::super::table::TableRun {
+        super::super::table::TableRun {
+            table: "t".into(),
+            method: "m".into(),
+            setting: String::new(),
+            runs,
+        }
+    }
+
+    #[test]
+    fn rows_converge_on_their_mean_curve_and_shared_rows_count_once() {
+        // Six epochs, so the tail is epochs 5 and 6. Row a: two seeds jittering in opposite
+        // phase (each moves 1 point over the tail, their mean is flat); row b: still rising by
+        // 1 point; row a again (another table sharing its runs).
+        let a = vec![
+            run("a0", &[0.1, 0.2, 0.30, 0.31, 0.30, 0.31, 0.30]),
+            run("a1", &[0.1, 0.2, 0.31, 0.30, 0.31, 0.30, 0.31]),
+        ];
+        let b = vec![run("b0", &[0.1, 0.2, 0.26, 0.27, 0.28, 0.29, 0.30])];
+        let m = Measurements {
+            runs: vec![row(a.clone()), row(b), row(a)],
+            ..Measurements::default()
+        };
+        let text = describe(&m).unwrap();
+        assert!(
+            text.starts_with("Convergence: 1 of 2 rows converged"),
+            "{text}"
+        );
+        assert!(text.contains("the largest move was 1.0 points"), "{text}");
+        assert!(
+            text.contains("0 of 3 single runs (largest 1.0 points"),
+            "{text}"
+        );
+        assert!(text.ends_with("had not converged."), "{text}");
+        assert_eq!(describe(&Measurements::default()), None);
     }
 }

@@ -18,9 +18,11 @@ pub enum Scale {
     Tiny,
     /// Minutes on a CPU: the embedded dataset, a small CNN.
     Quick,
-    /// The `quick` data and network trained to convergence (the test metric moves by less than
-    /// half a point over the last 20% of the epochs, `experiments::convergence`): a few hours on
-    /// a CPU, meant for a GPU.
+    /// The `quick` data and network trained towards convergence (the test metric moves by less
+    /// than half a point over the last 20% of the epochs, `experiments::convergence`), where a
+    /// recipe says so fine-tuned from a backbone pretrained on other classes
+    /// ([`ExperimentRecipe::pretraining`]), as the papers fine-tune ImageNet weights: a few
+    /// hours on a CPU.
     Standard,
     /// The paper's data and models (a GPU).
     Paper,

@@ -153,11 +153,14 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     for paper in ["smooth_ap", "fastap", "rambo", "happier"] {
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
-        // The standard scale is the quick recipe trained 4x longer with a cosine decay.
+        // The standard scale is the quick recipe trained longer with a cosine decay: 24 epochs
+        // fine-tuning the scale's pretrained backbone, or 16 from random weights where the
+        // recipe has no `[pretraining.standard]` yet.
         let standard = recipe.base(Scale::Standard).unwrap();
         let mut quick = recipe.base(Scale::Quick).unwrap();
-        assert_eq!(standard.epochs, 16, "{paper}");
-        quick.epochs = 16;
+        let pretrained = recipe.pretraining(Scale::Standard).unwrap().is_some();
+        assert_eq!(standard.epochs, if pretrained { 24 } else { 16 }, "{paper}");
+        quick.epochs = standard.epochs;
         quick.schedule = standard.schedule.clone();
         assert_eq!(
             quick, standard,
@@ -889,7 +892,10 @@ fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
             if p.seed == 1 && b.seed == 0 && p.families == b.families
     ));
     assert!(pre.loss.name().contains("softmax"), "{}", pre.loss.name());
-    assert_eq!((pre.model.clone(), pre.seed), (base.model.clone(), base.seed));
+    assert_eq!(
+        (pre.model.clone(), pre.seed),
+        (base.model.clone(), base.seed)
+    );
     let runner = Runner::new(Some(dir.path().join("runs")), false);
     let spec = RunSpec {
         label: "pretraining".into(),
@@ -901,7 +907,10 @@ fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
     let modified = std::fs::metadata(&weights).unwrap().modified().unwrap();
     // Cached: the same file, not rewritten.
     assert_eq!(runner.pretrained_backbone(&spec).unwrap(), weights);
-    assert_eq!(std::fs::metadata(&weights).unwrap().modified().unwrap(), modified);
+    assert_eq!(
+        std::fs::metadata(&weights).unwrap().modified().unwrap(),
+        modified
+    );
     // A run from these weights is another run than one from random weights.
     let mut from = base.clone();
     from.pretrained = Some(weights.clone());
@@ -918,7 +927,11 @@ fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
         })
         .unwrap();
     assert_ne!(tuned.metrics, scratch.metrics);
-    assert!(!tuned.recipe.contains("backbones"), "keyed by content: {}", tuned.recipe);
+    assert!(
+        !tuned.recipe.contains("backbones"),
+        "keyed by content: {}",
+        tuned.recipe
+    );
     // The same bytes under another path: the same cached run. Other bytes at the first path:
     // a new run.
     let copy = dir.path().join("elsewhere.safetensors");
@@ -931,7 +944,10 @@ fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
             config: moved.clone(),
         })
         .unwrap();
-    assert_eq!((again.recipe.clone(), again.seconds), (tuned.recipe.clone(), tuned.seconds));
+    assert_eq!(
+        (again.recipe.clone(), again.seconds),
+        (tuned.recipe.clone(), tuned.seconds)
+    );
     let mut other = written.clone();
     let last = other.len() - 1;
     other[last] ^= 1;
@@ -949,8 +965,15 @@ fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
 /// section, when the recipe is read.
 #[test]
 fn a_bad_pretraining_section_names_the_file_and_the_section() {
-    let e = ExperimentRecipe::for_paper_with(root(), "fastap", "[pretraining.tiny]\nepochs = \"many\"\n")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("fastap.toml") && e.contains("[pretraining.tiny]"), "{e}");
+    let e = ExperimentRecipe::for_paper_with(
+        root(),
+        "fastap",
+        "[pretraining.tiny]\nepochs = \"many\"\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("fastap.toml") && e.contains("[pretraining.tiny]"),
+        "{e}"
+    );
 }
