@@ -118,22 +118,30 @@ impl Default for SeedCounts {
 /// [`crate::stats::sequential_level`] over those looks and the current count, not 5%, so that
 /// the seeds added after a look cannot decide claims by chance more often than the rule
 /// states. A count fixed in advance has no earlier looks.
+pub type EarlierLooks = PerScale<Vec<usize>>;
+
+/// One value for each scale: a TOML table whose keys are the scales (`tiny`, `quick`,
+/// `standard`, `paper`), each optional (its default when left out).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct EarlierLooks {
+#[serde(
+    default,
+    deny_unknown_fields,
+    bound(deserialize = "T: Deserialize<'de> + Default")
+)]
+pub struct PerScale<T> {
     /// At the tiny scale.
-    pub tiny: Vec<usize>,
+    pub tiny: T,
     /// At the quick scale.
-    pub quick: Vec<usize>,
+    pub quick: T,
     /// At the standard scale.
-    pub standard: Vec<usize>,
+    pub standard: T,
     /// At the paper's scale.
-    pub paper: Vec<usize>,
+    pub paper: T,
 }
 
-impl EarlierLooks {
-    /// The earlier looks of `scale`.
-    pub fn of(&self, scale: Scale) -> &[usize] {
+impl<T> PerScale<T> {
+    /// The value of `scale`.
+    pub fn of(&self, scale: Scale) -> &T {
         match scale {
             Scale::Tiny => &self.tiny,
             Scale::Quick => &self.quick,
@@ -220,30 +228,7 @@ pub struct ExperimentRecipe {
 /// e.g. another draw of the embedded generator (`dataset.seed = 1`: other classes) learnt with a
 /// softmax classifier. `loss` and `sampler`, when given, replace the base's whole table (another
 /// kind has other fields); every other table merges key by key ([`merge_toml`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Pretraining {
-    /// At the tiny scale.
-    pub tiny: Option<toml::Table>,
-    /// At the quick scale.
-    pub quick: Option<toml::Table>,
-    /// At the standard scale.
-    pub standard: Option<toml::Table>,
-    /// At the paper's scale.
-    pub paper: Option<toml::Table>,
-}
-
-impl Pretraining {
-    /// The changes of `scale`, if any.
-    pub fn of(&self, scale: Scale) -> Option<&toml::Table> {
-        match scale {
-            Scale::Tiny => self.tiny.as_ref(),
-            Scale::Quick => self.quick.as_ref(),
-            Scale::Standard => self.standard.as_ref(),
-            Scale::Paper => self.paper.as_ref(),
-        }
-    }
-}
+pub type Pretraining = PerScale<Option<toml::Table>>;
 
 impl ExperimentRecipe {
     /// Reads a recipe; errors name the file, line and key.
@@ -328,7 +313,7 @@ impl ExperimentRecipe {
     /// the scale has no such section. The runs get its weights through
     /// [`super::Runner::pretrained_backbone`] (trained once, cached).
     pub fn pretraining(&self, scale: Scale) -> Result<Option<TrainConfig>> {
-        let Some(changes) = self.pretraining.of(scale) else {
+        let Some(changes) = self.pretraining.of(scale).as_ref() else {
             return Ok(None);
         };
         let base = self.base(scale)?;
