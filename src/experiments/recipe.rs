@@ -316,21 +316,27 @@ impl ExperimentRecipe {
         let Some(changes) = self.pretraining.of(scale).as_ref() else {
             return Ok(None);
         };
-        let base = self.base(scale)?;
-        let mut table: toml::Table = toml::from_str(&base.to_toml_string()?)
-            .map_err(|e| Error::invalid("pretraining", e.to_string()))?;
-        for whole in ["loss", "sampler"] {
-            if changes.contains_key(whole) {
-                table.remove(whole);
-            }
-        }
-        merge_toml(&mut table, changes.clone());
-        let config: TrainConfig = table
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::invalid("pretraining", e.to_string()))?;
-        config.validate()?;
-        Ok(Some(config))
+        pretraining_over(&self.base(scale)?, changes).map(Some)
     }
+}
+
+/// `base` with a `[pretraining.<scale>]` section's `changes` merged over it ([`Pretraining`]:
+/// `loss` and `sampler` replace the base's whole table, every other table merges key by key),
+/// validated: the recipe of the run that pretrains a scale's backbone.
+pub(crate) fn pretraining_over(base: &TrainConfig, changes: &toml::Table) -> Result<TrainConfig> {
+    let mut table: toml::Table = toml::from_str(&base.to_toml_string()?)
+        .map_err(|e| Error::invalid("pretraining", e.to_string()))?;
+    for whole in ["loss", "sampler"] {
+        if changes.contains_key(whole) {
+            table.remove(whole);
+        }
+    }
+    merge_toml(&mut table, changes.clone());
+    let config: TrainConfig = table
+        .try_into()
+        .map_err(|e: toml::de::Error| Error::invalid("pretraining", e.to_string()))?;
+    config.validate()?;
+    Ok(config)
 }
 
 /// Reads a recipe file with one section per scale (`[tiny]`, `[quick]`, optional `[standard]`

@@ -6,7 +6,9 @@
 //!
 //! 1. The backbone: the small CNN trained with Smooth-AP on the base classes (64% of the fine
 //!    classes; 16% validation, 20% novel, [`crate::fewshot::all_split_features`]), then frozen;
-//!    every split embedded once. SSR's backbones are cosine classifiers on mini-ImageNet /
+//!    every split embedded once. Where the scale has `[pretraining.<scale>]` (standard, tiny),
+//!    every replicate's backbone fine-tunes one network pretrained on other classes
+//!    ([`SsrRecipe::pretraining`]), the training papers' own pretrained backbone. SSR's backbones are cosine classifiers on mini-ImageNet /
 //!    tiered-ImageNet / CIFAR-FS; ours stands beside the paper's CIFAR-FS Conv-4-64 column
 //!    (32 × 32 images, a 4-block CNN) in Table 2 and beside CUB with the GL feature in Table 1
 //!    (a fine-grained test split of unseen classes, every image a query against the rest).
@@ -46,7 +48,7 @@
 
 use super::claim::{row, Claim, Row};
 use super::ssr_features::{Column, LandmarkSet, Split, SsrFeatureSets};
-use super::table::{data_name, describe_recipe, Measurements};
+use super::table::{data_name, describe_pretraining, describe_recipe, Measurements};
 use super::Scale;
 use crate::error::{Error, Result};
 use crate::fewshot::prototype::PrototypeClassifier;
@@ -205,6 +207,12 @@ pub struct SsrRecipe {
     /// The paper's scale (absent: the paper's features are not available here).
     #[serde(default)]
     pub paper: Option<SsrScaleRecipe>,
+    /// `[pretraining.<scale>]`: changes over the scale's `[backbone]` that pretrain the network
+    /// every replicate's backbone fine-tunes ([`Self::pretraining`]), as for the training papers
+    /// ([`super::recipe::Pretraining`]); a scale without one trains its backbone from random
+    /// weights.
+    #[serde(default)]
+    pub pretraining: super::recipe::Pretraining,
 }
 
 /// Everything one scale of the SSR experiments runs.
@@ -347,7 +355,30 @@ impl SsrRecipe {
             .seeds
             .validate()
             .map_err(|e| Error::invalid(path.as_ref().display().to_string(), e.to_string()))?;
+        for scale in Scale::ALL {
+            recipe
+                .pretraining(scale)
+                .map_err(|e| Error::file(path.as_ref(), format!("[pretraining.{scale}]: {e}")))?;
+        }
         Ok(recipe)
+    }
+
+    /// The recipe that pretrains the backbone every replicate of `scale` fine-tunes: the
+    /// scale's `[backbone]` with `[pretraining.<scale>]` merged over it; `None` without such a
+    /// section (or for a scale this recipe does not define); an error for a scale that reads
+    /// frozen features instead of training a backbone.
+    pub fn pretraining(&self, scale: Scale) -> Result<Option<TrainConfig>> {
+        let Some(changes) = self.pretraining.of(scale).as_ref() else {
+            return Ok(None);
+        };
+        let recipe = self.at(scale)?;
+        let backbone = recipe.backbone.as_ref().ok_or_else(|| {
+            Error::invalid(
+                "pretraining",
+                "this scale reads frozen [features]: there is no backbone to pretrain",
+            )
+        })?;
+        super::recipe::pretraining_over(backbone, changes).map(Some)
     }
 
     /// The recipe under the repository root.
@@ -472,9 +503,10 @@ impl super::Experiment for Ssr {
     }
 
     fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        // SSR trains no network through the runner: its backbone and meta-training run in
-        // `measure` (the selected modules are saved beside the run cache).
-        measure_with(cx.root, cx.scale, cx.changes)
+        // Only the pretraining goes through the runner (cached, shared with nothing else's key);
+        // the backbones and the meta-training run in `measure` (the selected modules are saved
+        // beside the run cache).
+        measure_in(cx.root, cx.runner, cx.scale, cx.changes)
     }
 
     fn claims(&self, _cx: &super::Context, m: &Measurements) -> Result<Vec<super::Claim>> {
@@ -495,14 +527,40 @@ impl super::Experiment for Ssr {
 /// `[seeds]`, and returns our cells ([`merge_replicates`]). Except at the tiny scale (which
 /// tests run concurrently), the selected SSR modules are saved under
 /// `root/target/rankwise-runs/<scale>/ssr/` (replicate `i ≥ 1` under `replicate_<i>/`).
+/// A `[pretraining.<scale>]` backbone is trained without a cache (the system's temporary
+/// folder); [`measure_in`] takes the runner whose cache keeps it.
 pub fn measure(root: &Path, scale: Scale) -> Result<Measurements> {
     measure_with(root, scale, "")
 }
 
 /// [`measure`] with `changes` (TOML) merged over the recipe file.
 pub fn measure_with(root: &Path, scale: Scale, changes: &str) -> Result<Measurements> {
+    measure_in(root, &super::Runner::new(None, false), scale, changes)
+}
+
+/// [`measure_with`], the scale's pretrained backbone (if its recipe has `[pretraining.<scale>]`)
+/// trained once by `runner` ([`super::Runner::pretrained_backbone`]) and fine-tuned by every
+/// replicate's backbone, as the papers' backbones start from the same ImageNet weights.
+pub fn measure_in(
+    root: &Path,
+    runner: &super::Runner,
+    scale: Scale,
+    changes: &str,
+) -> Result<Measurements> {
     let all = SsrRecipe::for_root_with(root, changes)?;
-    let recipe = all.at(scale)?;
+    let mut recipe = all.at(scale)?;
+    let pretrained_by = match (all.pretraining(scale)?, recipe.backbone.as_mut()) {
+        (Some(p), Some(backbone)) => {
+            let by = describe_pretraining(&p);
+            let spec = super::RunSpec {
+                label: format!("pretraining ({by})"),
+                config: p,
+            };
+            backbone.pretrained = Some(runner.pretrained_backbone(&spec)?);
+            Some(by)
+        }
+        _ => None,
+    };
     let dir = root
         .join("target")
         .join("rankwise-runs")
@@ -520,7 +578,14 @@ pub fn measure_with(root: &Path, scale: Scale, changes: &str) -> Result<Measurem
         if replicates > 1 {
             println!("SSR replicate {} of {replicates}:", i + 1);
         }
-        parts.push(measure_replicate(root, &recipe, scale, i, checkpoints)?);
+        parts.push(measure_replicate(
+            root,
+            &recipe,
+            scale,
+            i,
+            checkpoints,
+            pretrained_by.as_deref(),
+        )?);
     }
     let mut m = merge_replicates(parts)?;
     m.looks = all.seeds.looks(scale);
@@ -645,18 +710,20 @@ pub fn measure_recipe_in(
     scale: Scale,
     checkpoints: Option<&Path>,
 ) -> Result<Measurements> {
-    measure_replicate(root, recipe, scale, 0, checkpoints)
+    measure_replicate(root, recipe, scale, 0, checkpoints, None)
 }
 
 /// [`measure_recipe_in`] for replicate `replicate`: the backbone's seed + `replicate`, SSR's
 /// meta-training seeds + `replicate ·` [`REPLICATE_SEED_STRIDE`]; the split, the episodes and
-/// the queries are the recipe's.
+/// the queries are the recipe's. `pretrained_by` says in a few words how the backbone's
+/// `pretrained` weights were made ([`describe_pretraining`]), for the provenance.
 fn measure_replicate(
     root: &Path,
     recipe: &SsrScaleRecipe,
     scale: Scale,
     replicate: usize,
     checkpoints: Option<&Path>,
+    pretrained_by: Option<&str>,
 ) -> Result<Measurements> {
     if let Some(dir) = checkpoints {
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
@@ -690,8 +757,13 @@ fn measure_replicate(
             };
             let feats = all_split_features(&config, &SmoothAp::default())?;
             let data = data_name(backbone);
+            let start = match (pretrained_by, &backbone.pretrained) {
+                (Some(by), _) => format!(", from a backbone pretrained by {by}"),
+                (None, Some(weights)) => format!(", from the weights {}", weights.display()),
+                (None, None) => String::new(),
+            };
             let features = format!(
-                "backbone {} trained with Smooth-AP on the base classes",
+                "backbone {} trained with Smooth-AP on the base classes{start}",
                 describe_recipe(backbone)
             );
             let column = |dataset: &str, setting: &str| Column {

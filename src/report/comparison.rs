@@ -124,12 +124,12 @@ impl Measured {
 
     /// The key of the paper's value this one stands beside.
     pub fn key(&self) -> CellKey {
-        (
-            self.table.clone(),
-            self.method.clone(),
-            self.dataset.clone(),
-            self.metric.clone(),
-            self.setting.clone(),
+        super::published::cell_key(
+            &self.table,
+            &self.method,
+            &self.dataset,
+            &self.metric,
+            &self.setting,
         )
     }
 

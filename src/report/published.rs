@@ -127,15 +127,26 @@ pub struct PublishedRow {
 /// setting).
 pub type CellKey = (String, String, String, String, String);
 
+/// The [`CellKey`] of a cell's five fields (a printed value's and ours alike).
+pub fn cell_key(table: &str, method: &str, dataset: &str, metric: &str, setting: &str) -> CellKey {
+    (
+        table.into(),
+        method.into(),
+        dataset.into(),
+        metric.into(),
+        setting.into(),
+    )
+}
+
 impl PublishedRow {
     /// The row's [`CellKey`].
     pub fn key(&self) -> CellKey {
-        (
-            self.table.clone(),
-            self.method.clone(),
-            self.dataset.clone(),
-            self.metric.clone(),
-            self.setting.clone(),
+        cell_key(
+            &self.table,
+            &self.method,
+            &self.dataset,
+            &self.metric,
+            &self.setting,
         )
     }
 

@@ -577,6 +577,12 @@ fn ssr_runs_at_tiny_scale_with_every_claim_measurable() {
             None => assert_eq!(c.samples.len(), 2, "{c:?}"),
         }
         assert!((c.value - s.mean()).abs() < 1e-12, "{c:?}");
+        // `[pretraining.tiny]`: every backbone fine-tuned the pretrained one, and says so.
+        assert!(
+            c.provenance.detail.contains("pretrained by norm_softmax"),
+            "{}",
+            c.provenance.detail
+        );
     }
     // The selected modules are checkpointed and load back.
     let dir = tempfile::tempdir().unwrap();
@@ -875,6 +881,53 @@ fn only_the_similarity_update_rows_choose_their_own_lambda() {
 /// (other classes: dataset seed 1, a softmax classifier), written where `load_backbone` reads
 /// it, read back from the cache the second time, and every run that starts from it keyed by
 /// the weights' bytes, not their path.
+#[test]
+fn ssr_pretrains_over_its_backbone_and_shares_the_training_papers_backbone() {
+    let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
+    let fastap = ExperimentRecipe::for_paper(root(), "fastap").unwrap();
+    for scale in [Scale::Tiny, Scale::Standard] {
+        let pre = ssr
+            .pretraining(scale)
+            .unwrap()
+            .expect("SSR pretrains at this scale");
+        let backbone = ssr.at(scale).unwrap().backbone.unwrap();
+        assert_eq!(pre.model, backbone.model);
+        assert!(pre.loss.name().contains("softmax"), "{}", pre.loss.name());
+        // The standard resolved recipe is the training papers': one cached backbone for all.
+        if scale == Scale::Standard {
+            assert_eq!(
+                pre.to_toml_string().unwrap(),
+                fastap
+                    .pretraining(scale)
+                    .unwrap()
+                    .unwrap()
+                    .to_toml_string()
+                    .unwrap()
+            );
+        }
+    }
+    assert!(ssr.pretraining(Scale::Quick).unwrap().is_none());
+    // A bad section names the file and the section.
+    let dir = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(root().join("configs/experiments/ssr.toml")).unwrap();
+    let bad = dir.path().join("ssr.toml");
+    std::fs::write(
+        &bad,
+        text.replace(
+            "[pretraining.tiny]\nepochs = 1",
+            "[pretraining.tiny]\nepochs = 0",
+        ),
+    )
+    .unwrap();
+    let e = experiments::ssr::SsrRecipe::from_toml_file(&bad)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("ssr.toml") && e.contains("[pretraining.tiny]"),
+        "{e}"
+    );
+}
+
 #[test]
 fn a_scale_pretrains_one_backbone_once_and_runs_start_from_it() {
     use experiments::RunSpec;
