@@ -218,7 +218,8 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert!(e.contains("no_such_paper.toml"), "{e}");
     assert!("medium".parse::<Scale>().is_err());
     assert_eq!("standard".parse::<Scale>().unwrap(), Scale::Standard);
-    // SSR's standard scale: the quick recipe with a converged backbone and 16 replicates.
+    // SSR's standard scale: the quick recipe with a converged backbone (24 epochs fine-tuning
+    // the pretrained one, 16 from random weights) and 16 replicates.
     let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
     let standard = ssr.at(Scale::Standard).unwrap();
     let mut quick = ssr.at(Scale::Quick).unwrap();
@@ -226,7 +227,8 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         standard.backbone.as_ref().unwrap(),
         quick.backbone.as_mut().unwrap(),
     );
-    assert_eq!((q.epochs, b.epochs), (4, 16));
+    let pretrains = ssr.pretraining(Scale::Standard).unwrap().is_some();
+    assert_eq!((q.epochs, b.epochs), (4, if pretrains { 24 } else { 16 }));
     q.epochs = b.epochs;
     q.schedule = b.schedule.clone();
     assert_eq!(
