@@ -8,7 +8,8 @@
 //!    classes; 16% validation, 20% novel, [`crate::fewshot::all_split_features`]), then frozen;
 //!    every split embedded once. Where the scale has `[pretraining.<scale>]` (standard, tiny),
 //!    every replicate's backbone fine-tunes one network pretrained on other classes
-//!    ([`SsrRecipe::pretraining`]), the training papers' own pretrained backbone. SSR's backbones are cosine classifiers on mini-ImageNet /
+//!    ([`SsrRecipe::pretraining`]), the training papers' own pretrained backbone. SSR's
+//!    backbones are cosine classifiers on mini-ImageNet /
 //!    tiered-ImageNet / CIFAR-FS; ours stands beside the paper's CIFAR-FS Conv-4-64 column
 //!    (32 × 32 images, a 4-block CNN) in Table 2 and beside CUB with the GL feature in Table 1
 //!    (a fine-grained test split of unseen classes, every image a query against the rest).
@@ -503,7 +504,8 @@ impl super::Experiment for Ssr {
     }
 
     fn measure(&self, cx: &super::Context) -> Result<Measurements> {
-        // Only the pretraining goes through the runner (cached, shared with nothing else's key);
+        // Only the pretraining goes through the runner (cached; the same key as the training
+        // papers' pretraining, so all five share one backbone);
         // the backbones and the meta-training run in `measure` (the selected modules are saved
         // beside the run cache).
         measure_in(cx.root, cx.runner, cx.scale, cx.changes)
