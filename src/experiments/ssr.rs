@@ -49,7 +49,7 @@
 
 use super::claim::{row, Claim, Row};
 use super::ssr_features::{Column, LandmarkSet, Split, SsrFeatureSets};
-use super::table::{data_name, describe_pretraining, describe_recipe, Measurements};
+use super::table::{data_name, describe_recipe, Measurements};
 use super::Scale;
 use crate::error::{Error, Result};
 use crate::fewshot::prototype::PrototypeClassifier;
@@ -553,12 +553,8 @@ pub fn measure_in(
     let mut recipe = all.at(scale)?;
     let pretrained_by = match (all.pretraining(scale)?, recipe.backbone.as_mut()) {
         (Some(p), Some(backbone)) => {
-            let by = describe_pretraining(&p);
-            let spec = super::RunSpec {
-                label: format!("pretraining ({by})"),
-                config: p,
-            };
-            backbone.pretrained = Some(runner.pretrained_backbone(&spec)?);
+            let (weights, by) = super::table::pretrained(runner, p)?;
+            backbone.pretrained = Some(weights);
             Some(by)
         }
         _ => None,
@@ -718,7 +714,7 @@ pub fn measure_recipe_in(
 /// [`measure_recipe_in`] for replicate `replicate`: the backbone's seed + `replicate`, SSR's
 /// meta-training seeds + `replicate ·` [`REPLICATE_SEED_STRIDE`]; the split, the episodes and
 /// the queries are the recipe's. `pretrained_by` says in a few words how the backbone's
-/// `pretrained` weights were made ([`describe_pretraining`]), for the provenance.
+/// `pretrained` weights were made ([`super::table::describe_pretraining`]), for the provenance.
 fn measure_replicate(
     root: &Path,
     recipe: &SsrScaleRecipe,

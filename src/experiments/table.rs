@@ -10,6 +10,7 @@ use crate::error::Result;
 use crate::report::{Measured, Provenance, Unit};
 use crate::stats::Sample;
 use crate::train::TrainConfig;
+use std::path::PathBuf;
 
 /// One row of a paper's table as a run: a change to the scale's base recipe.
 pub struct Variant {
@@ -277,16 +278,16 @@ pub fn run_tables(
     tables: impl FnOnce(&TrainConfig) -> Vec<TableSpec>,
 ) -> Result<Measurements> {
     let mut base = recipe.base(scale)?;
-    let pretraining = recipe.pretraining(scale)?;
-    if let Some(p) = &pretraining {
-        // One pretrained backbone for every row and seed, as the papers start every run from
-        // the same ImageNet weights.
-        let spec = RunSpec {
-            label: format!("pretraining ({})", describe_pretraining(p)),
-            config: p.clone(),
-        };
-        base.pretrained = Some(runner.pretrained_backbone(&spec)?);
-    }
+    // One pretrained backbone for every row and seed, as the papers start every run from the
+    // same ImageNet weights.
+    let pretrained_by = match recipe.pretraining(scale)? {
+        Some(p) => {
+            let (weights, by) = pretrained(runner, p)?;
+            base.pretrained = Some(weights);
+            Some(by)
+        }
+        None => None,
+    };
     let seeds = recipe.seeds(scale)?;
     let tables = tables(&base);
     let variants: Vec<&Variant> = tables.iter().flat_map(|t| &t.variants).collect();
@@ -302,11 +303,10 @@ pub fn run_tables(
         runs[k % variants.len()].push(r);
     }
     let data = data_name(&base);
-    let described = match &pretraining {
-        Some(p) => format!(
-            "{}, from a backbone pretrained by {}",
-            describe_recipe(&base),
-            describe_pretraining(p)
+    let described = match &pretrained_by {
+        Some(by) => format!(
+            "{}, from a backbone pretrained by {by}",
+            describe_recipe(&base)
         ),
         None => describe_recipe(&base),
     };
@@ -399,6 +399,18 @@ pub fn describe_recipe(config: &TrainConfig) -> String {
         "{backbone}, dim {}, {epochs}, {sampler}",
         config.model.head.dim
     )
+}
+
+/// The backbone weights `pretraining` ends with, trained once by `runner` (or read back from its
+/// cache, [`Runner::pretrained_backbone`]), and how they were made in a few words
+/// ([`describe_pretraining`]) for the captions.
+pub fn pretrained(runner: &Runner, pretraining: TrainConfig) -> Result<(PathBuf, String)> {
+    let by = describe_pretraining(&pretraining);
+    let spec = RunSpec {
+        label: format!("pretraining ({by})"),
+        config: pretraining,
+    };
+    Ok((runner.pretrained_backbone(&spec)?, by))
 }
 
 /// A pretraining recipe in a few words: its loss, epochs and data (`norm_softmax, 48 epochs
