@@ -153,13 +153,28 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     for paper in ["smooth_ap", "fastap", "rambo", "happier"] {
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
-        // The standard scale is the quick recipe trained longer with a cosine decay: 24 epochs
-        // fine-tuning the scale's pretrained backbone, or 16 from random weights where the
-        // recipe has no `[pretraining.standard]` yet.
+        // The standard scale is the quick recipe trained longer with a cosine decay to zero at
+        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone (48 for RaMBO,
+        // whose rows were still rising at 24), or 16 from random weights where the recipe has
+        // no `[pretraining.standard]` yet.
         let standard = recipe.base(Scale::Standard).unwrap();
         let mut quick = recipe.base(Scale::Quick).unwrap();
         let pretrained = recipe.pretraining(Scale::Standard).unwrap().is_some();
-        assert_eq!(standard.epochs, if pretrained { 24 } else { 16 }, "{paper}");
+        let epochs = match (pretrained, paper) {
+            (false, _) => 16,
+            (true, "rambo") => 48,
+            (true, _) => 24,
+        };
+        assert_eq!(standard.epochs, epochs, "{paper}");
+        match &standard.schedule.decay {
+            rankwise::train::schedule::Decay::Cosine { t_max, .. } => {
+                assert_eq!(
+                    *t_max, epochs,
+                    "{paper}: the cosine must end at the last epoch"
+                )
+            }
+            other => panic!("{paper}: standard decay {other:?}"),
+        }
         quick.epochs = standard.epochs;
         quick.schedule = standard.schedule.clone();
         assert_eq!(
