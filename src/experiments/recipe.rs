@@ -257,11 +257,7 @@ impl ExperimentRecipe {
             .seeds
             .validate()
             .map_err(|e| Error::file(path, format!("[seeds]: {e}")))?;
-        for scale in Scale::ALL {
-            recipe
-                .pretraining(scale)
-                .map_err(|e| Error::file(path, format!("[pretraining.{scale}]: {e}")))?;
-        }
+        check_pretraining(path, |scale| recipe.pretraining(scale))?;
         Ok(recipe)
     }
 
@@ -318,6 +314,19 @@ impl ExperimentRecipe {
         };
         pretraining_over(&self.base(scale)?, changes).map(Some)
     }
+}
+
+/// Resolves every scale's `[pretraining.<scale>]` recipe with `pretraining` once at load time, so
+/// that a bad section fails when the file is read (naming the file and the section), not when a
+/// table first needs the backbone.
+pub(crate) fn check_pretraining(
+    path: &Path,
+    pretraining: impl Fn(Scale) -> Result<Option<TrainConfig>>,
+) -> Result<()> {
+    for scale in Scale::ALL {
+        pretraining(scale).map_err(|e| Error::file(path, format!("[pretraining.{scale}]: {e}")))?;
+    }
+    Ok(())
 }
 
 /// `base` with a `[pretraining.<scale>]` section's `changes` merged over it ([`Pretraining`]:

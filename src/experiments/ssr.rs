@@ -356,11 +356,7 @@ impl SsrRecipe {
             .seeds
             .validate()
             .map_err(|e| Error::invalid(path.as_ref().display().to_string(), e.to_string()))?;
-        for scale in Scale::ALL {
-            recipe
-                .pretraining(scale)
-                .map_err(|e| Error::file(path.as_ref(), format!("[pretraining.{scale}]: {e}")))?;
-        }
+        super::recipe::check_pretraining(path.as_ref(), |scale| recipe.pretraining(scale))?;
         Ok(recipe)
     }
 
