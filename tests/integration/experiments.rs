@@ -154,15 +154,16 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
         // The standard scale is the quick recipe trained longer with a cosine decay to zero at
-        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone (48 for RaMBO,
-        // whose rows were still rising at 24), or 16 from random weights where the recipe has
-        // no `[pretraining.standard]` yet.
+        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone (48 for RaMBO
+        // and 96 for FastAP, whose rows were still rising at 24), or 16 from random weights
+        // where the recipe has no `[pretraining.standard]` yet.
         let standard = recipe.base(Scale::Standard).unwrap();
         let mut quick = recipe.base(Scale::Quick).unwrap();
         let pretrained = recipe.pretraining(Scale::Standard).unwrap().is_some();
         let epochs = match (pretrained, paper) {
             (false, _) => 16,
             (true, "rambo") => 48,
+            (true, "fastap") => 96,
             (true, _) => 24,
         };
         assert_eq!(standard.epochs, epochs, "{paper}");
