@@ -202,6 +202,50 @@ mod tests {
     }
 
     #[test]
+    fn on_flat_noisy_curves_the_fitted_rise_stays_inside_the_tolerance_where_the_range_does_not() {
+        // The module documentation's numbers: 8 seeds of per-evaluation noise with s.d. 0.54
+        // point around a flat level, averaged; tails of 5 and 20 evaluations.
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, Normal};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let noise = Normal::new(0.0, 0.0054).unwrap();
+        let trials = 2000;
+        for (epochs, range_fails_at_least, range_fails_at_most) in
+            [(24u64, 0.25, 0.45), (96, 0.9, 1.0)]
+        {
+            let (mut range_fails, mut fit_fails) = (0usize, 0usize);
+            for _ in 0..trials {
+                let curve: Vec<(u64, f64)> = (0..=epochs)
+                    .map(|e| {
+                        let mean = (0..8).map(|_| noise.sample(&mut rng)).sum::<f64>() / 8.0;
+                        (e, 0.4 + mean)
+                    })
+                    .collect();
+                let from = epochs as f64 * (1.0 - TAIL);
+                let tail: Vec<f64> = curve
+                    .iter()
+                    .filter(|p| p.0 as f64 >= from)
+                    .map(|p| p.1)
+                    .collect();
+                let range = tail.iter().copied().fold(f64::MIN, f64::max)
+                    - tail.iter().copied().fold(f64::MAX, f64::min);
+                range_fails += usize::from(range >= TOLERANCE);
+                fit_fails += usize::from(tail_move(&curve).unwrap() >= TOLERANCE);
+            }
+            let range_rate = range_fails as f64 / trials as f64;
+            let fit_rate = fit_fails as f64 / trials as f64;
+            assert!(
+                (range_fails_at_least..=range_fails_at_most).contains(&range_rate),
+                "{epochs} epochs: max − min fails {range_rate}"
+            );
+            assert!(
+                fit_rate < 0.1,
+                "{epochs} epochs: the fitted rise fails {fit_rate}"
+            );
+        }
+    }
+
+    #[test]
     fn the_mean_curve_keeps_the_epochs_every_curve_has() {
         let a = vec![(0, 0.1), (1, 0.2), (2, 0.3)];
         let b = vec![(0, 0.3), (2, 0.5)];
