@@ -635,20 +635,61 @@ pub fn power_law_exponent(points: &[(f64, Vec<f64>)]) -> Option<(f64, f64)> {
     }
     let n = xy.len();
     let logs: Vec<(f64, f64)> = xy.iter().map(|(x, y)| (x.ln(), y.ln())).collect();
-    let mx = logs.iter().map(|p| p.0).sum::<f64>() / n as f64;
-    let my = logs.iter().map(|p| p.1).sum::<f64>() / n as f64;
-    let sxx: f64 = logs.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    if n < 3 || sxx <= 0.0 {
+    if n < 3 {
         return None;
     }
-    let b = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / sxx;
+    let fit = LineFit::new(&logs)?;
+    let b = fit.slope;
     let sse: f64 = logs
         .iter()
-        .map(|p| (p.1 - my - b * (p.0 - mx)).powi(2))
+        .map(|p| (p.1 - fit.mean_y - b * (p.0 - fit.mean_x)).powi(2))
         .sum();
     let df = (n - 2) as f64;
-    let se = (sse / df / sxx).sqrt();
+    let se = (sse / df / fit.sxx).sqrt();
     Some((b, t_quantile(1.0 - ALPHA / 2.0, df) * se))
+}
+
+/// The least-squares line `y = mean_y + slope · (x − mean_x)` through `(x, y)` points, with the
+/// sums its standard errors need.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LineFit {
+    /// `Σ (x − x̄)(y − ȳ) / Σ (x − x̄)²`.
+    pub slope: f64,
+    /// `x̄`.
+    pub mean_x: f64,
+    /// `ȳ`.
+    pub mean_y: f64,
+    /// `Σ (x − x̄)²`.
+    pub sxx: f64,
+}
+
+impl LineFit {
+    /// The fit of `points`; `None` when they have no spread in `x` (fewer than two distinct
+    /// `x`, or none).
+    ///
+    /// ```
+    /// use rankwise::stats::LineFit;
+    /// let fit = LineFit::new(&[(0.0, 1.0), (1.0, 3.0), (2.0, 5.0)]).unwrap();
+    /// assert!((fit.slope - 2.0).abs() < 1e-12 && (fit.mean_y - 3.0).abs() < 1e-12);
+    /// assert_eq!(LineFit::new(&[(1.0, 0.0), (1.0, 2.0)]), None);
+    /// ```
+    pub fn new(points: &[(f64, f64)]) -> Option<Self> {
+        let n = points.len() as f64;
+        let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+        let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+        let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+        // NaN: no points.
+        if sxx.is_nan() || sxx <= 0.0 {
+            return None;
+        }
+        let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+        Some(LineFit {
+            slope: sxy / sxx,
+            mean_x,
+            mean_y,
+            sxx,
+        })
+    }
 }
 
 /// `P(|T| ≥ |t|)` for Student's t with `df` degrees of freedom: `I_{df/(df+t²)}(df/2, 1/2)`.

@@ -57,17 +57,10 @@ pub fn tail_move(curve: &[(u64, f64)]) -> Option<f64> {
             .map(|&(e, v)| (e as f64, v))
             .collect();
     }
-    let n = tail.len() as f64;
-    let mean_x = tail.iter().map(|p| p.0).sum::<f64>() / n;
-    let mean_y = tail.iter().map(|p| p.1).sum::<f64>() / n;
-    let sxx: f64 = tail.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    let sxy: f64 = tail.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
-    if sxx == 0.0 {
-        // Every point at one epoch (a malformed curve): no span to move over.
-        return None;
-    }
+    // None when every point sits at one epoch (a malformed curve): no span to move over.
+    let fit = crate::stats::LineFit::new(&tail)?;
     let span = tail[tail.len() - 1].0 - tail[0].0;
-    Some((sxy / sxx * span).abs())
+    Some((fit.slope * span).abs())
 }
 
 /// Whether one run converged by the criterion (`None`: too few evaluations to tell).
