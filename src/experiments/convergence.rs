@@ -28,8 +28,8 @@ pub const TOLERANCE: f64 = 0.005;
 
 /// How far `curve` (`(epoch, value)`, in epoch order) moved over its last [`TAIL`] of epochs (at
 /// least its last two points): the absolute rise of the least-squares line through those points
-/// from the first of their epochs to the last; `None` with fewer than two points. Two points
-/// give their difference exactly.
+/// from the first of their epochs to the last ([`tail_drift`] without its sign); `None` with
+/// fewer than two points. Two points give their difference exactly.
 ///
 /// ```
 /// use rankwise::experiments::convergence::tail_move;
@@ -41,6 +41,20 @@ pub const TOLERANCE: f64 = 0.005;
 /// assert!(tail_move(&flat).unwrap() < 1e-12);
 /// ```
 pub fn tail_move(curve: &[(u64, f64)]) -> Option<f64> {
+    tail_drift(curve).map(f64::abs)
+}
+
+/// The signed rise of the least-squares line through the last [`TAIL`] of `curve`'s epochs (at
+/// least its last two points), from the first of their epochs to the last: positive while the
+/// metric still climbs, negative once it has passed its peak and falls — the two call for
+/// different remedies (a longer schedule, or an earlier stop), so the tables say which.
+///
+/// ```
+/// use rankwise::experiments::convergence::tail_drift;
+/// let falling: Vec<(u64, f64)> = (0..=10).map(|e| (e, 0.5 - 0.002 * e as f64)).collect();
+/// assert!((tail_drift(&falling).unwrap() + 0.004).abs() < 1e-12);
+/// ```
+pub fn tail_drift(curve: &[(u64, f64)]) -> Option<f64> {
     if curve.len() < 2 {
         return None;
     }
@@ -60,7 +74,7 @@ pub fn tail_move(curve: &[(u64, f64)]) -> Option<f64> {
     // None when every point sits at one epoch (a malformed curve): no span to move over.
     let fit = crate::stats::LineFit::new(&tail)?;
     let span = tail[tail.len() - 1].0 - tail[0].0;
-    Some((fit.slope * span).abs())
+    Some(fit.slope * span)
 }
 
 /// Whether one run converged by the criterion (`None`: too few evaluations to tell).
@@ -110,6 +124,7 @@ pub fn describe(m: &Measurements) -> Option<String> {
     }
     let mut seen_rows: Vec<&str> = Vec::new();
     let (mut rows_done, mut rows, mut rows_worst) = (0usize, 0usize, 0.0f64);
+    let mut outside: Vec<String> = Vec::new();
     for row in &m.runs {
         let Some(first) = row.runs.first() else {
             continue;
@@ -119,14 +134,21 @@ pub fn describe(m: &Measurements) -> Option<String> {
         }
         seen_rows.push(&first.recipe);
         let curves: Vec<_> = row.runs.iter().map(|r| r.curve("R@1", Some(0))).collect();
-        let Some(moved) = tail_move(&mean_curve(&curves)) else {
+        let Some(drift) = tail_drift(&mean_curve(&curves)) else {
             continue;
         };
         rows += 1;
-        if moved < TOLERANCE {
+        if drift.abs() < TOLERANCE {
             rows_done += 1;
+        } else {
+            let name = if row.setting.is_empty() {
+                row.method.clone()
+            } else {
+                format!("{} ({})", row.method, row.setting)
+            };
+            outside.push(format!("{name} {:+.1}", 100.0 * drift));
         }
-        rows_worst = rows_worst.max(moved);
+        rows_worst = rows_worst.max(drift.abs());
     }
     (total > 0).then(|| {
         format!(
@@ -137,9 +159,14 @@ pub fn describe(m: &Measurements) -> Option<String> {
             100.0 * rows_worst,
             100.0 * worst,
             if rows_done < rows {
-                ": the verdicts describe training that had not converged"
+                format!(
+                    ": the verdicts describe training that had not converged. Rows outside the \
+                     rule, with their seed-mean tail's move in R@1 points (+ still rising, - \
+                     past their peak and falling): {}",
+                    outside.join(", ")
+                )
             } else {
-                ""
+                String::new()
             }
         )
     })
@@ -292,6 +319,30 @@ mod tests {
     }
 
     #[test]
+    fn rows_outside_the_rule_are_named_with_the_sign_of_their_drift() {
+        // Row m (batch=8) falls by 1 point over its tail, row m rises by 2; a converged row is
+        // not listed.
+        let mut falling = row(vec![run("f", &[0.1, 0.3, 0.32, 0.31, 0.30])]);
+        falling.setting = "batch=8".into();
+        let rising = row(vec![run("r", &[0.1, 0.2, 0.26, 0.28, 0.30])]);
+        let flat = row(vec![run("c", &[0.1, 0.2, 0.30, 0.30, 0.30])]);
+        let m = Measurements {
+            runs: vec![falling, flat, rising],
+            ..Measurements::default()
+        };
+        let text = describe(&m).unwrap();
+        assert!(
+            text.starts_with("Convergence: 1 of 3 rows converged"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("falling): m (batch=8) -1.0, m +2.0."),
+            "{text}"
+        );
+        assert!((tail_drift(&[(0, 0.3), (1, 0.2)]).unwrap() + 0.1).abs() < 1e-12);
+    }
+
+    #[test]
     fn rows_converge_on_their_mean_curve_and_shared_rows_count_once() {
         // Six epochs, so the tail is epochs 5 and 6. Row a: two seeds jittering in opposite
         // phase (each moves 1 point over the tail, their mean is flat); row b: still rising by
@@ -315,7 +366,9 @@ mod tests {
             text.contains("0 of 3 single runs (largest 1.0 points"),
             "{text}"
         );
-        assert!(text.ends_with("had not converged."), "{text}");
+        assert!(text.contains("had not converged."), "{text}");
+        // The row outside the rule is named, with the sign of its drift.
+        assert!(text.ends_with("and falling): m +1.0."), "{text}");
         assert_eq!(describe(&Measurements::default()), None);
     }
 }

@@ -28,7 +28,7 @@ use crate::losses::{
     contrastive::Contrastive, fastap::FastAp, norm_softmax::NormSoftmaxConfig, rambo::RamboConfig,
     smooth_ap::SmoothAp, triplet::Triplet, LossConfig,
 };
-use crate::train::{Decay, PretrainStage, TrainConfig};
+use crate::train::{PretrainStage, TrainConfig};
 
 /// The paper's key in `paper_tables/published/` and `configs/experiments/`.
 pub const PAPER: &str = "smooth_ap";
@@ -134,8 +134,9 @@ fn face_models() -> [FaceModel; 2] {
 }
 
 /// Table 4's fine-tuning of a recipe: its network trained with `pretrain` for its epochs and
-/// schedule, then with `loss` for a quarter of the epochs (at least one), a cosine decay
-/// shortened in proportion — Smooth-AP "appended" to a trained model.
+/// schedule, then with `loss` for a quarter of the epochs (at least one), its schedule shortened
+/// in proportion ([`LrSchedule::shortened`](crate::train::schedule::LrSchedule::shortened)) —
+/// Smooth-AP "appended" to a trained model.
 fn fine_tune(c: &mut TrainConfig, pretrain: &LossConfig, loss: LossConfig) {
     let epochs = (c.epochs / 4).max(1);
     c.pretrain = Some(PretrainStage {
@@ -145,9 +146,7 @@ fn fine_tune(c: &mut TrainConfig, pretrain: &LossConfig, loss: LossConfig) {
         optimizer: None,
         schedule: Some(c.schedule.clone()),
     });
-    if let Decay::Cosine { t_max, .. } = &mut c.schedule.decay {
-        *t_max = (*t_max * epochs).div_ceil(c.epochs).max(1);
-    }
+    c.schedule = c.schedule.shortened(c.epochs, epochs);
     c.loss = loss;
     c.epochs = epochs;
 }
@@ -423,6 +422,7 @@ pub fn figures(m: &Measurements, tables: &[super::ReproducedTable]) -> Result<Ve
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::Decay;
 
     #[test]
     fn each_face_baseline_is_the_network_its_fine_tuning_starts_from() {
@@ -455,6 +455,20 @@ mod tests {
         }
         // The two models are trained differently (ArcFace's margin).
         assert_ne!(rows[0].spec(&base).config, rows[4].spec(&base).config);
+        // A multi-step schedule falls at the same fractions of the shorter fine-tuning.
+        base.schedule.decay = Decay::MultiStep {
+            milestones: vec![8, 12],
+            gamma: 0.3,
+        };
+        let c = rows[3].spec(&base).config;
+        assert_eq!(
+            c.schedule.decay,
+            Decay::MultiStep {
+                milestones: vec![2, 3],
+                gamma: 0.3
+            }
+        );
+        assert_eq!(c.pretrain_recipe().unwrap().schedule, base.schedule);
         // A quick recipe (4 epochs, constant rate) fine-tunes for one.
         base.epochs = 4;
         base.schedule = Default::default();

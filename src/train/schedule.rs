@@ -120,6 +120,46 @@ impl LrSchedule {
         }
     }
 
+    /// The same schedule shortened (or stretched) in proportion, for a run of `to` epochs
+    /// instead of `from`: every tick count — the warm-up's length, the cosine's `T_max`, each
+    /// milestone — becomes `⌈n · to / from⌉` (`T_max` and the warm-up at least 1), so that the
+    /// rate falls at the same *fractions* of the run. Smooth-AP's Table 4 fine-tunes for a quarter
+    /// of the recipe's epochs with its schedule shortened this way; scaling only a cosine would
+    /// leave a multi-step schedule's milestones past the end of the shorter run.
+    ///
+    /// ```
+    /// use rankwise::train::schedule::{Decay, LrSchedule};
+    /// let steps = LrSchedule {
+    ///     decay: Decay::MultiStep { milestones: vec![12, 18], gamma: 0.3 },
+    ///     ..Default::default()
+    /// };
+    /// let short = steps.shortened(24, 6);
+    /// assert_eq!(short.decay, Decay::MultiStep { milestones: vec![3, 5], gamma: 0.3 });
+    /// ```
+    pub fn shortened(&self, from: u64, to: u64) -> LrSchedule {
+        let scale = |n: u64| {
+            if from == 0 {
+                n
+            } else {
+                (n * to).div_ceil(from)
+            }
+        };
+        let mut s = self.clone();
+        if let Some(w) = &mut s.warmup {
+            w.steps = scale(w.steps).max(1);
+        }
+        match &mut s.decay {
+            Decay::Constant => {}
+            Decay::Cosine { t_max, .. } => *t_max = scale(*t_max).max(1),
+            Decay::MultiStep { milestones, .. } => {
+                for m in milestones.iter_mut() {
+                    *m = scale(*m);
+                }
+            }
+        }
+        s
+    }
+
     /// The learning rate after `tick` scheduler steps, for a group whose base rate is `base`.
     pub fn lr(&self, base: f64, tick: u64) -> f64 {
         let mut t = tick;
@@ -238,6 +278,53 @@ mod tests {
         assert_eq!(s.lr(1e-5, 1), 1e-5);
         assert_eq!(s.lr(1e-5, 2), 1e-5 * 0.3);
         assert_eq!(s.lr(1e-5, 4), 1e-5 * 0.3 * 0.3 * 0.3);
+    }
+
+    #[test]
+    fn shortened_keeps_the_fractions_of_the_run() {
+        // Cosine: T_max 24 of 24 epochs → 6 of 6; 10 of 24 → ⌈2.5⌉ = 3; never below 1.
+        assert_eq!(
+            cosine(24, 0.0, false).shortened(24, 6),
+            cosine(6, 0.0, false)
+        );
+        assert_eq!(
+            cosine(10, 0.0, false).shortened(24, 6),
+            cosine(3, 0.0, false)
+        );
+        assert_eq!(
+            cosine(1, 0.0, false).shortened(24, 1),
+            cosine(1, 0.0, false)
+        );
+        // Milestones and the warm-up scale alike; the rates at matching fractions agree.
+        let s = LrSchedule {
+            warmup: Some(Warmup {
+                steps: 4,
+                start_factor: 0.1,
+            }),
+            decay: Decay::MultiStep {
+                milestones: vec![0, 10, 15],
+                gamma: 0.3,
+            },
+            unit: ScheduleUnit::Epoch,
+        };
+        let short = s.shortened(20, 10);
+        assert_eq!(short.warmup.unwrap().steps, 2);
+        assert_eq!(
+            short.decay,
+            Decay::MultiStep {
+                milestones: vec![0, 5, 8],
+                gamma: 0.3
+            }
+        );
+        for t in [0u64, 2, 6, 12, 18] {
+            assert_eq!(s.lr(1.0, t), short.lr(1.0, t / 2), "tick {t}");
+        }
+        // Constant stays constant; a zero-length source leaves the ticks as they are.
+        assert_eq!(
+            LrSchedule::default().shortened(24, 6),
+            LrSchedule::default()
+        );
+        assert_eq!(cosine(7, 0.0, false).shortened(0, 6), cosine(7, 0.0, false));
     }
 
     #[test]
