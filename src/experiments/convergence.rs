@@ -104,7 +104,8 @@ pub fn mean_curve(curves: &[Vec<(u64, f64)>]) -> Vec<(u64, f64)> {
 /// runs. A row converged when the mean over its seeds of the test R@1 curve moved by less than
 /// [`TOLERANCE`] over its last [`TAIL`] of epochs ([`tail_move`]): the claims compare those
 /// means, and the mean over seeds shows the drift with less of each run's jitter.
-/// Single runs are counted too. Rows and runs that several tables share are counted once.
+/// Single runs are counted too. Rows and runs that several tables share are counted once. The
+/// rows outside the rule are named, each with its signed move ([`tail_drift`]).
 pub fn describe(m: &Measurements) -> Option<String> {
     let mut seen_runs: Vec<&str> = Vec::new();
     let (mut done, mut total, mut worst) = (0usize, 0usize, 0.0f64);
