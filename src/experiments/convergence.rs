@@ -142,11 +142,7 @@ pub fn describe(m: &Measurements) -> Option<String> {
         if drift.abs() < TOLERANCE {
             rows_done += 1;
         } else {
-            let name = if row.setting.is_empty() {
-                row.method.clone()
-            } else {
-                format!("{} ({})", row.method, row.setting)
-            };
+            let name = super::table::row_name(&row.method, &row.setting);
             outside.push(format!("{name} {:+.1}", 100.0 * drift));
         }
         rows_worst = rows_worst.max(drift.abs());

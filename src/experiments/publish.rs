@@ -110,11 +110,7 @@ pub fn training_curves(
             points.push((epoch as f64, sample.mean()));
             half_widths.push(sample.ci95());
         }
-        let name = if r.setting.is_empty() {
-            r.method.clone()
-        } else {
-            format!("{} ({})", r.method, r.setting)
-        };
+        let name = super::table::row_name(&r.method, &r.setting);
         let mut line =
             Series::line(name, points).styled(SeriesStyle::LineAndMarkers(Marker::Circle));
         if half_widths.iter().all(|h| h.is_finite()) {

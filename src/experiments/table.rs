@@ -83,11 +83,7 @@ impl Variant {
     pub fn spec(&self, base: &TrainConfig) -> RunSpec {
         let mut config = base.clone();
         (self.apply)(&mut config);
-        let label = if self.setting.is_empty() {
-            self.method.clone()
-        } else {
-            format!("{} ({})", self.method, self.setting)
-        };
+        let label = row_name(&self.method, &self.setting);
         RunSpec { label, config }
     }
 
@@ -97,6 +93,16 @@ impl Variant {
         spec.config.seed = seed;
         spec.label = format!("{} seed {seed}", spec.label);
         spec
+    }
+}
+
+/// A row's name in run labels, figure legends and notes: `method (setting)`, or `method` alone
+/// when the row has no setting.
+pub fn row_name(method: &str, setting: &str) -> String {
+    if setting.is_empty() {
+        method.to_string()
+    } else {
+        format!("{method} ({setting})")
     }
 }
 
@@ -193,11 +199,7 @@ pub struct Degenerate {
 impl Degenerate {
     /// `table: method (setting): reason`.
     pub fn describe(&self) -> String {
-        let row = if self.setting.is_empty() {
-            self.method.clone()
-        } else {
-            format!("{} ({})", self.method, self.setting)
-        };
+        let row = row_name(&self.method, &self.setting);
         format!("{}: {row}: {}", self.table, self.reason)
     }
 }
