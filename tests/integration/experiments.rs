@@ -154,19 +154,25 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
         // The standard scale is the quick recipe trained longer with a cosine decay to zero at
-        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone (48 for RaMBO
-        // and 96 for FastAP, whose rows were still rising at 24), or 16 from random weights
-        // where the recipe has no `[pretraining.standard]` yet.
+        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone at a tenth of
+        // the pretraining's rates, or 16 from random weights where the recipe has no
+        // `[pretraining.standard]`.
         let standard = recipe.base(Scale::Standard).unwrap();
         let mut quick = recipe.base(Scale::Quick).unwrap();
-        let pretrained = recipe.pretraining(Scale::Standard).unwrap().is_some();
-        let epochs = match (pretrained, paper) {
-            (false, _) => 16,
-            (true, "rambo") => 48,
-            (true, "fastap") => 96,
-            (true, _) => 24,
-        };
+        let pretraining = recipe.pretraining(Scale::Standard).unwrap();
+        let epochs = if pretraining.is_some() { 24 } else { 16 };
         assert_eq!(standard.epochs, epochs, "{paper}");
+        if let Some(pre) = &pretraining {
+            for (fine, pre) in [
+                (&standard.optimizer.backbone, &pre.optimizer.backbone),
+                (&standard.optimizer.head, &pre.optimizer.head),
+            ] {
+                assert!((fine.lr * 10.0 - pre.lr).abs() < 1e-12, "{paper}: {fine:?} vs {pre:?}");
+                assert_eq!(fine.algorithm, pre.algorithm, "{paper}");
+            }
+            // The pretraining's rates are the quick ones: only the fine-tuning is slowed.
+            assert_eq!(pre.optimizer, quick.optimizer, "{paper}");
+        }
         match &standard.schedule.decay {
             rankwise::train::schedule::Decay::Cosine { t_max, .. } => {
                 assert_eq!(
@@ -178,9 +184,10 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         }
         quick.epochs = standard.epochs;
         quick.schedule = standard.schedule.clone();
+        quick.optimizer = standard.optimizer;
         assert_eq!(
             quick, standard,
-            "{paper}: standard differs from quick beyond its schedule"
+            "{paper}: standard differs from quick beyond its schedule and rates"
         );
         // At least eight seeds (five left gaps of 1-2 points inside the noise), consecutive
         // from the base seed; and the committed standard tables ran exactly these (a recipe
@@ -235,7 +242,8 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert!("medium".parse::<Scale>().is_err());
     assert_eq!("standard".parse::<Scale>().unwrap(), Scale::Standard);
     // SSR's standard scale: the quick recipe with a converged backbone (24 epochs fine-tuning
-    // the pretrained one, 16 from random weights) and 16 replicates.
+    // the pretrained one at the training papers' rates, 16 from random weights) and 16
+    // replicates.
     let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
     let standard = ssr.at(Scale::Standard).unwrap();
     let mut quick = ssr.at(Scale::Quick).unwrap();
@@ -247,6 +255,7 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
     assert_eq!((q.epochs, b.epochs), (4, if pretrains { 24 } else { 16 }));
     q.epochs = b.epochs;
     q.schedule = b.schedule.clone();
+    q.optimizer = b.optimizer;
     assert_eq!(
         quick, standard,
         "SSR: standard differs from quick beyond the backbone"
