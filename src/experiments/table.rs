@@ -415,13 +415,19 @@ pub fn pretrained(runner: &Runner, pretraining: TrainConfig) -> Result<(PathBuf,
     Ok((runner.pretrained_backbone(&spec)?, by))
 }
 
-/// A pretraining recipe in a few words: its loss, epochs and data (`norm_softmax, 48 epochs
-/// on embedded shapes, dataset seed 1`).
+/// A pretraining recipe in a few words: its loss, epochs and data (`norm_softmax, 24 epochs
+/// on embedded shapes (dataset seed 1, 768 classes × 40 images)`). The embedded data's size is
+/// named because it is what sets the backbone apart from the fine-tuning data (the standard
+/// protocol of 2026-11-29 pretrains on 4× the images it fine-tunes on).
 pub fn describe_pretraining(config: &TrainConfig) -> String {
     let data = match &config.dataset {
-        crate::train::DatasetConfig::Embedded(d) => {
-            format!("{} (dataset seed {})", data_name(config), d.seed)
-        }
+        crate::train::DatasetConfig::Embedded(d) => format!(
+            "{} (dataset seed {}, {} classes × {} images)",
+            data_name(config),
+            d.seed,
+            d.shapes().num_classes(),
+            d.images_per_class
+        ),
         _ => data_name(config),
     };
     let epochs = match config.epochs {
@@ -570,6 +576,30 @@ impl Measurements {
 mod degenerate_tests {
     use super::*;
     use crate::experiments::claim::{Claim, Verdict};
+
+    #[test]
+    fn a_pretraining_is_described_by_its_loss_length_and_data_size() {
+        let mut config = TrainConfig {
+            epochs: 24,
+            ..TrainConfig::default()
+        };
+        if let crate::train::DatasetConfig::Embedded(d) = &mut config.dataset {
+            d.seed = 1;
+            d.variants_per_family = 6;
+            d.fine_per_variant = 16;
+            d.images_per_class = 40;
+        } else {
+            panic!("the default dataset is the embedded one");
+        }
+        let text = describe_pretraining(&config);
+        assert!(
+            text.contains("24 epochs")
+                && text.contains("(dataset seed 1, 768 classes × 40 images)"),
+            "{text}"
+        );
+        config.epochs = 1;
+        assert!(describe_pretraining(&config).contains(", 1 epoch on "));
+    }
 
     #[test]
     fn diverged_and_unchanged_rows_are_flagged_and_left_out_of_the_claims() {
