@@ -154,22 +154,30 @@ fn recipes_parse_at_every_scale_and_paper_scale_without_section_is_a_clear_error
         let recipe = ExperimentRecipe::for_paper(root(), paper).unwrap();
         assert_eq!(recipe.base(Scale::Quick).unwrap().epochs, 4);
         // The standard scale is the quick recipe trained longer with a cosine decay to zero at
-        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone at a tenth of
-        // the pretraining's rates, or 16 from random weights where the recipe has no
-        // `[pretraining.standard]`.
+        // the last epoch: 24 epochs fine-tuning the scale's pretrained backbone at small rates
+        // (the backbone at a tenth of the pretraining's, the head at 10x the backbone's), or 16
+        // from random weights where the recipe has no `[pretraining.standard]`.
         let standard = recipe.base(Scale::Standard).unwrap();
         let mut quick = recipe.base(Scale::Quick).unwrap();
         let pretraining = recipe.pretraining(Scale::Standard).unwrap();
         let epochs = if pretraining.is_some() { 24 } else { 16 };
         assert_eq!(standard.epochs, epochs, "{paper}");
         if let Some(pre) = &pretraining {
-            for (fine, pre) in [
-                (&standard.optimizer.backbone, &pre.optimizer.backbone),
-                (&standard.optimizer.head, &pre.optimizer.head),
-            ] {
-                assert!((fine.lr * 10.0 - pre.lr).abs() < 1e-12, "{paper}: {fine:?} vs {pre:?}");
-                assert_eq!(fine.algorithm, pre.algorithm, "{paper}");
-            }
+            let (backbone, head) = (&standard.optimizer.backbone, &standard.optimizer.head);
+            assert!(
+                (backbone.lr * 10.0 - pre.optimizer.backbone.lr).abs() < 1e-12,
+                "{paper}: {backbone:?} vs {:?}",
+                pre.optimizer.backbone
+            );
+            assert!(
+                (head.lr - 10.0 * backbone.lr).abs() < 1e-12,
+                "{paper}: {head:?}"
+            );
+            assert_eq!(
+                backbone.algorithm, pre.optimizer.backbone.algorithm,
+                "{paper}"
+            );
+            assert_eq!(head.algorithm, pre.optimizer.head.algorithm, "{paper}");
             // The pretraining's rates are the quick ones: only the fine-tuning is slowed.
             assert_eq!(pre.optimizer, quick.optimizer, "{paper}");
         }
