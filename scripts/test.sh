@@ -58,6 +58,8 @@ EOF2
 # Adding a loss touches 2 files, a paper 4 (issue #23): the examples of scripts/extension/
 # added to a scratch copy, counted, built and tested.
 scripts/extension_check.sh
+# The committed standard run cache: save and load round trip (scripts/standard_runs.sh).
+scripts/test_standard_runs.sh
 echo "[test.sh] cargo test and the checker's tests passed in $((SECONDS - start)) s" >&2
 if [[ "$cuda" == 1 ]]; then
   scripts/build_cuda.sh --check
