@@ -31,6 +31,12 @@ die() { echo "standard_runs.sh: $*" >&2; exit 2; }
 cache="${RANKWISE_STANDARD_CACHE:-${CARGO_TARGET_DIR:-target}/rankwise-runs/standard}"
 packs="${RANKWISE_STANDARD_PACKS:-paper_tables/standard/runs}"
 
+# This build's run code (`rankwise --version`), empty without a release build.
+build_code() {
+  "${CARGO_TARGET_DIR:-target}/release/rankwise" --version 2>/dev/null |
+    sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p' || true
+}
+
 # The names every committed pack holds, one per line.
 packed() {
   shopt -s nullglob
@@ -42,12 +48,8 @@ packed() {
 
 case "${1:-}" in
   save)
-    code="${RANKWISE_STANDARD_RUN_CODE:-}"
-    if [[ -z "$code" ]]; then
-      bin="${CARGO_TARGET_DIR:-target}/release/rankwise"
-      [[ -x "$bin" ]] || die "no $bin: cargo build --release --locked first"
-      code=$("$bin" --version | sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p')
-    fi
+    code="${RANKWISE_STANDARD_RUN_CODE:-$(build_code)}"
+    [[ -n "$code" ]] || die "no run code: cargo build --release --locked first"
     [[ "$code" =~ ^[0-9a-f]{16}$ ]] || die "not a run code: '$code'"
     [[ -d "$cache" ]] || die "no run cache at $cache"
     mkdir -p "$packs"
@@ -73,7 +75,6 @@ for name in sorted(os.listdir(cache)):
         if entry not in old:
             print(entry)
 EOF
-    rm -f "$list.old"
     n=$(grep -c '\.json$' "$list" || true)
     if (( n == 0 )); then
       echo "nothing new to save: every entry of run code $code in $cache is in $packs/"
@@ -102,7 +103,7 @@ for name in sys.stdin.read().split():
 for code, seeds in sorted(seen.items()):
     print("run code %s: %d runs, seeds %s" % (code, len(seeds), sorted(set(seeds))))
 ' "$cache"
-    echo "into $cache; this build's run code: $("${CARGO_TARGET_DIR:-target}/release/rankwise" --version 2>/dev/null | sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p')"
+    echo "into $cache; this build's run code: $(build_code)"
     ;;
   *) sed -n '2,30p' "$0"; exit 2 ;;
 esac
