@@ -29,6 +29,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 die() { echo "device_standard.sh: $*" >&2; exit 2; }
+# run_code_of, seeds_per_code
+source scripts/standard_lib.sh
 
 cmd="${1:-}"
 [[ -n "$cmd" ]] || { sed -n '2,26p' "$0"; exit 2; }
@@ -40,7 +42,7 @@ case "$cmd" in
     mkdir -p .gpu
     strip -o .gpu/rankwise-cpu "$bin"
     xz -T0 -6 -f .gpu/rankwise-cpu
-    "$bin" --version | sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p' > .gpu/RUN_CODE_CPU
+    run_code_of "$bin" > .gpu/RUN_CODE_CPU
     rm -rf .gpu/standard-backbones
     cache="${CARGO_TARGET_DIR:-target}/rankwise-runs/standard"
     if compgen -G "$cache/backbones/*.safetensors" > /dev/null; then
@@ -130,18 +132,9 @@ EOF
       [[ -f "$f" ]] || die "no such file: $f"
       tar -xJf "$f" -C "$dest" --wildcards '*.json'
       echo "$f:"
-      tar -tJf "$f" --wildcards '*.json' | python3 -c '
-import collections, json, os, sys
-dest = sys.argv[1]
-seen = collections.defaultdict(set)
-for name in sys.stdin.read().split():
-    run = json.load(open(os.path.join(dest, os.path.basename(name))))
-    seen[run["code"]].add(run["seed"])
-for code, seeds in sorted(seen.items()):
-    print("  run code %s: seeds %s" % (code, sorted(seeds)))
-' "$dest"
+      tar -tJf "$f" --wildcards '*.json' | seeds_per_code "$dest" "  "
     done
-    echo "this build's run code: $(target/release/rankwise --version 2>/dev/null | sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p')"
+    echo "this build's run code: $(run_code_of)"
     ;;
   *) die "unknown command '$cmd' (pack, run or merge)" ;;
 esac

@@ -27,15 +27,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "standard_runs.sh: $*" >&2; exit 2; }
+# run_code_of, seeds_per_code
+source scripts/standard_lib.sh
 
 cache="${RANKWISE_STANDARD_CACHE:-${CARGO_TARGET_DIR:-target}/rankwise-runs/standard}"
 packs="${RANKWISE_STANDARD_PACKS:-paper_tables/standard/runs}"
-
-# This build's run code (`rankwise --version`), empty without a release build.
-build_code() {
-  "${CARGO_TARGET_DIR:-target}/release/rankwise" --version 2>/dev/null |
-    sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p' || true
-}
 
 # The names every committed pack holds, one per line.
 packed() {
@@ -48,7 +44,7 @@ packed() {
 
 case "${1:-}" in
   save)
-    code="${RANKWISE_STANDARD_RUN_CODE:-$(build_code)}"
+    code="${RANKWISE_STANDARD_RUN_CODE:-$(run_code_of)}"
     [[ -n "$code" ]] || die "no run code: cargo build --release --locked first"
     [[ "$code" =~ ^[0-9a-f]{16}$ ]] || die "not a run code: '$code'"
     [[ -d "$cache" ]] || die "no run cache at $cache"
@@ -93,17 +89,8 @@ EOF
     for f in "${files[@]}"; do
       tar -xJf "$f" -C "$cache" --skip-old-files || die "cannot unpack $f"
     done
-    packed | grep '\.json$' | sort -u | python3 -c '
-import collections, json, os, sys
-cache = sys.argv[1]
-seen = collections.defaultdict(list)
-for name in sys.stdin.read().split():
-    run = json.load(open(os.path.join(cache, name)))
-    seen[run["code"]].append(run["seed"])
-for code, seeds in sorted(seen.items()):
-    print("run code %s: %d runs, seeds %s" % (code, len(seeds), sorted(set(seeds))))
-' "$cache"
-    echo "into $cache; this build's run code: $(build_code)"
+    packed | grep '\.json$' | sort -u | seeds_per_code "$cache"
+    echo "into $cache; this build's run code: $(run_code_of)"
     ;;
   *) sed -n '2,30p' "$0"; exit 2 ;;
 esac
