@@ -44,7 +44,7 @@ case "$cmd" in
     xz -T0 -6 -f .gpu/rankwise-cpu
     run_code_of "$bin" > .gpu/RUN_CODE_CPU
     rm -rf .gpu/standard-backbones
-    cache="${CARGO_TARGET_DIR:-target}/rankwise-runs/standard"
+    cache="$standard_cache"
     if compgen -G "$cache/backbones/*.safetensors" > /dev/null; then
       mkdir -p .gpu/standard-backbones/backbones
       for w in "$cache"/backbones/*.safetensors; do
@@ -126,7 +126,7 @@ EOF
     ;;
   merge)
     [[ $# -ge 1 ]] || die "usage: merge FILE..."
-    dest="$root/target/rankwise-runs/standard"
+    dest="$root/$standard_cache"
     mkdir -p "$dest"
     for f in "$@"; do
       [[ -f "$f" ]] || die "no such file: $f"

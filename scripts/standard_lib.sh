@@ -8,6 +8,11 @@ run_code_of() {
     sed -n 's/.*(run code \([0-9a-f]*\)).*/\1/p' || true
 }
 
+# The `standard` run cache: `rankwise reproduce` keeps its runs under the repository's own
+# target/rankwise-runs/<scale>/ whatever CARGO_TARGET_DIR says (that moves only the build), so
+# the scripts read and fill that folder too. Relative to the repository root.
+standard_cache=target/rankwise-runs/standard
+
 # Reads cache-entry names (JSON files of folder CACHE, one per whitespace-separated word) on
 # stdin and prints, per run code, how many runs and which seeds they hold, each line prefixed by
 # PREFIX. A run's JSON names the code that made it and its seed.

@@ -30,7 +30,7 @@ die() { echo "standard_runs.sh: $*" >&2; exit 2; }
 # run_code_of, seeds_per_code
 source scripts/standard_lib.sh
 
-cache="${RANKWISE_STANDARD_CACHE:-${CARGO_TARGET_DIR:-target}/rankwise-runs/standard}"
+cache="${RANKWISE_STANDARD_CACHE:-$standard_cache}"
 packs="${RANKWISE_STANDARD_PACKS:-paper_tables/standard/runs}"
 
 # The names every committed pack holds, one per line.
