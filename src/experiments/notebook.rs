@@ -8,7 +8,7 @@ use super::runs::Runner;
 use super::Scale;
 use crate::error::{Error, Result};
 use crate::report::{evcxr_display, markdown_table, SettingPlacement};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where a notebook run reads and writes.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,15 +100,40 @@ pub fn run_paper_with(
 }
 
 /// The recipe file a paper notebook runs (`configs/experiments/<paper>.toml` under the
-/// repository root), as Markdown for the notebook to show.
+/// repository root), then each shared file one of its `[pretraining.<scale>]` sections
+/// `extends` ([`super::recipe::Pretraining`]), as Markdown for the notebook to show: the whole
+/// recipe the runs resolve, not a pointer to part of it.
 pub fn recipe_markdown(paper: &str, paths: &NotebookPaths) -> Result<String> {
     let key = super::find(paper)?.key();
     let path = super::recipe::recipe_path(&paths.root, key);
     let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    Ok(format!(
+    let mut markdown = format!(
         "`configs/experiments/{key}.toml`:\n\n```toml\n{}\n```\n",
         text.trim_end()
-    ))
+    );
+    let recipe: toml::Table =
+        toml::from_str(&text).map_err(|e| Error::file(&path, e.to_string()))?;
+    let mut shared: Vec<&str> = Vec::new();
+    for name in recipe
+        .get("pretraining")
+        .and_then(toml::Value::as_table)
+        .into_iter()
+        .flat_map(|scales| scales.values())
+        .filter_map(|section| section.get(super::recipe::EXTENDS)?.as_str())
+    {
+        if !shared.contains(&name) {
+            shared.push(name);
+        }
+    }
+    for name in shared {
+        let file = path.parent().unwrap_or(Path::new("")).join(name);
+        let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
+        markdown.push_str(&format!(
+            "\nwhich `extends` `configs/experiments/{name}`:\n\n```toml\n{}\n```\n",
+            text.trim_end()
+        ));
+    }
+    Ok(markdown)
 }
 
 /// Shows [`recipe_markdown`] inline in evcxr (printed as text elsewhere).

@@ -149,6 +149,16 @@ impl<T> PerScale<T> {
             Scale::Paper => &self.paper,
         }
     }
+
+    /// The value of `scale`, to change.
+    pub fn of_mut(&mut self, scale: Scale) -> &mut T {
+        match scale {
+            Scale::Tiny => &mut self.tiny,
+            Scale::Quick => &mut self.quick,
+            Scale::Standard => &mut self.standard,
+            Scale::Paper => &mut self.paper,
+        }
+    }
 }
 
 impl SeedCounts {
@@ -228,7 +238,54 @@ pub struct ExperimentRecipe {
 /// e.g. another draw of the embedded generator (`dataset.seed = 1`: other classes) learnt with a
 /// softmax classifier. `loss` and `sampler`, when given, replace the base's whole table (another
 /// kind has other fields); every other table merges key by key ([`merge_toml`]).
+///
+/// A section may start from a shared file: `extends = "shared/pretraining_standard.toml"`
+/// (relative to the recipe's folder) reads that file's changes and merges the section's own
+/// keys over them when the recipe is read, so that the papers whose runs fine-tune one backbone
+/// state its recipe once. After reading, every section holds its resolved changes.
 pub type Pretraining = PerScale<Option<toml::Table>>;
+
+/// The key of a `[pretraining.<scale>]` section naming the shared file it starts from.
+pub const EXTENDS: &str = "extends";
+
+/// Resolves every `extends = "<file>"` of `pretraining` (read from the recipe at `path`): the
+/// file (relative to the recipe's folder; TOML holding the changes at its top level, without an
+/// `extends` of its own) with the section's other keys merged over it ([`merge_toml`]). Errors
+/// name the recipe and the section, and the shared file where it is missing or not TOML.
+pub(crate) fn resolve_extends(path: &Path, pretraining: &mut Pretraining) -> Result<()> {
+    for scale in Scale::ALL {
+        let Some(section) = pretraining.of_mut(scale).as_mut() else {
+            continue;
+        };
+        let Some(shared) = section.remove(EXTENDS) else {
+            continue;
+        };
+        let in_section = |msg: String| Error::file(path, format!("[pretraining.{scale}]: {msg}"));
+        let toml::Value::String(name) = shared else {
+            return Err(in_section(format!(
+                "`{EXTENDS}` must name a file (a string), not {shared}"
+            )));
+        };
+        let file = path.parent().unwrap_or(Path::new("")).join(&name);
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            in_section(format!("`{EXTENDS} = \"{name}\"`: {}", Error::io(&file, e)))
+        })?;
+        let mut changes: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::file(&file, e.to_string()))?;
+        if changes.contains_key(EXTENDS) {
+            return Err(Error::file(
+                &file,
+                format!(
+                    "a shared pretraining file cannot `{EXTENDS}` another (read by {})",
+                    path.display()
+                ),
+            ));
+        }
+        merge_toml(&mut changes, std::mem::take(section));
+        *section = changes;
+    }
+    Ok(())
+}
 
 impl ExperimentRecipe {
     /// Reads a recipe; errors name the file, line and key.
@@ -240,7 +297,7 @@ impl ExperimentRecipe {
     /// what a notebook's recipe cell passes.
     pub fn from_toml_file_with(path: impl AsRef<Path>, changes: &str) -> Result<Self> {
         let path = path.as_ref();
-        let recipe: Self = read_per_scale(
+        let mut recipe: Self = read_per_scale(
             path,
             changes,
             |r: &ExperimentRecipe| {
@@ -253,6 +310,7 @@ impl ExperimentRecipe {
             },
             TrainConfig::validate,
         )?;
+        resolve_extends(path, &mut recipe.pretraining)?;
         recipe
             .seeds
             .validate()
@@ -427,6 +485,113 @@ mod tests {
         }
         let e = "huge".parse::<Scale>().unwrap_err().to_string();
         assert!(e.contains("scale") && e.contains("huge"), "{e}");
+    }
+
+    /// `extends` reads the shared file and merges the section's own keys over it: the same
+    /// resolved recipe as the section written out in full; a missing file, a non-string, a
+    /// shared file that extends another, or a shared file that is not TOML is an error naming
+    /// the files and the section.
+    #[test]
+    fn a_pretraining_section_extends_a_shared_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("shared")).unwrap();
+        let shared = dir.path().join("shared").join("pre.toml");
+        std::fs::write(
+            &shared,
+            "epochs = 3\n[dataset]\nseed = 1\n[loss]\nkind = \"norm_softmax\"\n",
+        )
+        .unwrap();
+        let base = "[tiny]\nepochs = 1\n[quick]\nepochs = 1\n[standard]\nepochs = 2\n";
+        let read = |name: &str, pretraining: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("{base}{pretraining}")).unwrap();
+            ExperimentRecipe::from_toml_file(&path)
+        };
+        let inline = read(
+            "inline.toml",
+            "[pretraining.standard]\nepochs = 4\n[pretraining.standard.dataset]\nseed = 1\n\
+             [pretraining.standard.loss]\nkind = \"norm_softmax\"\n",
+        )
+        .unwrap();
+        let extends = read(
+            "extends.toml",
+            "[pretraining.standard]\nextends = \"shared/pre.toml\"\nepochs = 4\n",
+        )
+        .unwrap();
+        assert_eq!(extends.pretraining, inline.pretraining);
+        let pre = extends.pretraining(Scale::Standard).unwrap().unwrap();
+        assert_eq!(
+            pre.epochs, 4,
+            "the section's own key wins over the shared file's"
+        );
+        assert_eq!(
+            pre.to_toml_string().unwrap(),
+            inline
+                .pretraining(Scale::Standard)
+                .unwrap()
+                .unwrap()
+                .to_toml_string()
+                .unwrap()
+        );
+        // A notebook's changes merge over the section before the shared file is read.
+        let path = dir.path().join("extends.toml");
+        let changed =
+            ExperimentRecipe::from_toml_file_with(&path, "[pretraining.standard]\nepochs = 5")
+                .unwrap();
+        assert_eq!(
+            changed
+                .pretraining(Scale::Standard)
+                .unwrap()
+                .unwrap()
+                .epochs,
+            5
+        );
+        let error =
+            |name: &str, pretraining: &str| read(name, pretraining).unwrap_err().to_string();
+        let e = error(
+            "missing.toml",
+            "[pretraining.standard]\nextends = \"shared/none.toml\"\n",
+        );
+        assert!(
+            e.contains("missing.toml")
+                && e.contains("[pretraining.standard]")
+                && e.contains("none.toml"),
+            "{e}"
+        );
+        let e = error("number.toml", "[pretraining.standard]\nextends = 3\n");
+        assert!(
+            e.contains("number.toml") && e.contains("extends") && e.contains("string"),
+            "{e}"
+        );
+        std::fs::write(
+            dir.path().join("shared").join("chain.toml"),
+            "extends = \"pre.toml\"\n",
+        )
+        .unwrap();
+        let e = error(
+            "chain.toml",
+            "[pretraining.standard]\nextends = \"shared/chain.toml\"\n",
+        );
+        assert!(
+            e.contains("shared") && e.contains("chain.toml") && e.contains("cannot"),
+            "{e}"
+        );
+        std::fs::write(dir.path().join("shared").join("bad.toml"), "epochs = = 3\n").unwrap();
+        let e = error(
+            "bad.toml",
+            "[pretraining.standard]\nextends = \"shared/bad.toml\"\n",
+        );
+        assert!(e.contains("bad.toml") && e.contains("line 1"), "{e}");
+        // An unknown key in the shared file fails at load, naming the recipe and the section.
+        std::fs::write(dir.path().join("shared").join("odd.toml"), "epochz = 3\n").unwrap();
+        let e = error(
+            "odd.toml",
+            "[pretraining.standard]\nextends = \"shared/odd.toml\"\n",
+        );
+        assert!(
+            e.contains("odd.toml") && e.contains("[pretraining.standard]") && e.contains("epochz"),
+            "{e}"
+        );
     }
 
     #[test]

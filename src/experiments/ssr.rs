@@ -339,7 +339,7 @@ impl SsrRecipe {
     /// [`Self::from_toml_file`] with `changes` merged over the file
     /// ([`super::recipe::merge_toml`]).
     pub fn from_toml_file_with(path: impl AsRef<Path>, changes: &str) -> Result<Self> {
-        let recipe: SsrRecipe = super::recipe::read_per_scale(
+        let mut recipe: SsrRecipe = super::recipe::read_per_scale(
             path.as_ref(),
             changes,
             |r: &SsrRecipe| {
@@ -352,6 +352,7 @@ impl SsrRecipe {
             },
             SsrScaleRecipe::validate,
         )?;
+        super::recipe::resolve_extends(path.as_ref(), &mut recipe.pretraining)?;
         recipe
             .seeds
             .validate()

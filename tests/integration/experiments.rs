@@ -797,6 +797,12 @@ fn every_paper_notebook_names_what_its_experiment_produces() {
         let file =
             std::fs::read_to_string(experiments::recipe::recipe_path(root(), paper)).unwrap();
         assert!(recipe.contains(file.trim_end()), "{}", path.display());
+        // ... and the shared pretraining recipe its standard scale extends.
+        let shared = std::fs::read_to_string(
+            root().join("configs/experiments/shared/pretraining_standard.toml"),
+        )
+        .unwrap();
+        assert!(recipe.contains(shared.trim_end()), "{}", path.display());
         let r = notebook::run_paper(paper, Scale::Tiny, &paths)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         notebook::check_results(&r).unwrap();
@@ -919,7 +925,8 @@ fn only_the_similarity_update_rows_choose_their_own_lambda() {
 #[test]
 fn ssr_pretrains_over_its_backbone_and_shares_the_training_papers_backbone() {
     let ssr = experiments::ssr::SsrRecipe::for_root(root()).unwrap();
-    let fastap = ExperimentRecipe::for_paper(root(), "fastap").unwrap();
+    let papers = ["fastap", "happier", "rambo", "smooth_ap"]
+        .map(|paper| ExperimentRecipe::for_paper(root(), paper).unwrap());
     for scale in [Scale::Tiny, Scale::Standard] {
         let pre = ssr
             .pretraining(scale)
@@ -928,17 +935,20 @@ fn ssr_pretrains_over_its_backbone_and_shares_the_training_papers_backbone() {
         let backbone = ssr.at(scale).unwrap().backbone.unwrap();
         assert_eq!(pre.model, backbone.model);
         assert!(pre.loss.name().contains("softmax"), "{}", pre.loss.name());
-        // The standard resolved recipe is the training papers': one cached backbone for all.
+        // The standard resolved recipe (configs/experiments/shared/pretraining_standard.toml)
+        // is every training paper's: one cached backbone for all five.
         if scale == Scale::Standard {
-            assert_eq!(
-                pre.to_toml_string().unwrap(),
-                fastap
-                    .pretraining(scale)
-                    .unwrap()
-                    .unwrap()
-                    .to_toml_string()
-                    .unwrap()
-            );
+            for recipe in &papers {
+                assert_eq!(
+                    pre.to_toml_string().unwrap(),
+                    recipe
+                        .pretraining(scale)
+                        .unwrap()
+                        .unwrap()
+                        .to_toml_string()
+                        .unwrap()
+                );
+            }
         }
     }
     assert!(ssr.pretraining(Scale::Quick).unwrap().is_none());
@@ -946,6 +956,13 @@ fn ssr_pretrains_over_its_backbone_and_shares_the_training_papers_backbone() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(root().join("configs/experiments/ssr.toml")).unwrap();
     let bad = dir.path().join("ssr.toml");
+    // The shared pretraining file its standard section extends, beside it as in configs/.
+    std::fs::create_dir(dir.path().join("shared")).unwrap();
+    std::fs::copy(
+        root().join("configs/experiments/shared/pretraining_standard.toml"),
+        dir.path().join("shared/pretraining_standard.toml"),
+    )
+    .unwrap();
     std::fs::write(
         &bad,
         text.replace(

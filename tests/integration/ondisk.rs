@@ -446,6 +446,23 @@ fn every_recipe_under_configs_is_valid() {
         .collect();
     assert!(paper.len() >= 10, "{files:?}");
     for path in &files {
+        // configs/experiments/shared/ holds the sections recipes `extends` (validated with each
+        // recipe that reads them, below); each is read by one at least.
+        if path.parent().unwrap().ends_with("experiments/shared") {
+            let name = format!(
+                "extends = \"shared/{}\"",
+                path.file_name().unwrap().to_str().unwrap()
+            );
+            let recipes = path.parent().unwrap().parent().unwrap();
+            assert!(
+                files.iter().any(|f| f.parent() == Some(recipes)
+                    && fs::read_to_string(f).unwrap().contains(&name)),
+                "{}: no recipe of {} has `{name}`",
+                path.display(),
+                recipes.display()
+            );
+            continue;
+        }
         // configs/experiments/ holds experiment recipes (one training recipe per scale); they
         // are validated as such, every scale's recipe included.
         if path.parent().unwrap().ends_with("experiments") {
