@@ -563,35 +563,28 @@ mod tests {
             e.contains("number.toml") && e.contains("extends") && e.contains("string"),
             "{e}"
         );
-        std::fs::write(
-            dir.path().join("shared").join("chain.toml"),
-            "extends = \"pre.toml\"\n",
-        )
-        .unwrap();
-        let e = error(
-            "chain.toml",
-            "[pretraining.standard]\nextends = \"shared/chain.toml\"\n",
-        );
-        assert!(
-            e.contains("shared") && e.contains("chain.toml") && e.contains("cannot"),
-            "{e}"
-        );
-        std::fs::write(dir.path().join("shared").join("bad.toml"), "epochs = = 3\n").unwrap();
-        let e = error(
-            "bad.toml",
-            "[pretraining.standard]\nextends = \"shared/bad.toml\"\n",
-        );
-        assert!(e.contains("bad.toml") && e.contains("line 1"), "{e}");
-        // An unknown key in the shared file fails at load, naming the recipe and the section.
-        std::fs::write(dir.path().join("shared").join("odd.toml"), "epochz = 3\n").unwrap();
-        let e = error(
-            "odd.toml",
-            "[pretraining.standard]\nextends = \"shared/odd.toml\"\n",
-        );
-        assert!(
-            e.contains("odd.toml") && e.contains("[pretraining.standard]") && e.contains("epochz"),
-            "{e}"
-        );
+        // A shared file that extends another, is not TOML, or holds an unknown key: each fails
+        // at load, the error naming the shared file and what is wrong with it.
+        for (name, text, says) in [
+            (
+                "chain.toml",
+                "extends = \"pre.toml\"\n",
+                ["chain.toml", "cannot"],
+            ),
+            ("bad.toml", "epochs = = 3\n", ["bad.toml", "line 1"]),
+            (
+                "odd.toml",
+                "epochz = 3\n",
+                ["[pretraining.standard]", "epochz"],
+            ),
+        ] {
+            std::fs::write(dir.path().join("shared").join(name), text).unwrap();
+            let e = error(
+                name,
+                &format!("[pretraining.standard]\nextends = \"shared/{name}\"\n"),
+            );
+            assert!(says.iter().all(|s| e.contains(s)), "{name}: {e}");
+        }
     }
 
     #[test]
