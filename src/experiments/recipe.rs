@@ -241,7 +241,7 @@ pub struct ExperimentRecipe {
 ///
 /// A section may start from a shared file: `extends = "shared/pretraining_standard.toml"`
 /// (relative to the recipe's folder) reads that file's changes and merges the section's own
-/// keys over them when the recipe is read, so that the papers whose runs fine-tune one backbone
+/// keys over them when the recipe is read (key by key, `loss` and `sampler` too), so that the papers whose runs fine-tune one backbone
 /// state its recipe once. After reading, every section holds its resolved changes.
 pub type Pretraining = PerScale<Option<toml::Table>>;
 
