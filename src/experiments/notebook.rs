@@ -8,7 +8,7 @@ use super::runs::Runner;
 use super::Scale;
 use crate::error::{Error, Result};
 use crate::report::{evcxr_display, markdown_table, SettingPlacement};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Where a notebook run reads and writes.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,20 +113,7 @@ pub fn recipe_markdown(paper: &str, paths: &NotebookPaths) -> Result<String> {
     );
     let recipe: toml::Table =
         toml::from_str(&text).map_err(|e| Error::file(&path, e.to_string()))?;
-    let mut shared: Vec<&str> = Vec::new();
-    for name in recipe
-        .get("pretraining")
-        .and_then(toml::Value::as_table)
-        .into_iter()
-        .flat_map(|scales| scales.values())
-        .filter_map(|section| section.get(super::recipe::EXTENDS)?.as_str())
-    {
-        if !shared.contains(&name) {
-            shared.push(name);
-        }
-    }
-    for name in shared {
-        let file = path.parent().unwrap_or(Path::new("")).join(name);
+    for (name, file) in super::recipe::extended_files(&path, &recipe) {
         let text = std::fs::read_to_string(&file).map_err(|e| Error::io(&file, e))?;
         markdown.push_str(&format!(
             "\nwhich `extends` `configs/experiments/{name}`:\n\n```toml\n{}\n```\n",

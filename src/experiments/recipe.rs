@@ -248,6 +248,29 @@ pub type Pretraining = PerScale<Option<toml::Table>>;
 /// The key of a `[pretraining.<scale>]` section naming the shared file it starts from.
 pub const EXTENDS: &str = "extends";
 
+/// The shared files the `[pretraining.<scale>]` sections of `recipe` (the raw TOML of the file
+/// at `path`) extend, each once in the order of the sections: the name as written, and the path
+/// it is read from (relative to the recipe's folder).
+pub fn extended_files(path: &Path, recipe: &toml::Table) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = Vec::new();
+    let sections = recipe.get("pretraining").and_then(toml::Value::as_table);
+    for name in sections
+        .into_iter()
+        .flat_map(|scales| scales.values())
+        .filter_map(|section| section.get(EXTENDS)?.as_str())
+    {
+        if !files.iter().any(|(seen, _)| seen == name) {
+            files.push((name.to_string(), shared_file(path, name)));
+        }
+    }
+    files
+}
+
+/// The file `extends = "<name>"` names in the recipe at `path`: relative to the recipe's folder.
+fn shared_file(path: &Path, name: &str) -> PathBuf {
+    path.parent().unwrap_or(Path::new("")).join(name)
+}
+
 /// Resolves every `extends = "<file>"` of `pretraining` (read from the recipe at `path`): the
 /// file (relative to the recipe's folder; TOML holding the changes at its top level, without an
 /// `extends` of its own) with the section's other keys merged over it ([`merge_toml`]). Errors
@@ -266,7 +289,7 @@ pub(crate) fn resolve_extends(path: &Path, pretraining: &mut Pretraining) -> Res
                 "`{EXTENDS}` must name a file (a string), not {shared}"
             )));
         };
-        let file = path.parent().unwrap_or(Path::new("")).join(&name);
+        let file = shared_file(path, &name);
         let text = std::fs::read_to_string(&file).map_err(|e| {
             in_section(format!("`{EXTENDS} = \"{name}\"`: {}", Error::io(&file, e)))
         })?;
