@@ -282,6 +282,13 @@ struct ReproduceArgs {
     /// Run cache (default: target/rankwise-runs/<scale>/).
     #[arg(long, value_name = "DIR")]
     runs_dir: Option<PathBuf>,
+    /// Read back the cached runs of this run code (16 hex digits, as `rankwise --version`
+    /// prints it and the tables name it) instead of this build's, training none: re-reads the
+    /// committed standard runs (`scripts/standard_runs.sh load`) after the training code has
+    /// changed. A missing run is an error; SSR, whose replicates train inside its measurement,
+    /// cannot be re-read this way.
+    #[arg(long, value_name = "CODE")]
+    runs_of: Option<String>,
     /// The repository root holding configs/experiments/ and paper_tables/published/.
     #[arg(long, value_name = "DIR", default_value = ".")]
     root: PathBuf,
@@ -923,6 +930,7 @@ fn reproduce(args: &ReproduceArgs) -> Result<()> {
     if let Some(r) = &args.runs_dir {
         dirs.runs = Some(r.clone());
     }
+    dirs.runs_of = args.runs_of.clone();
     experiments::reproduce(&args.papers, scale, &dirs, true, &mut std::io::stdout())?;
     println!("done in {:.0} s", started.elapsed().as_secs_f64());
     Ok(())

@@ -224,6 +224,10 @@ pub struct ReproduceDirs {
     pub figures: std::path::PathBuf,
     /// The run cache (`None`: no cache).
     pub runs: Option<std::path::PathBuf>,
+    /// The run code whose cached runs are read back, training none
+    /// ([`Runner::reading_runs_of`]: the committed `standard` runs re-read by a build whose
+    /// training code has changed since); `None`: this build's, and missing runs train.
+    pub runs_of: Option<String>,
 }
 
 impl ReproduceDirs {
@@ -253,6 +257,7 @@ impl ReproduceDirs {
                     .join("rankwise-runs")
                     .join(scale.as_str()),
             ),
+            runs_of: None,
         }
     }
 }
@@ -281,15 +286,22 @@ pub fn reproduce(
             "no experiment recipes here: run from the repository root or give its path",
         ));
     }
-    let runner = Runner::new(dirs.runs.clone(), verbose);
+    let mut runner = Runner::new(dirs.runs.clone(), verbose);
+    if let Some(code) = &dirs.runs_of {
+        runner = runner.reading_runs_of(code)?;
+    }
     let io = |e: std::io::Error| Error::invalid("output", e.to_string());
     for experiment in experiments {
         let paper = experiment.key();
-        writeln!(
-            out,
-            "== {paper} ({scale}) — runs not in the cache train now, one line each"
-        )
-        .map_err(io)?;
+        let how = if runner.trains() {
+            "runs not in the cache train now, one line each".to_string()
+        } else {
+            format!(
+                "the runs of run code {} read back, none trained",
+                runner.run_code()
+            )
+        };
+        writeln!(out, "== {paper} ({scale}) — {how}").map_err(io)?;
         let r = reproduce_paper(paper, &dirs.root, &runner, scale)?;
         let (page, figures) = write_paper(&dirs.tables, &dirs.figures, &r)?;
         for c in &r.claims {

@@ -107,13 +107,78 @@ pub struct RunSpec {
 pub struct Runner {
     cache_dir: Option<PathBuf>,
     verbose: bool,
+    /// The run code whose runs are read back instead of this build's ([`Runner::reading_runs_of`]);
+    /// `None`: this build's, and a missing run trains.
+    runs_of: Option<String>,
 }
 
 impl Runner {
     /// A runner caching into `cache_dir` (`None`: no cache). `verbose` prints one line per run
     /// on standard output (progress bars are off: notebooks show standard output only).
     pub fn new(cache_dir: Option<PathBuf>, verbose: bool) -> Self {
-        Runner { cache_dir, verbose }
+        Runner {
+            cache_dir,
+            verbose,
+            runs_of: None,
+        }
+    }
+
+    /// The same runner reading back the runs that the code `code` trained (16 hex digits, as
+    /// `rankwise --version` prints [`RUN_CODE`] and every table names it) instead of this
+    /// build's, **training none**: a run of the recipe that `code` did not leave in the cache is
+    /// an error naming it. Why: every change of the training code is a new [`RUN_CODE`], so
+    /// without this the committed `standard` runs (hours of training, in
+    /// `paper_tables/standard/runs/`) could only be re-read by the build that trained them;
+    /// with it, a later build re-reads them into tables (whose provenance names `code`, the
+    /// code that trained the numbers) and never mixes them with runs of its own. `code` equal
+    /// to this build's [`RUN_CODE`] is the ordinary runner. An error if `code` is not 16 hex
+    /// digits or the runner has no cache.
+    pub fn reading_runs_of(mut self, code: &str) -> Result<Self> {
+        if code.len() != 16 || !code.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::invalid(
+                "run code",
+                format!("expected 16 hex digits (as `rankwise --version` prints it), got {code:?}"),
+            ));
+        }
+        if self.cache_dir.is_none() {
+            return Err(Error::invalid(
+                "run code",
+                format!("runs of {code} are read from a run cache, and this runner has none"),
+            ));
+        }
+        let code = code.to_ascii_lowercase();
+        self.runs_of = (code != RUN_CODE).then_some(code);
+        Ok(self)
+    }
+
+    /// The run code whose runs this runner reads: this build's [`RUN_CODE`] unless
+    /// [`Runner::reading_runs_of`] named another.
+    pub fn run_code(&self) -> &str {
+        self.runs_of.as_deref().unwrap_or(RUN_CODE)
+    }
+
+    /// Whether a run missing from the cache trains now (`false` for a runner reading another
+    /// code's runs). A measurement that trains outside the runner (SSR's replicates) must
+    /// refuse to run beside a runner that does not train, or its table would mix two codes.
+    pub fn trains(&self) -> bool {
+        self.runs_of.is_none()
+    }
+
+    /// The error for a run that a runner reading another code's runs does not find.
+    fn not_cached(&self, label: &str) -> Error {
+        let dir = self
+            .cache_dir
+            .as_deref()
+            .map_or_else(String::new, |d| format!(" in {}", d.display()));
+        Error::invalid(
+            "run",
+            format!(
+                "`{label}`: no run of run code {}{dir}; runs of another code than this \
+                 build's ({RUN_CODE}) are read back, never trained (`scripts/standard_runs.sh \
+                 load` unpacks the committed standard runs; to train, leave out the run code)",
+                self.run_code()
+            ),
+        )
     }
 
     /// The cache folder, if any.
@@ -140,11 +205,12 @@ impl Runner {
     }
 
     /// The file name (without extension) of the run keyed `recipe`: the hash of the recipe,
-    /// the crate version and [`RUN_CODE`].
-    fn key_name(recipe: &str) -> String {
+    /// the crate version and the run code ([`Runner::run_code`]).
+    fn key_name(&self, recipe: &str) -> String {
         let key = format!(
-            "rankwise {} code {RUN_CODE}\n{recipe}",
-            env!("CARGO_PKG_VERSION")
+            "rankwise {} code {}\n{recipe}",
+            env!("CARGO_PKG_VERSION"),
+            self.run_code()
         );
         format!("{:016x}", fnv1a(key.as_bytes()))
     }
@@ -153,16 +219,20 @@ impl Runner {
     fn result_path(&self, recipe: &str) -> Option<PathBuf> {
         self.cache_dir
             .as_ref()
-            .map(|d| d.join(format!("{}.json", Self::key_name(recipe))))
+            .map(|d| d.join(format!("{}.json", self.key_name(recipe))))
     }
 
     /// The result of `spec`: from the cache if the same recipe was run by the same code
-    /// ([`RUN_CODE`]), otherwise trained now (and cached).
+    /// ([`Runner::run_code`]), otherwise trained now (and cached) — or, reading another code's
+    /// runs, an error.
     pub fn run(&self, spec: &RunSpec) -> Result<RunResult> {
         let (config, recipe) = Self::keyed(spec)?;
         let path = self.result_path(&recipe);
         if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
             return Ok(hit);
+        }
+        if !self.trains() {
+            return Err(self.not_cached(&spec.label));
         }
         let (result, _) = self.train(spec, config, recipe)?;
         store(path.as_deref(), &result)?;
@@ -183,9 +253,12 @@ impl Runner {
             Some(d) => d.join("backbones"),
             None => std::env::temp_dir().join("rankwise-backbones"),
         };
-        let weights = dir.join(format!("{}.safetensors", Self::key_name(&recipe)));
+        let weights = dir.join(format!("{}.safetensors", self.key_name(&recipe)));
         if weights.is_file() && self.cached(path.as_deref(), spec, &recipe)?.is_some() {
             return Ok(weights);
+        }
+        if !self.trains() {
+            return Err(self.not_cached(&spec.label));
         }
         let (result, trainer) = self.train(spec, config, recipe)?;
         let backbone: Vec<(String, candle_core::Tensor)> = trainer
@@ -211,7 +284,12 @@ impl Runner {
         spec: &RunSpec,
         recipe: &str,
     ) -> Result<Option<RunResult>> {
-        let Some(hit) = path.map(|p| read_cached(p, recipe)).transpose()?.flatten() else {
+        let code = self.run_code();
+        let Some(hit) = path
+            .map(|p| read_cached(p, recipe, code))
+            .transpose()?
+            .flatten()
+        else {
             return Ok(None);
         };
         if self.verbose {
@@ -398,9 +476,10 @@ fn device_name(device: &candle_core::Device) -> String {
     }
 }
 
-/// A cached result whose recipe is `recipe` and code [`RUN_CODE`], if the file exists. A hash collision (another
-/// recipe stored under the same name) counts as a miss; an unreadable file is an error naming it.
-fn read_cached(path: &Path, recipe: &str) -> Result<Option<RunResult>> {
+/// A cached result whose recipe is `recipe` and run code `code`, if the file exists. A hash
+/// collision (another recipe stored under the same name) counts as a miss; an unreadable file
+/// is an error naming it.
+fn read_cached(path: &Path, recipe: &str, code: &str) -> Result<Option<RunResult>> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -412,7 +491,7 @@ fn read_cached(path: &Path, recipe: &str) -> Result<Option<RunResult>> {
             format!("not a cached run ({e}); delete the file to re-run"),
         )
     })?;
-    Ok((cached.recipe == recipe && cached.code == RUN_CODE).then_some(cached))
+    Ok((cached.recipe == recipe && cached.code == code).then_some(cached))
 }
 
 /// Writes `result` to `path` (if any) atomically, making its folder.
@@ -475,5 +554,87 @@ mod tests {
         assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
         assert_eq!(fnv1a(b"foobar"), 0x8594_4171_f739_67e8);
+    }
+
+    #[test]
+    fn a_runner_reads_back_the_runs_of_another_code_and_trains_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = RunSpec {
+            label: "row".into(),
+            config: TrainConfig::default(),
+        };
+        let this_build = Runner::new(Some(dir.path().to_path_buf()), false);
+        let old = "00000000000000aa";
+        let reading = this_build.clone().reading_runs_of(old).unwrap();
+        assert!(!reading.trains() && reading.run_code() == old);
+        // A run that the old code left in the cache, under its key (not this build's).
+        let (_, recipe) = Runner::keyed(&spec).unwrap();
+        let path = reading.result_path(&recipe).unwrap();
+        assert_ne!(Some(&path), this_build.result_path(&recipe).as_ref());
+        let stored = RunResult {
+            label: "as trained".into(),
+            recipe: recipe.clone(),
+            metrics: vec![MetricValue {
+                metric: "R@1".into(),
+                level: Some(0),
+                value: 0.25,
+            }],
+            log: Vec::new(),
+            seconds: 1.0,
+            test_queries: 4,
+            seed: 0,
+            device: "cpu".into(),
+            code: old.into(),
+        };
+        store(Some(&path), &stored).unwrap();
+        let read = reading.run(&spec).unwrap();
+        assert_eq!(read.metric("R@1", Some(0)).unwrap(), 0.25);
+        assert_eq!((read.label.as_str(), read.code.as_str()), ("row", old));
+        assert_eq!(
+            reading.run_many(std::slice::from_ref(&spec), 2).unwrap()[0],
+            read
+        );
+        // Another code's runs are absent: an error naming it and saying nothing trains.
+        let other = this_build
+            .clone()
+            .reading_runs_of("00000000000000BB")
+            .unwrap();
+        for e in [
+            other.run(&spec).unwrap_err().to_string(),
+            other.pretrained_backbone(&spec).unwrap_err().to_string(),
+        ] {
+            assert!(
+                e.contains("00000000000000bb") && e.contains("never trained") && e.contains("row"),
+                "{e}"
+            );
+        }
+        // A file of the old code under the key of another (hash collision or a renamed file)
+        // is not its run.
+        let mut forged = stored.clone();
+        forged.code = "00000000000000bb".into();
+        store(Some(&other.result_path(&recipe).unwrap()), &stored).unwrap();
+        assert!(other.run(&spec).is_err());
+        store(Some(&other.result_path(&recipe).unwrap()), &forged).unwrap();
+        assert!(other.run(&spec).is_ok());
+        // This build's code is the ordinary runner; bad codes and a runner without a cache are
+        // errors naming what is wrong.
+        assert!(this_build
+            .clone()
+            .reading_runs_of(RUN_CODE)
+            .unwrap()
+            .trains());
+        for bad in ["00aa", "zz000000000000aa", ""] {
+            let e = this_build
+                .clone()
+                .reading_runs_of(bad)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("16 hex digits"), "{e}");
+        }
+        let e = Runner::new(None, false)
+            .reading_runs_of(old)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run cache"), "{e}");
     }
 }

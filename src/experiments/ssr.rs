@@ -546,6 +546,20 @@ pub fn measure_in(
     scale: Scale,
     changes: &str,
 ) -> Result<Measurements> {
+    // The replicates train here, outside the run cache, by this build: beside a runner that
+    // reads another code's runs they would mix two codes in one table.
+    if !runner.trains() {
+        return Err(Error::invalid(
+            "SSR",
+            format!(
+                "its replicates' feature networks and meta-training run inside the measurement, \
+                 not from the run cache, so they cannot be read back as runs of run code {}; \
+                 measure SSR with this build's code ({})",
+                runner.run_code(),
+                super::runs::RUN_CODE
+            ),
+        ));
+    }
     let all = SsrRecipe::for_root_with(root, changes)?;
     let mut recipe = all.at(scale)?;
     let pretrained_by = match (all.pretraining(scale)?, recipe.backbone.as_mut()) {

@@ -995,6 +995,41 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
         std::fs::read_dir(&runs).unwrap().count() > 0,
         "runs are cached"
     );
+    // Read back by run code: this build's own runs are found and nothing trains; another
+    // code's are absent, and nothing trains in their place.
+    let code = rankwise::experiments::runs::RUN_CODE;
+    let args = |code: &'static str, paper: &'static str| {
+        vec![
+            "reproduce",
+            "--scale",
+            "tiny",
+            paper,
+            "--root",
+            root,
+            "--tables-dir",
+            s(&tables),
+            "--figures-dir",
+            s(&figures),
+            "--runs-dir",
+            s(&runs),
+            "--runs-of",
+            code,
+        ]
+    };
+    let again = succeeds(&args(code, "smooth_ap"));
+    assert!(
+        again.contains("cached") && !again.contains(": training ("),
+        "{again}"
+    );
+    let e = fails(&args("00000000000000aa", "smooth_ap"));
+    assert!(
+        e.contains("00000000000000aa") && e.contains("never trained"),
+        "{e}"
+    );
+    let e = fails(&args("00000000000000aa", "ssr"));
+    assert!(e.contains("SSR") && e.contains("00000000000000aa"), "{e}");
+    let e = fails(&args("not-a-code", "smooth_ap"));
+    assert!(e.contains("16 hex digits"), "{e}");
     let e = fails(&[
         "reproduce",
         "--scale",
