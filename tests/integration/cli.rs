@@ -973,33 +973,9 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
         dir.path().join("runs"),
     );
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = succeeds(&[
-        "reproduce",
-        "--scale",
-        "tiny",
-        "smooth_ap",
-        "--root",
-        root,
-        "--tables-dir",
-        s(&tables),
-        "--figures-dir",
-        s(&figures),
-        "--runs-dir",
-        s(&runs),
-    ]);
-    assert!(out.contains("== smooth_ap (tiny)"), "{out}");
-    assert!(tables.join("smooth_ap.md").is_file(), "{out}");
-    assert!(tables.join("measured").join("smooth_ap_tiny.csv").is_file());
-    assert!(std::fs::read_dir(&figures).unwrap().count() > 0);
-    assert!(
-        std::fs::read_dir(&runs).unwrap().count() > 0,
-        "runs are cached"
-    );
-    // Read back by run code: this build's own runs are found and nothing trains; another
-    // code's are absent, and nothing trains in their place.
-    let code = rankwise::experiments::runs::RUN_CODE;
-    let args = |code: &'static str, paper: &'static str| {
-        vec![
+    // `reproduce --scale tiny PAPER` into the temporary folders, then `extra` arguments.
+    let args = |paper: &'static str, extra: &[&'static str]| {
+        let mut a = vec![
             "reproduce",
             "--scale",
             "tiny",
@@ -1012,23 +988,35 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
             s(&figures),
             "--runs-dir",
             s(&runs),
-            "--runs-of",
-            code,
-        ]
+        ];
+        a.extend(extra);
+        a
     };
-    let again = succeeds(&args(code, "smooth_ap"));
+    let out = succeeds(&args("smooth_ap", &[]));
+    assert!(out.contains("== smooth_ap (tiny)"), "{out}");
+    assert!(tables.join("smooth_ap.md").is_file(), "{out}");
+    assert!(tables.join("measured").join("smooth_ap_tiny.csv").is_file());
+    assert!(std::fs::read_dir(&figures).unwrap().count() > 0);
+    assert!(
+        std::fs::read_dir(&runs).unwrap().count() > 0,
+        "runs are cached"
+    );
+    // Read back by run code: this build's own runs are found and nothing trains; another
+    // code's are absent, and nothing trains in their place.
+    let code = rankwise::experiments::runs::RUN_CODE;
+    let again = succeeds(&args("smooth_ap", &["--runs-of", code]));
     assert!(
         again.contains("cached") && !again.contains(": training ("),
         "{again}"
     );
-    let e = fails(&args("00000000000000aa", "smooth_ap"));
+    let e = fails(&args("smooth_ap", &["--runs-of", "00000000000000aa"]));
     assert!(
         e.contains("00000000000000aa") && e.contains("never trained"),
         "{e}"
     );
-    let e = fails(&args("00000000000000aa", "ssr"));
+    let e = fails(&args("ssr", &["--runs-of", "00000000000000aa"]));
     assert!(e.contains("SSR") && e.contains("00000000000000aa"), "{e}");
-    let e = fails(&args("not-a-code", "smooth_ap"));
+    let e = fails(&args("smooth_ap", &["--runs-of", "not-a-code"]));
     assert!(e.contains("16 hex digits"), "{e}");
     let e = fails(&[
         "reproduce",
