@@ -231,9 +231,6 @@ impl Runner {
         if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
             return Ok(hit);
         }
-        if !self.trains() {
-            return Err(self.not_cached(&spec.label));
-        }
         let (result, _) = self.train(spec, config, recipe)?;
         store(path.as_deref(), &result)?;
         Ok(result)
@@ -256,9 +253,6 @@ impl Runner {
         let weights = dir.join(format!("{}.safetensors", self.key_name(&recipe)));
         if weights.is_file() && self.cached(path.as_deref(), spec, &recipe)?.is_some() {
             return Ok(weights);
-        }
-        if !self.trains() {
-            return Err(self.not_cached(&spec.label));
         }
         let (result, trainer) = self.train(spec, config, recipe)?;
         let backbone: Vec<(String, candle_core::Tensor)> = trainer
@@ -309,6 +303,10 @@ impl Runner {
         config: TrainConfig,
         recipe: String,
     ) -> Result<(RunResult, Trainer<'static>)> {
+        // The one place a run trains: a runner reading another code's runs never gets here.
+        if !self.trains() {
+            return Err(self.not_cached(&spec.label));
+        }
         if self.verbose {
             println!("{}: training ({} epochs)…", spec.label, config.epochs);
         }
