@@ -2,9 +2,10 @@
 # Build rankwise with the `cuda` feature on a machine without a GPU (or with one).
 #
 #   scripts/build_cuda.sh            release build of the `rankwise` binary and the `gpu_check`
-#                                    example, stripped, then xz-compressed into .gpu/ (git-ignored)
-#                                    so that they can travel to a GPU machine without a toolchain
-#   scripts/build_cuda.sh --check    `cargo check --features cuda` of the library, binaries,
+#                                    example (features cuda + cudnn), stripped, then
+#                                    xz-compressed into .gpu/ (git-ignored) so that they can
+#                                    travel to a GPU machine without a toolchain
+#   scripts/build_cuda.sh --check    `cargo check --features cuda,cudnn` of the library, binaries,
 #                                    examples and tests, what CI runs so that the GPU path cannot
 #                                    rot: with scripts/stub_nvcc.sh as nvcc (empty kernels), it
 #                                    type-checks our code against candle's CUDA API in minutes and
@@ -22,8 +23,15 @@
 # `cu*` entry point of cuda.h (soname libcuda.so.1) is generated for the link only. On the GPU
 # machine the real driver's libcuda.so.1 is loaded instead.
 #
+# cuDNN (feature `cudnn`, models::cudnn: the convolutions and batch normalisation of training): the
+# binaries link libcudnn.so.9, taken from the toolkit's lib folders, then from the PyPI wheel
+# nvidia-cudnn-cu13 (installed into .cuda/venv), then from the system's linker cache. On the GPU
+# machine any cuDNN 9 is loaded (PyTorch's own, through LD_LIBRARY_PATH). RANKWISE_CUDA_FEATURES=cuda
+# builds without it.
+#
 # Environment: CUDA_COMPUTE_CAP (default 90, H100/H200), CARGO_TARGET_DIR (default target/cuda,
-# kept apart from the CPU build so neither rebuilds the other).
+# kept apart from the CPU build so neither rebuilds the other), RANKWISE_CUDA_FEATURES (default
+# cuda,cudnn).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -33,12 +41,13 @@ for arg in "$@"; do
   case "$arg" in
     --check) mode=stub-check ;;
     --check-full) mode=check ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "scripts/build_cuda.sh: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
 
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+features="${RANKWISE_CUDA_FEATURES:-cuda,cudnn}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target/cuda}"
 
 if [[ "$mode" == stub-check ]]; then
@@ -50,8 +59,8 @@ if [[ "$mode" == stub-check ]]; then
   # Empty kernels must never mix with real ones: a target folder of their own.
   export CARGO_TARGET_DIR="$root/target/cuda-stub-check"
   start=$SECONDS
-  cargo check --locked --features cuda --lib --bins --examples --tests
-  echo "[build_cuda] cargo check --features cuda (stub nvcc) passed in $((SECONDS - start)) s" >&2
+  cargo check --locked --features "$features" --lib --bins --examples --tests
+  echo "[build_cuda] cargo check --features $features (stub nvcc) passed in $((SECONDS - start)) s" >&2
   exit 0
 fi
 
@@ -68,6 +77,9 @@ else
     "nvidia-cuda-nvcc==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-cccl==13.0.*" \
     "nvidia-nvvm==13.0.*" "nvidia-cuda-crt==13.0.*" "nvidia-cublas==13.0.*" \
     "nvidia-cuda-nvrtc==13.0.*" "nvidia-curand"
+  if [[ "$features" == *cudnn* ]]; then
+    "$venv/bin/pip" install --quiet --disable-pip-version-check "nvidia-cudnn-cu13==9.*"
+  fi
   cuda_root="$("$venv/bin/python" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))')"
 fi
 export CUDA_ROOT="$cuda_root" CUDA_PATH="$cuda_root" PATH="$cuda_root/bin:$PATH"
@@ -88,6 +100,22 @@ for lib in cublas cublasLt cudart curand nvrtc; do
   fi
   ln -sf "$found" "$linkdir/lib$lib.so"
 done
+if [[ "$features" == *cudnn* ]]; then
+  found=""
+  for dir in "$cuda_root/lib" "$cuda_root/lib64" "$cuda_root/targets/x86_64-linux/lib" \
+             "$root"/.cuda/venv/lib/python3*/site-packages/nvidia/cudnn/lib; do
+    found="$(ls "$dir"/libcudnn.so "$dir"/libcudnn.so.9* 2>/dev/null | head -n 1 || true)"
+    [[ -n "$found" ]] && break
+  done
+  [[ -z "$found" ]] && found="$(ldconfig -p 2>/dev/null | awk '/libcudnn\.so(\.9)? / {print $NF; exit}')"
+  if [[ -z "$found" ]]; then
+    echo "[build_cuda] libcudnn.so (cuDNN 9) not found: install it, or build without it with" \
+         "RANKWISE_CUDA_FEATURES=cuda" >&2
+    exit 1
+  fi
+  ln -sf "$found" "$linkdir/libcudnn.so"
+  echo "[build_cuda] cuDNN: $found" >&2
+fi
 if [[ ! -e "$linkdir/libcuda.so" ]]; then
   python3 - "$cuda_root/include/cuda.h" "$linkdir/cuda_stub.c" <<'EOF'
 import re, subprocess, sys
@@ -110,12 +138,12 @@ export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir"
 
 start=$SECONDS
 if [[ "$mode" == check ]]; then
-  cargo check --locked --features cuda --lib --bins --examples --tests
-  echo "[build_cuda] cargo check --features cuda passed in $((SECONDS - start)) s" >&2
+  cargo check --locked --features "$features" --lib --bins --examples --tests
+  echo "[build_cuda] cargo check --features $features passed in $((SECONDS - start)) s" >&2
   exit 0
 fi
 
-cargo build --locked --release --features cuda --bin rankwise ${RANKWISE_CUDA_EXAMPLES:---example gpu_check}
+cargo build --locked --release --features "$features" --bin rankwise ${RANKWISE_CUDA_EXAMPLES:---example gpu_check}
 dist="$root/.gpu"
 mkdir -p "$dist"
 for bin in "$CARGO_TARGET_DIR/release/rankwise" "$CARGO_TARGET_DIR/release/examples/gpu_check"; do
@@ -128,6 +156,6 @@ done
 {
   echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
   git diff --quiet HEAD -- 2>/dev/null || echo "uncommitted changes: $(git status --porcelain | wc -l) files"
-  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ), CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP, $(nvcc --version | tail -n 2 | head -n 1)"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ), features $features, CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP, $(nvcc --version | tail -n 2 | head -n 1)"
 } > "$dist/BUILD_INFO"
 echo "[build_cuda] built in $((SECONDS - start)) s; on the GPU machine: scripts/gpu_check.sh OUT_DIR" >&2

@@ -11,7 +11,8 @@
 #   1. gpu_check: every loss, the metrics engine, the models and optimizers on CUDA vs the CPU,
 #      a checkpoint resume on CUDA (OUT_DIR/gpu_check.json, appended to by the later steps);
 #   2. our benchmarks: small-CNN training throughput, each loss up to the largest batch that
-#      fits, SOP-scale evaluation, ResNet-18/50 training throughput;
+#      fits, SOP-scale evaluation, ResNet-18/50 training throughput (through cuDNN when the
+#      binaries have the `cudnn` feature, then ResNet-50 once more without it, `train-candle`);
 #   3. the PyTorch anchors on the same GPU (benches/losses_vs_torch.py, train_throughput_vs_torch.py,
 #      eval_topk_torch.py) into OUT_DIR/torch_*.jsonl;
 #   4. every configs/paper recipe's first steps and one evaluation on a synthetic dataset in the
@@ -105,8 +106,13 @@ pyb() {  # a PyTorch anchor with a hard timeout of $1 seconds
 
 skip=" ${GPU_CHECK_SKIP:-} "  # steps to leave out, e.g. GPU_CHECK_SKIP="recipes torch-eval"
 run() { [[ "$skip" != *" $1 "* ]]; }
-run correctness && gc 100 --only correctness
+# The comparisons with the CPU in full f32: without TF32, which cuDNN (and cuBLAS where allowed)
+# would otherwise use for f32 convolutions on this GPU, as PyTorch does by default.
+run correctness && NVIDIA_TF32_OVERRIDE=0 gc 100 --only correctness
+# Training throughput under PyTorch's defaults (TF32 convolutions), through cuDNN (feature cudnn),
+# then ResNet-50 through candle's ops (RANKWISE_CUDNN=0), the path before models::cudnn.
 run train && gc 70 --only train
+run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
 run losses && gc 150 --only losses
 run eval && gc 50 --only eval
 run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"

@@ -8,8 +8,8 @@
 #                                   builds the notebooks' copy of rankwise; see notebooks/README.md
 #                                   for the cost), outputs under target/notebooks/tiny
 #   scripts/test.sh --no-notebooks  the same without the notebooks (a quick local loop)
-#   scripts/test.sh --no-cuda       without the compile check of the `cuda` feature
-#                                   (scripts/build_cuda.sh --check: `cargo check --features cuda`
+#   scripts/test.sh --no-cuda       without the compile check of the `cuda` and `cudnn` features
+#                                   (scripts/build_cuda.sh --check: `cargo check --features cuda,cudnn`
 #                                   with a stub nvcc, no toolkit needed, so that the GPU path
 #                                   cannot rot on machines without a GPU)
 #

@@ -75,6 +75,10 @@ fn conv2d_grouped(
     if !matches!(x.dtype(), DType::F32 | DType::F64) {
         return Ok(x.conv2d(kernel, padding, stride, 1, 1)?);
     }
+    #[cfg(feature = "cudnn")]
+    if super::cudnn::applies(x) {
+        return super::cudnn::conv2d(x, kernel, stride, padding);
+    }
     if !x.device().is_cpu() {
         return conv2d_device(x, kernel, stride, padding);
     }

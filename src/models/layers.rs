@@ -163,11 +163,21 @@ impl BatchNorm2d {
                 Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?,
             )
         } else {
-            let (y, mean, var) = self.forward_train_generic(x)?;
+            let (y, mean, var) = self.forward_train_device(x)?;
             (then_relu(y)?, mean, var)
         };
         self.update_running_stats(&mean, &var, n * h * w)?;
         Ok(y)
+    }
+
+    /// Training-mode forward on a device other than the CPU: cuDNN's kernels where they apply
+    /// (feature `cudnn`, see `super::cudnn`), otherwise [`Self::forward_train_generic`].
+    fn forward_train_device(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        #[cfg(feature = "cudnn")]
+        if super::cudnn::applies(x) {
+            return super::cudnn::batch_norm_train(x, &self.weight, &self.bias, self.eps);
+        }
+        self.forward_train_generic(x)
     }
 
     /// Training-mode forward with candle's tensor ops (any device): output, batch mean and
@@ -282,6 +292,10 @@ pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> R
     }
     if x.device().is_cpu() {
         return Ok(super::cpu_ops::max_pool2d(x, kernel, stride, padding)?);
+    }
+    #[cfg(feature = "cudnn")]
+    if super::cudnn::applies(x) {
+        return super::cudnn::max_pool2d(x, kernel, stride, padding);
     }
     max_pool2d_generic(x, kernel, stride, padding)
 }

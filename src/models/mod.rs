@@ -9,6 +9,8 @@
 
 pub mod conv;
 mod cpu_ops;
+#[cfg(feature = "cudnn")]
+pub mod cudnn;
 pub mod head;
 pub mod layers;
 pub mod params;
