@@ -2,7 +2,7 @@
 //! evaluation, k-reciprocal re-ranking and SSR's top-N graphs.
 
 use super::order::rank_key;
-use super::{prepare, ScoreChunk, SelfMatch, Similarity};
+use super::{for_each_chunk, prepare, SelfMatch, Similarity};
 use crate::error::{Error, Result};
 use crate::progress::Progress;
 use candle_core::{Device, Tensor};
@@ -102,11 +102,7 @@ pub fn knn_with(
     let mut indices = vec![0u32; nq * k];
     let mut scores = vec![0f32; nq * k];
     let pb = Progress::new(nq, "queries", "kNN", progress);
-    let mut start = 0;
-    let mut chunk = ScoreChunk::default();
-    while start < nq {
-        let len = chunk_size.min(nq - start);
-        ops.chunk_scores(start, len, &mut chunk)?;
+    for_each_chunk(&ops, chunk_size, |start, len, chunk| {
         chunk.with_slice(|chunk| {
             indices[start * k..(start + len) * k]
                 .par_chunks_mut(k)
@@ -144,8 +140,8 @@ pub fn knn_with(
                 );
         })?;
         pb.inc(len as u64);
-        start += len;
-    }
+        Ok(())
+    })?;
     pb.finish();
     Ok(Knn { k, indices, scores })
 }

@@ -378,6 +378,13 @@ pub trait ScoreSource: Sync {
     fn finite_by_construction(&self) -> bool {
         false
     }
+    /// Whether the source computes its chunks away from the host's cores (on a device): the
+    /// engine then has the next chunk computed, and copied to the host, on a thread of its own
+    /// while it ranks the current one. Sources that compute on the CPU keep the default (no):
+    /// their products already use every core.
+    fn computes_off_host(&self) -> bool {
+        false
+    }
 }
 
 /// The `len × N_r` scores of one chunk of queries, on the CPU: a buffer reused from chunk to
@@ -425,6 +432,9 @@ impl ScoreSource for Operands {
     }
     fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
         Operands::chunk_scores(self, start, len, chunk)
+    }
+    fn computes_off_host(&self) -> bool {
+        !self.queries.device().is_cpu()
     }
     fn finite_by_construction(&self) -> bool {
         true
@@ -644,11 +654,8 @@ fn score_all<S: ScoreSource + ?Sized>(
         .collect();
     let mut per_query = vec![f64::NAN; num_queries * m];
     let pb = Progress::new(num_queries, "queries", "evaluating", opts.progress);
-    let mut start = 0;
-    let mut chunk = ScoreChunk::default();
-    while start < num_queries {
-        let len = opts.chunk_size.min(num_queries - start);
-        source.chunk_scores(start, len, &mut chunk)?;
+    // Ranks and scores the queries of one chunk into `per_query`.
+    let mut rank_chunk = |start: usize, len: usize, chunk: &ScoreChunk| -> Result<()> {
         chunk.with_slice(|scores| {
             check_chunk_scores(scores, start, len, nr, !source.finite_by_construction())?;
             per_query[start * m..(start + len) * m]
@@ -683,8 +690,9 @@ fn score_all<S: ScoreSource + ?Sized>(
             Ok::<(), Error>(())
         })??;
         pb.inc(len as u64);
-        start += len;
-    }
+        Ok(())
+    };
+    for_each_chunk(source, opts.chunk_size, &mut rank_chunk)?;
     pb.finish();
     let rows = reduce(&specs, &per_query, num_queries);
     let num_references = match opts.self_match {
@@ -696,6 +704,56 @@ fn score_all<S: ScoreSource + ?Sized>(
         num_references,
         rows,
         per_query,
+    })
+}
+
+/// Scores the queries of `source` in chunks of `chunk_size` (at least 1) and hands each chunk,
+/// in query order, to `f(start, len, scores)`; stops at the first error.
+///
+/// A source that [computes off the host](ScoreSource::computes_off_host) has chunk `k + 1`
+/// computed and copied back on a thread of its own while `f` works on chunk `k` with the host's
+/// cores: the device's product and the copy leave the critical path. The chunks reach `f` in
+/// the same order either way, so the results are those of the plain loop.
+pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
+    source: &S,
+    chunk_size: usize,
+    mut f: impl FnMut(usize, usize, &ScoreChunk) -> Result<()>,
+) -> Result<()> {
+    let n = source.num_queries();
+    let chunks: Vec<(usize, usize)> = (0..n)
+        .step_by(chunk_size.max(1))
+        .map(|start| (start, chunk_size.max(1).min(n - start)))
+        .collect();
+    if !source.computes_off_host() || chunks.len() < 2 {
+        let mut chunk = ScoreChunk::default();
+        for &(start, len) in &chunks {
+            source.chunk_scores(start, len, &mut chunk)?;
+            f(start, len, &chunk)?;
+        }
+        return Ok(());
+    }
+    std::thread::scope(|scope| {
+        // Capacity 1: at most one chunk waits while one is ranked and one is computed.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, ScoreChunk)>>(1);
+        let chunks = &chunks;
+        scope.spawn(move || {
+            for &(start, len) in chunks {
+                let mut chunk = ScoreChunk::default();
+                let item = source
+                    .chunk_scores(start, len, &mut chunk)
+                    .map(|()| (start, len, chunk));
+                let failed = item.is_err();
+                // A closed channel: `f` stopped on an error of its own.
+                if tx.send(item).is_err() || failed {
+                    return;
+                }
+            }
+        });
+        for item in rx {
+            let (start, len, chunk) = item?;
+            f(start, len, &chunk)?;
+        }
+        Ok(())
     })
 }
 

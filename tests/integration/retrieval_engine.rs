@@ -10,7 +10,10 @@ use rand_chacha::ChaCha8Rng;
 use rankwise::hierarchy::{level_counts, Labels, Relevance};
 use rankwise::metrics;
 use rankwise::retrieval::dyml::{evaluate_dyml, DymlScale};
-use rankwise::retrieval::{evaluate, knn, knn_with, EvalOptions, SelfMatch, Similarity};
+use rankwise::retrieval::{
+    evaluate, evaluate_scores, knn, knn_with, EvalOptions, ScoreChunk, ScoreSource, SelfMatch,
+    Similarity,
+};
 
 fn int_embeddings(rng: &mut ChaCha8Rng, n: usize, d: usize) -> Vec<Vec<f32>> {
     (0..n)
@@ -483,4 +486,99 @@ fn knn_threshold_filter_is_exact_on_long_rows() {
             assert_eq!(got.neighbours(i), &expect[..], "query {i}, {self_match:?}");
         }
     }
+}
+
+/// Scores by brute force on the host, claiming to compute off the host so that the engine
+/// takes its prefetching path (a device's path), and failing at `fail_at` if set.
+struct OffHost {
+    queries: Vec<Vec<f32>>,
+    refs: Vec<Vec<f32>>,
+    fail_at: Option<usize>,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl ScoreSource for OffHost {
+    fn num_queries(&self) -> usize {
+        self.queries.len()
+    }
+    fn num_references(&self) -> usize {
+        self.refs.len()
+    }
+    fn chunk_scores(
+        &self,
+        start: usize,
+        len: usize,
+        chunk: &mut ScoreChunk,
+    ) -> rankwise::Result<()> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if self.fail_at == Some(start) {
+            return Err(rankwise::Error::invalid(
+                "source",
+                format!("no scores for query {start}"),
+            ));
+        }
+        let scores = self.queries[start..start + len]
+            .iter()
+            .flat_map(|q| self.refs.iter().map(move |r| dot(q, r)))
+            .collect();
+        chunk.set(scores);
+        Ok(())
+    }
+    fn computes_off_host(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_source_computing_off_the_host_is_prefetched_with_the_same_results_and_errors() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let emb = int_embeddings(&mut rng, 70, 6);
+    let labels = hierarchical_labels(&mut rng, 70);
+    let opts = EvalOptions {
+        recall_ks: vec![1, 4],
+        self_match: SelfMatch::SameIndex,
+        similarity: Similarity::InnerProduct,
+        hierarchical: true,
+        chunk_size: 8,
+        ..EvalOptions::default()
+    };
+    let plain = evaluate(&tensor(&emb), &labels, None, &opts).unwrap();
+    let source = |fail_at| OffHost {
+        queries: emb.clone(),
+        refs: emb.clone(),
+        fail_at,
+        calls: Default::default(),
+    };
+    let prefetched = source(None);
+    let r = evaluate_scores(&prefetched, &labels, &labels, &opts).unwrap();
+    // 70 queries in chunks of 8: 9 chunks, each computed once.
+    assert_eq!(
+        prefetched.calls.load(std::sync::atomic::Ordering::SeqCst),
+        9
+    );
+    assert_eq!(r.rows.len(), plain.rows.len());
+    for (a, b) in r.rows.iter().zip(&plain.rows) {
+        assert_eq!((&a.metric, a.level), (&b.metric, b.level));
+        assert_eq!(
+            a.value.to_bits(),
+            b.value.to_bits(),
+            "{} at {:?}",
+            a.metric,
+            a.level
+        );
+    }
+    assert_eq!(
+        r.per_query.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        plain
+            .per_query
+            .iter()
+            .map(|v| v.to_bits())
+            .collect::<Vec<_>>()
+    );
+    // An error of the source's third chunk stops the evaluation with that error, and no chunk
+    // after it is computed beyond the one the channel may hold.
+    let failing = source(Some(16));
+    let err = evaluate_scores(&failing, &labels, &labels, &opts).unwrap_err();
+    assert!(err.to_string().contains("no scores for query 16"), "{err}");
+    assert_eq!(failing.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
