@@ -188,7 +188,15 @@ impl RankLoss for Contrastive {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
         LossRecipe::validate(self)?;
-        let chunk = chunk_size(self.query_chunk, labels.len())?;
+        let b = labels.len();
+        // On a device, the formula's `B × B` tensors (tested equal to the row engine); not for
+        // the Euclidean distance, whose plain gradient at a duplicate pair is not torch's.
+        if self.metric == PairMetric::Cosine
+            && crate::losses::plain_on_device(embeddings, self.query_chunk, b * b)
+        {
+            return self.forward_plain(embeddings, labels);
+        }
+        let chunk = chunk_size(self.query_chunk, b)?;
         let rows = ContrastiveRows {
             loss: self.clone(),
             fine: fine_ids(labels),

@@ -406,6 +406,18 @@ impl RankLoss for FastAp {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
         let bins = Bins::new(self.num_bins)?;
+        // On a device, the formula's `B × B × (L + 1)` histogram (tested equal to the row
+        // engine); the authors' gradient has no plain counterpart.
+        let b = labels.len();
+        if self.gradient == FastApGradient::Exact
+            && crate::losses::plain_on_device(
+                embeddings,
+                self.query_chunk,
+                b * b * (self.num_bins + 1),
+            )
+        {
+            return self.forward_plain(embeddings, labels);
+        }
         let input = if self.normalize {
             Input::Normalise
         } else {

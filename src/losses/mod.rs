@@ -152,8 +152,12 @@ pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
 }
 
 /// `Σ losses / #{losses > 0}` (0 when none is positive): pml's `AvgNonZeroReducer`, the
-/// reduction of the calibration, contrastive and triplet losses' tensor formulations.
+/// reduction of the calibration, contrastive and triplet losses' tensor formulations. On a
+/// device the count stays there (no copy of the `B × B` costs to the host and no wait for it).
 pub(crate) fn mean_nonzero(losses: &Tensor) -> Result<Tensor> {
+    if !losses.device().is_cpu() {
+        return mean_nonzero_in_place(losses);
+    }
     let count = losses
         .to_dtype(DType::F64)?
         .flatten_all()?
@@ -164,9 +168,24 @@ pub(crate) fn mean_nonzero(losses: &Tensor) -> Result<Tensor> {
     Ok((losses.sum_all()? / count.max(1) as f64)?)
 }
 
+/// [`mean_nonzero`] with the count taken by tensor ops where `losses` lives (the device path;
+/// callable on the CPU for tests).
+fn mean_nonzero_in_place(losses: &Tensor) -> Result<Tensor> {
+    // Counted in f64: an f32 sum of ones is exact only up to 2²⁴ pairs (B ≈ 4096).
+    let count = losses
+        .gt(0.0)?
+        .to_dtype(DType::F64)?
+        .sum_all()?
+        .maximum(1.0)?
+        .to_dtype(losses.dtype())?;
+    Ok(losses.sum_all()?.div(&count)?)
+}
+
 /// The `B × B` masks of the positive pairs (same fine class) and of the negative pairs (another
 /// fine class) of a batch, the diagonal in neither, as 0 / 1 tensors of `dtype` — what the
-/// plain tensor formulations of the pairwise losses multiply their costs by.
+/// plain tensor formulations of the pairwise losses multiply their costs by. Built on `device`
+/// from the `B` class ids (one comparison), not on the host: at B = 16,384 the two masks are
+/// 2 GB of `f32` that would otherwise be written and copied at every step.
 pub fn pair_masks(
     labels: &Labels,
     dtype: DType,
@@ -174,22 +193,39 @@ pub fn pair_masks(
 ) -> Result<(Tensor, Tensor)> {
     let fine = labels.column(0);
     let b = fine.len();
-    let mut pos = vec![0f64; b * b];
-    let mut neg = vec![0f64; b * b];
-    for i in 0..b {
-        for j in 0..b {
-            if i != j {
-                let same = fine[i] == fine[j];
-                pos[i * b + j] = f64::from(u8::from(same));
-                neg[i * b + j] = f64::from(u8::from(!same));
-            }
-        }
-    }
-    let mask = |m: Vec<f64>| -> Result<Tensor> {
-        Ok(Tensor::from_vec(m, (b, b), device)?.to_dtype(dtype)?)
-    };
-    Ok((mask(pos)?, mask(neg)?))
+    // Dense u32 ids (the comparison kernels of every device take u32).
+    let mut dense = std::collections::HashMap::new();
+    let ids: Vec<u32> = fine
+        .iter()
+        .map(|c| {
+            let next = dense.len() as u32;
+            *dense.entry(*c).or_insert(next)
+        })
+        .collect();
+    let ids = Tensor::from_vec(ids, b, device)?;
+    let same = ids
+        .unsqueeze(1)?
+        .broadcast_eq(&ids.unsqueeze(0)?)?
+        .to_dtype(dtype)?;
+    let eye = Tensor::eye(b, dtype, device)?;
+    let pos = (&same - &eye)?;
+    let neg = same.affine(-1.0, 1.0)?;
+    Ok((pos, neg))
 }
+
+/// Whether a loss with a plain tensor formulation (`forward_plain`) runs it instead of the row
+/// engine ([`pairwise_rows`]): on a device other than the CPU, where the engine's per-row pass
+/// runs on the host and the `B × B` similarities travel there and back at every step (20–90×
+/// slower than PyTorch's all-on-GPU formulations at B = 4096 on an H200, benches/gpu/), when no
+/// query chunk was asked for and the formulation's largest tensor has at most
+/// [`PLAIN_ON_DEVICE_MAX`] values (autograd keeps several of them).
+pub(crate) fn plain_on_device(x: &Tensor, query_chunk: Option<usize>, largest: usize) -> bool {
+    !x.device().is_cpu() && query_chunk.is_none() && largest <= PLAIN_ON_DEVICE_MAX
+}
+
+/// The largest tensor, in values, of a plain formulation run on a device: 2²⁹ (2 GiB of `f32`;
+/// FastAP's `B × B × 11` histogram up to B ≈ 7,000, a `B × B` matrix up to B ≈ 23,000).
+pub(crate) const PLAIN_ON_DEVICE_MAX: usize = 1 << 29;
 
 /// The value and the gradient of `loss` at the `B × D` f64 matrix `x` (a zero gradient where the
 /// value does not depend on `x`): for the tests that a loss's fast path equals its plain
@@ -249,6 +285,41 @@ mod tests {
         assert!(e.contains("2 embeddings but 3 label rows"), "{e}");
         let flat = Tensor::new(&[1f32, 0., 2.], &Device::Cpu).unwrap();
         assert!(check_batch(&flat, &y).is_err());
+    }
+
+    #[test]
+    fn pair_masks_from_sparse_class_ids() {
+        let y = Labels::from_fine(&[70, -3, 70, 12, -3]).unwrap();
+        let (pos, neg) = pair_masks(&y, DType::F32, &Device::Cpu).unwrap();
+        let pos = pos.to_vec2::<f32>().unwrap();
+        let neg = neg.to_vec2::<f32>().unwrap();
+        let fine = [70, -3, 70, 12, -3];
+        for i in 0..5 {
+            for j in 0..5 {
+                let same = fine[i] == fine[j];
+                assert_eq!(pos[i][j], f32::from(u8::from(i != j && same)), "{i} {j}");
+                assert_eq!(neg[i][j], f32::from(u8::from(!same)), "{i} {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_device_count_of_mean_nonzero_equals_the_host_count() {
+        let costs = Tensor::new(&[[0.0f64, 0.5, 0.0], [2.0, 0.0, 0.25]], &Device::Cpu).unwrap();
+        let host = mean_nonzero(&costs).unwrap().to_scalar::<f64>().unwrap();
+        let device = mean_nonzero_in_place(&costs)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+        assert_eq!(host, 2.75 / 3.0);
+        assert_eq!(device, host);
+        // No positive cost: 0, not 0/0.
+        let zeros = Tensor::zeros((2, 2), DType::F32, &Device::Cpu).unwrap();
+        let v = mean_nonzero_in_place(&zeros)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(v, 0.0);
     }
 
     #[test]
