@@ -134,7 +134,8 @@ impl Report {
         }
         let doc = json!({
             "device": device,
-            "build": { "cuda_feature": cfg!(feature = "cuda"), "version": env!("CARGO_PKG_VERSION") },
+            "build": { "cuda_feature": cfg!(feature = "cuda"), "cudnn_feature": cfg!(feature = "cudnn"),
+                       "version": env!("CARGO_PKG_VERSION") },
             "rayon_threads": rayon::current_num_threads(),
             "checks": [],
             "benchmarks": [],
@@ -156,6 +157,7 @@ impl Report {
     }
 
     fn push(&mut self, list: &str, mut entry: Value) -> Result<()> {
+        entry["backend"] = backend();
         entry["t_end_s"] = json!(round(self.elapsed(), 3));
         entry["unix_end_ms"] = json!(unix_ms());
         eprintln!("[gpu_check] {entry}");
@@ -172,6 +174,16 @@ impl Report {
         std::fs::rename(&tmp, &self.path)?;
         Ok(())
     }
+}
+
+/// Which kernels an entry ran through: the models' cuDNN path (feature `cudnn`, switched off by
+/// `RANKWISE_CUDNN=0`) and whether TF32 was forbidden (`NVIDIA_TF32_OVERRIDE=0`).
+fn backend() -> Value {
+    #[cfg(feature = "cudnn")]
+    let cudnn = rankwise::models::cudnn::enabled();
+    #[cfg(not(feature = "cudnn"))]
+    let cudnn = false;
+    json!({"cudnn": cudnn, "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 
 fn unix_ms() -> u128 {
@@ -1053,6 +1065,39 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
                 "metrics": r.rows.iter().map(|m| json!([m.metric, m.level, m.value])).collect::<Vec<_>>()}),
             Err(e) => {
                 json!({"kind": "eval", "name": label, "status": "error", "error": format!("{e:#}")})
+            }
+        };
+        report.push("benchmarks", entry)?;
+    }
+    // The device's share of the two evaluations above: the chunk products (512 queries, the
+    // engine's default) and their copies to the host, without the ranking that the engine now
+    // overlaps with them (retrieval::for_each_chunk).
+    if !report.over_budget() {
+        let t_start = unix_ms();
+        let t0 = Instant::now();
+        let result = (|| -> Result<f64> {
+            let e = rankwise::losses::l2_normalize(&x.to_device(dev)?, "embeddings")?;
+            let et = e.t()?.contiguous()?;
+            let mut checksum = 0.0f64;
+            for start in (0..n).step_by(512) {
+                let len = 512.min(n - start);
+                let s = e
+                    .narrow(0, start, len)?
+                    .matmul(&et)?
+                    .to_device(&Device::Cpu)?;
+                let host = s.flatten_all()?.to_vec1::<f32>()?;
+                checksum += f64::from(host[host.len() / 2]);
+            }
+            Ok(checksum)
+        })();
+        let entry = match result {
+            Ok(checksum) => {
+                json!({"kind": "eval", "name": "scores only: chunk products on the device and copies to the host",
+                "N": n, "D": d, "status": "ok", "seconds": round(t0.elapsed().as_secs_f64(), 3),
+                "unix_start_ms": t_start, "checksum": checksum})
+            }
+            Err(e) => {
+                json!({"kind": "eval", "name": "scores only", "status": "error", "error": format!("{e:#}")})
             }
         };
         report.push("benchmarks", entry)?;
