@@ -117,10 +117,12 @@ pub fn batch_norm_train(
     };
     let c = x.dim(1)?;
     let (mean, inv_std) = {
-        let guard = saved.lock().expect("batch-norm statistics lock");
-        let (mean, inv_std) = guard
-            .as_ref()
-            .expect("the batch-norm forward saves its statistics");
+        let guard = saved
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("batch-norm statistics lock poisoned".into()))?;
+        let (mean, inv_std) = guard.as_ref().ok_or_else(|| {
+            candle_core::Error::Msg("the cuDNN batch-norm forward saved no statistics".into())
+        })?;
         let layout = Layout::contiguous(c);
         let copy = |s: &CudaStorage| -> Result<Tensor> {
             Ok(Tensor::from_storage(
@@ -948,7 +950,11 @@ impl CustomOp3 for BatchNormTrain {
                 )))
             }
         };
-        *self.saved.lock().expect("batch-norm statistics lock") = Some((mean, inv_std));
+        *self
+            .saved
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("batch-norm statistics lock poisoned".into()))? =
+            Some((mean, inv_std));
         Ok((y, xl.shape().clone()))
     }
 
@@ -1083,7 +1089,10 @@ impl CustomOp3 for BatchNormBackward {
                 "cuDNN batch norm backward: gradient and input shapes differ".into(),
             ));
         }
-        let guard = self.saved.lock().expect("batch-norm statistics lock");
+        let guard = self
+            .saved
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("batch-norm statistics lock poisoned".into()))?;
         let (mean, inv_std) = guard.as_ref().ok_or_else(|| {
             candle_core::Error::Msg("cuDNN batch norm backward before its forward".into())
         })?;
