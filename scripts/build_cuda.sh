@@ -137,6 +137,10 @@ fi
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir"
 
 start=$SECONDS
+# The source state the binaries are built from, taken before the (long) build: a commit made
+# while cargo runs must not be named as theirs.
+source_state="commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
+git diff --quiet HEAD -- 2>/dev/null || source_state+=$'\n'"uncommitted changes: $(git status --porcelain | wc -l) files"
 if [[ "$mode" == check ]]; then
   cargo check --locked --features "$features" --lib --bins --examples --tests
   echo "[build_cuda] cargo check --features $features passed in $((SECONDS - start)) s" >&2
@@ -154,8 +158,7 @@ for bin in "$CARGO_TARGET_DIR/release/rankwise" "$CARGO_TARGET_DIR/release/examp
 done
 # What the binaries were built from, for the GPU report (scripts/gpu_check.sh copies it).
 {
-  echo "commit $(git rev-parse HEAD 2>/dev/null || echo unknown)"
-  git diff --quiet HEAD -- 2>/dev/null || echo "uncommitted changes: $(git status --porcelain | wc -l) files"
+  echo "$source_state"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ), features $features, CUDA_COMPUTE_CAP=$CUDA_COMPUTE_CAP, $(nvcc --version | tail -n 2 | head -n 1)"
 } > "$dist/BUILD_INFO"
 echo "[build_cuda] built in $((SECONDS - start)) s; on the GPU machine: scripts/gpu_check.sh OUT_DIR" >&2
