@@ -87,7 +87,12 @@ pub fn applies(x: &Tensor) -> bool {
 /// Both inputs must be on one CUDA device, in one of `f32`/`f64`.
 pub fn conv2d(x: &Tensor, kernel: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
     let (x, kernel) = (x.contiguous()?, kernel.contiguous()?);
-    let op = Conv { stride, padding };
+    let op = ConvPass {
+        pass: Pass::Forward,
+        stride,
+        padding,
+        out: [0; 4],
+    };
     if !(x.track_op() || kernel.track_op()) {
         return Ok(x.apply_op2_no_bwd(&kernel, &op)?);
     }
@@ -573,26 +578,89 @@ fn run_pass<T: Float>(
         .unwrap_or_else(|| candle_core::Error::Msg("cuDNN convolution: no algorithm ran".into())))
 }
 
-/// `y = x ⋆ w` (the forward op; its backward is [`ConvBackwardData`] and [`ConvBackwardFilter`]).
-struct Conv {
-    stride: usize,
-    padding: usize,
+/// Wraps the slice that `f32` or `f64` computes, by the storage's type.
+fn by_dtype(
+    dtype: DType,
+    dev: &CudaDevice,
+    what: &str,
+    f32: impl FnOnce() -> candle_core::Result<CudaSlice<f32>>,
+    f64: impl FnOnce() -> candle_core::Result<CudaSlice<f64>>,
+) -> candle_core::Result<CudaStorage> {
+    Ok(match dtype {
+        DType::F32 => CudaStorage::wrap_cuda_slice(f32()?, dev.clone()),
+        DType::F64 => CudaStorage::wrap_cuda_slice(f64()?, dev.clone()),
+        other => {
+            return Err(candle_core::Error::Msg(format!(
+                "{what}: cuDNN path for f32/f64, not {other:?}"
+            )))
+        }
+    })
 }
 
-impl Conv {
-    fn geometry(&self, x: &Layout, w: &Layout) -> candle_core::Result<Geometry> {
-        Ok(Geometry {
-            x: dims4(x, "the convolution input")?,
-            w: dims4(w, "the kernel")?,
-            stride: self.stride,
-            padding: self.padding,
-        })
+/// One pass of a convolution as an op of its two inputs: forward `(x, w) → y` (whose backward
+/// is the two others), backward data `(∂y, w) → ∂x`, backward filter `(x, ∂y) → ∂w`.
+struct ConvPass {
+    pass: Pass,
+    stride: usize,
+    padding: usize,
+    /// The output's shape where the inputs do not give it: `∂x`'s (backward data), `∂w`'s
+    /// (backward filter); unused by the forward pass.
+    out: [usize; 4],
+}
+
+impl ConvPass {
+    /// The convolution's shapes and the pass's output shape, from its inputs' layouts.
+    fn geometry(&self, a: &Layout, b: &Layout) -> candle_core::Result<(Geometry, [usize; 4])> {
+        let (stride, padding) = (self.stride, self.padding);
+        let (g, out, dy) = match self.pass {
+            Pass::Forward => {
+                let (x, w) = (dims4(a, "the convolution input")?, dims4(b, "the kernel")?);
+                let g = Geometry {
+                    x,
+                    w,
+                    stride,
+                    padding,
+                };
+                (g, g.y(), None)
+            }
+            Pass::BackwardData => {
+                let w = dims4(b, "the kernel")?;
+                let g = Geometry {
+                    x: self.out,
+                    w,
+                    stride,
+                    padding,
+                };
+                (g, self.out, Some(dims4(a, "the output gradient")?))
+            }
+            Pass::BackwardFilter => {
+                let x = dims4(a, "the convolution input")?;
+                let g = Geometry {
+                    x,
+                    w: self.out,
+                    stride,
+                    padding,
+                };
+                (g, self.out, Some(dims4(b, "the output gradient")?))
+            }
+        };
+        match dy {
+            Some(dy) if dy != g.y() => Err(candle_core::Error::Msg(format!(
+                "cuDNN conv2d backward: output gradient {dy:?}, expected {:?}",
+                g.y()
+            ))),
+            _ => Ok((g, out)),
+        }
     }
 }
 
-impl CustomOp2 for Conv {
+impl CustomOp2 for ConvPass {
     fn name(&self) -> &'static str {
-        "rankwise-cudnn-conv2d"
+        match self.pass {
+            Pass::Forward => "rankwise-cudnn-conv2d",
+            Pass::BackwardData => "rankwise-cudnn-conv2d-backward-data",
+            Pass::BackwardFilter => "rankwise-cudnn-conv2d-backward-filter",
+        }
     }
 
     fn cpu_fwd(
@@ -607,29 +675,25 @@ impl CustomOp2 for Conv {
 
     fn cuda_fwd(
         &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let g = self.geometry(xl, wl)?;
-        let y = g.y();
-        let len = y.iter().product();
-        let dev = x.device().clone();
-        let out = match x.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f32>(Pass::Forward, &g, &dev, &view(x, xl)?, &view(w, wl)?, len)?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f64>(Pass::Forward, &g, &dev, &view(x, xl)?, &view(w, wl)?, len)?,
-                dev,
-            ),
-            other => return Err(candle_core::Error::Msg(format!("cuDNN conv2d: {other:?}"))),
-        };
-        Ok((out, Shape::from(y.to_vec())))
+        let (g, out) = self.geometry(al, bl)?;
+        let len = out.iter().product();
+        let dev = a.device().clone();
+        let storage = by_dtype(
+            a.dtype(),
+            &dev,
+            self.name(),
+            || run_pass::<f32>(self.pass, &g, &dev, &view(a, al)?, &view(b, bl)?, len),
+            || run_pass::<f64>(self.pass, &g, &dev, &view(a, al)?, &view(b, bl)?, len),
+        )?;
+        Ok((storage, Shape::from(out.to_vec())))
     }
 
+    /// The forward pass's backward (the backward passes are applied without one).
     fn bwd(
         &self,
         x: &Tensor,
@@ -638,179 +702,26 @@ impl CustomOp2 for Conv {
         grad: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let x_dims = x.dims4()?;
-        let w_dims = w.dims4()?;
+        let pass = |pass: Pass, out: &Tensor| -> candle_core::Result<ConvPass> {
+            let (a, b, c, d) = out.dims4()?;
+            Ok(ConvPass {
+                pass,
+                stride: self.stride,
+                padding: self.padding,
+                out: [a, b, c, d],
+            })
+        };
         let dx = if x.track_op() {
-            Some(grad.apply_op2_no_bwd(
-                w,
-                &ConvBackwardData {
-                    x: [x_dims.0, x_dims.1, x_dims.2, x_dims.3],
-                    stride: self.stride,
-                    padding: self.padding,
-                },
-            )?)
+            Some(grad.apply_op2_no_bwd(w, &pass(Pass::BackwardData, x)?)?)
         } else {
             None
         };
         let dw = if w.track_op() {
-            Some(x.apply_op2_no_bwd(
-                &grad,
-                &ConvBackwardFilter {
-                    w: [w_dims.0, w_dims.1, w_dims.2, w_dims.3],
-                    stride: self.stride,
-                    padding: self.padding,
-                },
-            )?)
+            Some(x.apply_op2_no_bwd(&grad, &pass(Pass::BackwardFilter, w)?)?)
         } else {
             None
         };
         Ok((dx, dw))
-    }
-}
-
-/// `∂x` from `(∂y, w)`: cuDNN's backward-data pass.
-struct ConvBackwardData {
-    x: [usize; 4],
-    stride: usize,
-    padding: usize,
-}
-
-impl CustomOp2 for ConvBackwardData {
-    fn name(&self) -> &'static str {
-        "rankwise-cudnn-conv2d-backward-data"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Err(not_on_cpu(self.name()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        dy: &CudaStorage,
-        dyl: &Layout,
-        w: &CudaStorage,
-        wl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let g = Geometry {
-            x: self.x,
-            w: dims4(wl, "the kernel")?,
-            stride: self.stride,
-            padding: self.padding,
-        };
-        if dims4(dyl, "the output gradient")? != g.y() {
-            return Err(candle_core::Error::Msg(format!(
-                "cuDNN conv2d backward: output gradient {:?}, expected {:?}",
-                dyl.dims(),
-                g.y()
-            )));
-        }
-        let len = self.x.iter().product();
-        let dev = dy.device().clone();
-        let out = match dy.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f32>(
-                    Pass::BackwardData,
-                    &g,
-                    &dev,
-                    &view(dy, dyl)?,
-                    &view(w, wl)?,
-                    len,
-                )?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f64>(
-                    Pass::BackwardData,
-                    &g,
-                    &dev,
-                    &view(dy, dyl)?,
-                    &view(w, wl)?,
-                    len,
-                )?,
-                dev,
-            ),
-            other => return Err(candle_core::Error::Msg(format!("cuDNN conv2d: {other:?}"))),
-        };
-        Ok((out, Shape::from(self.x.to_vec())))
-    }
-}
-
-/// `∂w` from `(x, ∂y)`: cuDNN's backward-filter pass.
-struct ConvBackwardFilter {
-    w: [usize; 4],
-    stride: usize,
-    padding: usize,
-}
-
-impl CustomOp2 for ConvBackwardFilter {
-    fn name(&self) -> &'static str {
-        "rankwise-cudnn-conv2d-backward-filter"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        Err(not_on_cpu(self.name()))
-    }
-
-    fn cuda_fwd(
-        &self,
-        x: &CudaStorage,
-        xl: &Layout,
-        dy: &CudaStorage,
-        dyl: &Layout,
-    ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let g = Geometry {
-            x: dims4(xl, "the convolution input")?,
-            w: self.w,
-            stride: self.stride,
-            padding: self.padding,
-        };
-        if dims4(dyl, "the output gradient")? != g.y() {
-            return Err(candle_core::Error::Msg(format!(
-                "cuDNN conv2d backward: output gradient {:?}, expected {:?}",
-                dyl.dims(),
-                g.y()
-            )));
-        }
-        let len = self.w.iter().product();
-        let dev = x.device().clone();
-        let out = match x.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f32>(
-                    Pass::BackwardFilter,
-                    &g,
-                    &dev,
-                    &view(x, xl)?,
-                    &view(dy, dyl)?,
-                    len,
-                )?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
-                run_pass::<f64>(
-                    Pass::BackwardFilter,
-                    &g,
-                    &dev,
-                    &view(x, xl)?,
-                    &view(dy, dyl)?,
-                    len,
-                )?,
-                dev,
-            ),
-            other => return Err(candle_core::Error::Msg(format!("cuDNN conv2d: {other:?}"))),
-        };
-        Ok((out, Shape::from(self.w.to_vec())))
     }
 }
 
@@ -836,7 +747,7 @@ fn bn_forward<T: Float>(
     dims: [usize; 4],
     weight: &CudaView<T>,
     bias: &CudaView<T>,
-) -> candle_core::Result<(CudaSlice<T>, CudaSlice<T>, CudaSlice<T>)> {
+) -> candle_core::Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let h = handle(dev)?;
     let (xd, pd) = bn_descs::<T>(dims)?;
     let stream = dev.cuda_stream();
@@ -882,7 +793,8 @@ fn bn_forward<T: Float>(
             .result()?;
         }
     }
-    Ok((y, mean, inv_std))
+    let wrap = |slice| CudaStorage::wrap_cuda_slice(slice, dev.clone());
+    Ok((wrap(y), wrap(mean), wrap(inv_std)))
 }
 
 impl CustomOp3 for BatchNormTrain {
@@ -914,36 +826,22 @@ impl CustomOp3 for BatchNormTrain {
         let dims = dims4(xl, "the batch-norm input")?;
         let dev = x.device().clone();
         let (y, mean, inv_std) = match x.dtype() {
-            DType::F32 => {
-                let (y, m, v) = bn_forward::<f32>(
-                    self.eps,
-                    &dev,
-                    &view(x, xl)?,
-                    dims,
-                    &view(w, wl)?,
-                    &view(b, bl)?,
-                )?;
-                (
-                    CudaStorage::wrap_cuda_slice(y, dev.clone()),
-                    CudaStorage::wrap_cuda_slice(m, dev.clone()),
-                    CudaStorage::wrap_cuda_slice(v, dev.clone()),
-                )
-            }
-            DType::F64 => {
-                let (y, m, v) = bn_forward::<f64>(
-                    self.eps,
-                    &dev,
-                    &view(x, xl)?,
-                    dims,
-                    &view(w, wl)?,
-                    &view(b, bl)?,
-                )?;
-                (
-                    CudaStorage::wrap_cuda_slice(y, dev.clone()),
-                    CudaStorage::wrap_cuda_slice(m, dev.clone()),
-                    CudaStorage::wrap_cuda_slice(v, dev.clone()),
-                )
-            }
+            DType::F32 => bn_forward::<f32>(
+                self.eps,
+                &dev,
+                &view(x, xl)?,
+                dims,
+                &view(w, wl)?,
+                &view(b, bl)?,
+            )?,
+            DType::F64 => bn_forward::<f64>(
+                self.eps,
+                &dev,
+                &view(x, xl)?,
+                dims,
+                &view(w, wl)?,
+                &view(b, bl)?,
+            )?,
             other => {
                 return Err(candle_core::Error::Msg(format!(
                     "cuDNN batch norm: {other:?}"
@@ -1099,8 +997,11 @@ impl CustomOp3 for BatchNormBackward {
         let whole = Layout::contiguous(dims[1]);
         let dev = x.device().clone();
         let len = dims.iter().product::<usize>() + 2 * dims[1];
-        let out = match x.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
+        let out = by_dtype(
+            x.dtype(),
+            &dev,
+            self.name(),
+            || {
                 bn_backward::<f32>(
                     self.eps,
                     &dev,
@@ -1110,10 +1011,9 @@ impl CustomOp3 for BatchNormBackward {
                     &view(dy, dyl)?,
                     &view(mean, &whole)?,
                     &view(inv_std, &whole)?,
-                )?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
+                )
+            },
+            || {
                 bn_backward::<f64>(
                     self.eps,
                     &dev,
@@ -1123,15 +1023,9 @@ impl CustomOp3 for BatchNormBackward {
                     &view(dy, dyl)?,
                     &view(mean, &whole)?,
                     &view(inv_std, &whole)?,
-                )?,
-                dev,
-            ),
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "cuDNN batch norm: {other:?}"
-                )))
-            }
-        };
+                )
+            },
+        )?;
         Ok((out, Shape::from(len)))
     }
 }
@@ -1251,21 +1145,13 @@ impl CustomOp1 for MaxPool {
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> candle_core::Result<(CudaStorage, Shape)> {
         let dims = dims4(xl, "the pooling input")?;
         let dev = x.device().clone();
-        let y = match x.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                pool_forward::<f32>(self, &dev, &view(x, xl)?, dims)?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
-                pool_forward::<f64>(self, &dev, &view(x, xl)?, dims)?,
-                dev,
-            ),
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "cuDNN max pool: {other:?}"
-                )))
-            }
-        };
+        let y = by_dtype(
+            x.dtype(),
+            &dev,
+            self.name(),
+            || pool_forward::<f32>(self, &dev, &view(x, xl)?, dims),
+            || pool_forward::<f64>(self, &dev, &view(x, xl)?, dims),
+        )?;
         Ok((y, Shape::from(self.out_dims(dims).to_vec())))
     }
 
@@ -1365,33 +1251,29 @@ impl CustomOp3 for MaxPoolBackward {
             ));
         }
         let dev = x.device().clone();
-        let dx = match x.dtype() {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
+        let dx = by_dtype(
+            x.dtype(),
+            &dev,
+            self.name(),
+            || {
                 pool_backward::<f32>(
                     self,
                     &dev,
                     (&view(x, xl)?, &view(y, yl)?, &view(dy, dyl)?),
                     dims,
                     out,
-                )?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
+                )
+            },
+            || {
                 pool_backward::<f64>(
                     self,
                     &dev,
                     (&view(x, xl)?, &view(y, yl)?, &view(dy, dyl)?),
                     dims,
                     out,
-                )?,
-                dev,
-            ),
-            other => {
-                return Err(candle_core::Error::Msg(format!(
-                    "cuDNN max pool: {other:?}"
-                )))
-            }
-        };
+                )
+            },
+        )?;
         Ok((dx, xl.shape().clone()))
     }
 }
