@@ -12,8 +12,8 @@
 use super::Reranker;
 use crate::error::{Error, Result};
 use crate::metrics::revisited::{self, GroundTruth, Protocol, RevisitedReport};
-use crate::retrieval::check_chunk_scores;
 use crate::retrieval::order::{descending_key, sort_by_key_stable, RadixScratch};
+use crate::retrieval::{check_chunk_scores, for_each_chunk};
 use rayon::prelude::*;
 
 /// Runs `f(query, ranking, scores)` for every query in order, where `ranking` holds the
@@ -27,28 +27,26 @@ pub(crate) fn for_each_ranking(
     if chunk_size == 0 {
         return Err(Error::invalid("chunk_size", "must be at least 1"));
     }
-    let nq = reranker.num_queries();
     let nr = reranker.num_references();
     let same = reranker.queries_are_references();
-    let mut start = 0;
-    while start < nq {
-        let len = chunk_size.min(nq - start);
-        let scores = reranker.scores(start, len)?;
-        check_chunk_scores(&scores, start, len, nr, true)?;
-        let ranked: Vec<Vec<u32>> = scores
-            .par_chunks(nr)
-            .enumerate()
-            .map_init(RadixScratch::default, |scratch, (r, row)| {
-                let skip = same.then_some(start + r);
-                rank_row(row, skip, scratch)
-            })
-            .collect();
-        for (r, ranking) in ranked.iter().enumerate() {
-            f(start + r, ranking, &scores[r * nr..(r + 1) * nr])?;
-        }
-        start += len;
-    }
-    Ok(())
+    // The engine's chunk loop (a re-ranker is a score source of its own).
+    for_each_chunk(reranker, chunk_size, |start, len, chunk| {
+        chunk.with_slice(|scores| {
+            check_chunk_scores(scores, start, len, nr, true)?;
+            let ranked: Vec<Vec<u32>> = scores
+                .par_chunks(nr)
+                .enumerate()
+                .map_init(RadixScratch::default, |scratch, (r, row)| {
+                    let skip = same.then_some(start + r);
+                    rank_row(row, skip, scratch)
+                })
+                .collect();
+            for (r, ranking) in ranked.iter().enumerate() {
+                f(start + r, ranking, &scores[r * nr..(r + 1) * nr])?;
+            }
+            Ok(())
+        })?
+    })
 }
 
 /// Reference indices of `row` by decreasing score, ties by index, without `skip`.
