@@ -177,13 +177,17 @@ impl Report {
 }
 
 /// Which kernels an entry ran through: the models' cuDNN path (feature `cudnn`, switched off by
-/// `RANKWISE_CUDNN=0`) and whether TF32 was forbidden (`NVIDIA_TF32_OVERRIDE=0`).
+/// `RANKWISE_CUDNN=0`), the smooth-rank losses' device kernels (switched off by
+/// `RANKWISE_DEVICE_KERNELS=0`; they apply only on CUDA, up to their size bound) and whether
+/// TF32 was forbidden (`NVIDIA_TF32_OVERRIDE=0`).
 fn backend() -> Value {
     #[cfg(feature = "cudnn")]
     let cudnn = rankwise::models::cudnn::enabled();
     #[cfg(not(feature = "cudnn"))]
     let cudnn = false;
-    json!({"cudnn": cudnn, "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
+    json!({"cudnn": cudnn,
+           "device_kernels": rankwise::losses::smooth_rank::device::enabled(),
+           "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 
 fn unix_ms() -> u128 {

@@ -136,6 +136,13 @@ EOF
 fi
 export RUSTFLAGS="${RUSTFLAGS:-} -L native=$linkdir"
 
+# The library's own kernels (src/**/*.cu) are compiled by NVRTC when first used on the GPU:
+# compile them here with the same NVRTC, so that an error shows on this machine, not there.
+nvrtc_lib="$(readlink -f "$linkdir/libnvrtc.so")"
+mapfile -t kernels < <(find "$root/src" -name '*.cu' | sort)
+LD_LIBRARY_PATH="$(dirname "$nvrtc_lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+  python3 "$root/scripts/nvrtc_check.py" "$nvrtc_lib" "${kernels[@]}" >&2
+
 start=$SECONDS
 # The source state the binaries are built from, taken before the (long) build: a commit made
 # while cargo runs must not be named as theirs.

@@ -41,6 +41,7 @@ pub mod rerank;
 pub mod retrieval;
 pub mod samplers;
 pub mod stats;
+pub mod switch;
 pub mod synthetic_embeddings;
 pub mod train;
 

@@ -30,6 +30,10 @@
 //!   candle. Each chunk is differentiated in its own graph, so the peak memory is that of one
 //!   chunk.
 //!
+//! On a CUDA device, [`Engine::Streaming`] hands the queries to the kernels of [`device`]
+//! (the same quantities, one GPU thread per query and item, no host pass) up to
+//! [`device::MAX_PAIRS`] pairs.
+//!
 //! Both engines return the per-query values together with the exact Jacobian of each query's
 //! AP with respect to its own row of scores (a query's AP depends on no other row); the
 //! Jacobian is computed in the forward call, and only when the scores are part of a graph. The
@@ -43,6 +47,8 @@ use crate::hierarchy::{level_counts, Labels, Relevance};
 use crate::losses::surrogate::{Piece, PieceFn, StepSurrogate, Surrogate, Upper};
 use candle_core::{DType, Device, Tensor, Var};
 use rayon::prelude::*;
+
+pub mod device;
 
 /// Level marking an item that is not in the query's retrieval set (the query itself, in the
 /// papers' protocol).
@@ -345,6 +351,12 @@ pub fn smooth_average_precision(
     };
     let need_grad = scores.track_op();
     let (values, jacobian) = match engine {
+        // On a GPU the streaming engine's host pass is replaced by the device kernels, which
+        // compute the same values and Jacobian (see `device`); the chunk bounds only the
+        // memory of the other engines.
+        Engine::Streaming if device::applies(scores) => {
+            device::run(scores, problem, surrogates, need_grad)?
+        }
         Engine::Streaming => streaming(scores, problem, surrogates, chunk, need_grad)?,
         Engine::Autograd => autograd(scores, problem, surrogates, chunk, need_grad)?,
     };

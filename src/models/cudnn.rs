@@ -43,38 +43,20 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// 0: the environment not read yet, 1: on, 2: off.
-static STATE: AtomicU8 = AtomicU8::new(0);
+static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_CUDNN");
 
 /// Whether the models route their convolutions, training-mode batch normalisation and max
-/// pooling on CUDA through cuDNN: on, unless `RANKWISE_CUDNN` is `0`, `off` or `false` or [`set_enabled`] said
-/// otherwise.
+/// pooling on CUDA through cuDNN: on, unless `RANKWISE_CUDNN` is `0`, `off` or `false` or
+/// [`set_enabled`] said otherwise.
 pub fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let off = std::env::var("RANKWISE_CUDNN")
-                .map(|v| matches!(v.trim(), "0" | "off" | "false"))
-                .unwrap_or(false);
-            // A concurrent set_enabled wins over the environment.
-            let _ = STATE.compare_exchange(
-                0,
-                if off { 2 } else { 1 },
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            );
-            STATE.load(Ordering::Relaxed) == 1
-        }
-    }
+    SWITCH.on()
 }
 
 /// Turns the cuDNN path on or off for the whole process (the GPU check measures both).
 pub fn set_enabled(on: bool) {
-    STATE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    SWITCH.set(on);
 }
 
 /// Whether `x` takes the cuDNN path: [`enabled`], on a CUDA device, in `f32` or `f64`.

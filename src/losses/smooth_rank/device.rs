@@ -1,0 +1,606 @@
+//! The smooth-rank AP and its Jacobian computed on a CUDA device, without the host.
+//!
+//! The streaming engine ([`super::Engine::Streaming`]) runs on the host: on a GPU, the `Q × N`
+//! scores travel to the host, its cores rank them, and the Jacobian travels back — at B = 256
+//! on the H200 machine (2026-11-26) that made Smooth-AP 1.7 ms, ROADMAP 3.1 ms and HAPPIER
+//! 5.5 ms per step, slower than PyTorch's all-on-GPU formulations for the last two. Here the
+//! same quantities come from the kernels of `device.cu` beside this file, one thread per
+//! (query, item). For query `q`, its positives `k` (level ≥ 1, in the retrieval set) and the
+//! pair category `c` (level of `j` against level of `k`):
+//!
+//! ```text
+//! pass 1, thread (q, k):  rank(k)   = 1      + Σ_{j ≠ k}         R_c(s_j − s_k)
+//!                         H-rank(k) = rel(k) + Σ_{j ≠ k, l_j ≥ 1} w_kj N_c(s_j − s_k),  w_kj = min(rel(k), rel(j))
+//!                         G(k) = ∂(H-rank(k)/rank(k))/∂s_k = −A_k/rank(k) + H-rank(k) B_k/rank(k)²,
+//!                                A_k = Σ_j w_kj N'_c(s_j − s_k),  B_k = Σ_j R'_c(s_j − s_k)
+//! pass 2, thread (q, j):  ∂AP/∂s_j = (1/Z) [Σ_{k ≠ j} (w_kj N'_c(s_j − s_k)/rank(k)
+//!                                              − H-rank(k) R'_c(s_j − s_k)/rank(k)²) + G(j)]
+//! values, thread q:       AP = Σ_k H-rank(k)/rank(k) / Z,  Z = Σ_k rel(k)
+//! ```
+//!
+//! — HAPPIER Eq. (3) and its derivative, Smooth-AP Eq. (5)–(7) when the levels are binary,
+//! the same definitions as the streaming engine (including the empty cases: no positive, or
+//! `Z ≤ 0`, gives AP 0 and a zero row). Each thread does `O(N)` work, `O(Q N²)` in all, with none
+//! of the streaming engine's sorting and counting: that is a few milliseconds of the GPU up to
+//! a few thousand items, so the kernels are used when `Q · N² ≤` [`MAX_PAIRS`] and the
+//! streaming engine beyond. Sums are in `f64` like the host's; the sigmoid's `exp` is in the
+//! scores' type.
+//!
+//! **Switch.** `RANKWISE_DEVICE_KERNELS=0` (or [`set_enabled`]) sends everything back to the
+//! streaming engine: the same binary measures both.
+//!
+//! **Tests.** The kernel source is compiled here by NVRTC at run time; the unit test below
+//! compiles the same file with the host's C++ compiler, emulating the launch grid
+//! (`tests/cuda_emulation/`), and checks values and Jacobians against the streaming engine for
+//! every surrogate family; `scripts/build_cuda.sh` compiles it with NVRTC on the build machine;
+//! the GPU check compares every smooth-rank loss on CUDA with the CPU.
+
+use super::{PairSurrogates, RankProblem, EXCLUDED};
+use crate::error::{Error, Result};
+use crate::losses::surrogate::{PieceFn, Upper};
+use candle_core::{DType, Tensor};
+
+/// The kernels' source, compiled at run time by NVRTC.
+#[cfg(feature = "cuda")]
+const SOURCE: &str = include_str!("device.cu");
+
+/// Largest `Q · N²` (pairs visited by each pass) sent to the kernels.
+pub const MAX_PAIRS: usize = 1 << 36;
+
+/// Pieces per surrogate the kernels accept (`RW_MAX_PIECES` in `device.cu`).
+const MAX_PIECES: usize = 6;
+/// Doubles per piece (`RW_PIECE_LEN`).
+const PIECE_LEN: usize = 6;
+/// Doubles per surrogate (`RW_SLOT_LEN`).
+pub(crate) const SLOT_LEN: usize = 1 + MAX_PIECES * PIECE_LEN;
+
+static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_DEVICE_KERNELS");
+
+/// Whether the device kernels are used: on, unless `RANKWISE_DEVICE_KERNELS` is `0`, `off` or
+/// `false` or [`set_enabled`] said otherwise.
+pub fn enabled() -> bool {
+    SWITCH.on()
+}
+
+/// Turns the device kernels on or off for the whole process (the GPU check measures both).
+pub fn set_enabled(on: bool) {
+    SWITCH.set(on);
+}
+
+/// Whether the smooth APs of `scores` (`Q × N`) are computed by the kernels: a build with the
+/// `cuda` feature, scores on a CUDA device in `f32` or `f64`, [`enabled`], and
+/// `Q · N² ≤` [`MAX_PAIRS`].
+pub fn applies(scores: &Tensor) -> bool {
+    let Ok((q, n)) = scores.dims2() else {
+        return false;
+    };
+    cfg!(feature = "cuda")
+        && scores.device().is_cuda()
+        && matches!(scores.dtype(), DType::F32 | DType::F64)
+        && q.checked_mul(n)
+            .and_then(|qn| qn.checked_mul(n))
+            .is_some_and(|p| p <= MAX_PAIRS)
+        && enabled()
+}
+
+/// The six surrogates (rank: lower, equal, higher; H-rank: the same), `SLOT_LEN` doubles each,
+/// as `device.cu` reads them.
+// Used by the CUDA launch and by the emulation test (so in every test build).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn encode_surrogates(sur: &PairSurrogates) -> Result<Vec<f64>> {
+    let mut out = Vec::with_capacity(6 * SLOT_LEN);
+    for s in sur.rank.iter().chain(&sur.hrank) {
+        let pieces = s.pieces();
+        if pieces.len() > MAX_PIECES {
+            return Err(Error::invalid(
+                "surrogate",
+                format!(
+                    "{} pieces, the device kernels take at most {MAX_PIECES}",
+                    pieces.len()
+                ),
+            ));
+        }
+        let mut slot = vec![0.0; SLOT_LEN];
+        slot[0] = pieces.len() as f64;
+        for (i, p) in pieces.iter().enumerate() {
+            let (kind, bound) = match p.upper {
+                Upper::Lt(b) => (0.0, b),
+                Upper::Le(b) => (1.0, b),
+                Upper::Inf => (2.0, 0.0),
+            };
+            let (f, a, b, c) = match p.f {
+                PieceFn::Const(v) => (0.0, v, 0.0, 0.0),
+                PieceFn::Affine {
+                    slope,
+                    shift,
+                    intercept,
+                } => (1.0, slope, shift, intercept),
+                PieceFn::Sigmoid { tau, add } => (2.0, tau, add, 0.0),
+            };
+            slot[1 + i * PIECE_LEN..1 + (i + 1) * PIECE_LEN]
+                .copy_from_slice(&[kind, bound, f, a, b, c]);
+        }
+        out.extend(slot);
+    }
+    Ok(out)
+}
+
+/// The inputs of the kernels besides the scores.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Debug, Clone)]
+pub(crate) struct KernelProblem {
+    pub(crate) queries: usize,
+    pub(crate) items: usize,
+    pub(crate) num_levels: usize,
+    /// `Q × N`, [`EXCLUDED`] outside the retrieval set.
+    pub(crate) levels: Vec<u8>,
+    /// `Q × (L + 1)`.
+    pub(crate) relevance: Vec<f64>,
+    /// [`encode_surrogates`].
+    pub(crate) pieces: Vec<f64>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl KernelProblem {
+    pub(crate) fn new(problem: &RankProblem, sur: &PairSurrogates) -> Result<Self> {
+        // `device.cu` takes the sizes as 32-bit integers.
+        for (what, v) in [("queries", problem.queries), ("items", problem.items)] {
+            if u32::try_from(v).is_err() {
+                return Err(Error::invalid(
+                    what,
+                    format!("{v} is beyond the device kernels' 32-bit sizes"),
+                ));
+            }
+        }
+        debug_assert!(problem.num_levels < EXCLUDED as usize);
+        Ok(KernelProblem {
+            queries: problem.queries,
+            items: problem.items,
+            num_levels: problem.num_levels,
+            levels: problem.levels.clone(),
+            relevance: problem.relevance.clone(),
+            pieces: encode_surrogates(sur)?,
+        })
+    }
+}
+
+/// The per-query smooth APs (`Q`) and, when `need_grad`, their Jacobian (`Q × N`), computed by
+/// the kernels on the scores' CUDA device, in the scores' dtype.
+#[cfg(feature = "cuda")]
+pub(super) fn run(
+    scores: &Tensor,
+    problem: &RankProblem,
+    sur: &PairSurrogates,
+    need_grad: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let (q, n) = scores.dims2()?;
+    let op = cuda::SmoothRankOp {
+        problem: KernelProblem::new(problem, sur)?,
+        need_grad,
+    };
+    // One buffer: the Jacobian's `Q × N` values (when asked), then the `Q` APs.
+    let out = scores.detach().contiguous()?.apply_op1_no_bwd(&op)?;
+    let jac_len = if need_grad { q * n } else { 0 };
+    let values = out.narrow(0, jac_len, q)?;
+    let jac = if need_grad {
+        Some(out.narrow(0, 0, jac_len)?.reshape((q, n))?)
+    } else {
+        None
+    };
+    Ok((values, jac))
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(super) fn run(
+    _: &Tensor,
+    _: &RankProblem,
+    _: &PairSurrogates,
+    _: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    Err(Error::invalid(
+        "device",
+        "the smooth-rank device kernels need a build with the `cuda` feature",
+    ))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::KernelProblem;
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    };
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
+    use std::sync::OnceLock;
+
+    /// Threads per block along the items.
+    const BLOCK: u32 = 256;
+    /// The module's name in candle's cache of loaded modules.
+    const MODULE: &str = "rankwise_smooth_rank";
+
+    /// The PTX of `device.cu`, compiled once per process.
+    fn ptx() -> candle_core::Result<&'static str> {
+        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+        PTX.get_or_init(|| {
+            candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(super::SOURCE)
+                .map(|p| p.to_src())
+                .map_err(|e| format!("NVRTC could not compile the smooth-rank kernels: {e}"))
+        })
+        .as_deref()
+        .map_err(|e| candle_core::Error::Msg(e.clone()))
+    }
+
+    trait Float: DeviceRepr + ValidAsZeroBits {
+        const SUFFIX: &'static str;
+    }
+    impl Float for f32 {
+        const SUFFIX: &'static str = "f32";
+    }
+    impl Float for f64 {
+        const SUFFIX: &'static str = "f64";
+    }
+
+    pub(super) struct SmoothRankOp {
+        pub(super) problem: KernelProblem,
+        pub(super) need_grad: bool,
+    }
+
+    impl SmoothRankOp {
+        fn launch<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            scores: &CudaView<T>,
+        ) -> candle_core::Result<CudaSlice<T>> {
+            let p = &self.problem;
+            let (q, n) = (p.queries, p.items);
+            let (nq, nn, nl) = (q as u32, n as u32, p.num_levels as u32);
+            let ptx = ptx()?;
+            let func = |name: &str| {
+                dev.get_or_load_custom_func(
+                    &format!("rankwise_smooth_rank_{name}_{}", T::SUFFIX),
+                    MODULE,
+                    ptx,
+                )
+            };
+            let levels = dev.clone_htod(&p.levels)?;
+            let rel = dev.clone_htod(&p.relevance)?;
+            let pieces = dev.clone_htod(&p.pieces)?;
+            let mut rank = dev.alloc_zeros::<f64>(q * n)?;
+            let mut hrank = dev.alloc_zeros::<f64>(q * n)?;
+            let mut own = dev.alloc_zeros::<f64>(q * n)?;
+            let jac_len = if self.need_grad { q * n } else { 0 };
+            let mut out = dev.alloc_zeros::<T>(jac_len + q)?;
+            let rows = LaunchConfig {
+                grid_dim: (nq, nn.div_ceil(BLOCK), 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let pass1 = func("pass1")?;
+            let mut b = pass1.builder();
+            b.arg(scores)
+                .arg(&levels)
+                .arg(&rel)
+                .arg(&pieces)
+                .arg(&nq)
+                .arg(&nn)
+                .arg(&nl)
+                .arg(&mut rank)
+                .arg(&mut hrank)
+                .arg(&mut own);
+            // SAFETY: every buffer holds the `Q × N` (levels, scores, scratch), `Q × (L + 1)`
+            // (relevances) or `6 × SLOT_LEN` (pieces) values the kernel indexes.
+            unsafe { b.launch(rows) }.w()?;
+            if self.need_grad {
+                let pass2 = func("pass2")?;
+                let mut jac = out.slice_mut(0..jac_len);
+                let mut b = pass2.builder();
+                b.arg(scores)
+                    .arg(&levels)
+                    .arg(&rel)
+                    .arg(&pieces)
+                    .arg(&nq)
+                    .arg(&nn)
+                    .arg(&nl)
+                    .arg(&rank)
+                    .arg(&hrank)
+                    .arg(&own)
+                    .arg(&mut jac);
+                // SAFETY: as pass 1; `jac` holds `Q × N` values.
+                unsafe { b.launch(rows) }.w()?;
+            }
+            {
+                let values_fn = func("values")?;
+                let mut values = out.slice_mut(jac_len..);
+                let mut b = values_fn.builder();
+                b.arg(&levels)
+                    .arg(&rel)
+                    .arg(&nq)
+                    .arg(&nn)
+                    .arg(&nl)
+                    .arg(&rank)
+                    .arg(&hrank)
+                    .arg(&mut values);
+                let per_query = LaunchConfig {
+                    grid_dim: (nq.div_ceil(BLOCK), 1, 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: `values` holds `Q` values; the rest as pass 1.
+                unsafe { b.launch(per_query) }.w()?;
+            }
+            Ok(out)
+        }
+    }
+
+    impl CustomOp1 for SmoothRankOp {
+        fn name(&self) -> &'static str {
+            "rankwise-smooth-rank"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(candle_core::Error::Msg(
+                "rankwise-smooth-rank runs on a CUDA device; the CPU uses the streaming engine"
+                    .into(),
+            ))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let p = &self.problem;
+            if l.dims() != [p.queries, p.items] || !l.is_contiguous() {
+                return Err(candle_core::Error::Msg(format!(
+                    "rankwise-smooth-rank: scores {:?} (contiguous: {}) for {} × {}",
+                    l.dims(),
+                    l.is_contiguous(),
+                    p.queries,
+                    p.items
+                )));
+            }
+            let dev = s.device().clone();
+            let len = if self.need_grad {
+                p.queries * p.items
+            } else {
+                0
+            } + p.queries;
+            let storage = match s.dtype() {
+                DType::F32 => {
+                    let v = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &v)?, dev.clone())
+                }
+                DType::F64 => {
+                    let v = s.as_cuda_slice::<f64>()?.slice(l.start_offset()..);
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &v)?, dev.clone())
+                }
+                other => {
+                    return Err(candle_core::Error::Msg(format!(
+                        "rankwise-smooth-rank: f32 or f64 scores, not {other:?}"
+                    )))
+                }
+            };
+            Ok((storage, Shape::from(len)))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hierarchy::Labels;
+    use crate::losses::smooth_rank::{smooth_average_precision, Engine};
+    use crate::losses::surrogate::{Heaviside, LowerStep, Sigmoid, Surrogate, UpperStep};
+    use candle_core::{Device, Var};
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// Builds the emulation harness (`tests/cuda_emulation/smooth_rank.cpp`, which includes
+    /// `device.cu`) with the host's C++ compiler, once per test process, beside the test
+    /// binary (built under a name of this process, then renamed into place: atomic).
+    fn harness() -> &'static Path {
+        static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+        BIN.get_or_init(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let exe = std::env::current_exe().unwrap();
+            let bin = exe.with_file_name("rankwise-emulation-smooth-rank");
+            let tmp = exe.with_file_name(format!(
+                "rankwise-emulation-smooth-rank.{}",
+                std::process::id()
+            ));
+            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+            let out = Command::new(&cxx)
+                .args(["-std=c++17", "-O2", "-Wall", "-Werror", "-o"])
+                .arg(&tmp)
+                .arg(root.join("tests/cuda_emulation/smooth_rank.cpp"))
+                .output()
+                .unwrap_or_else(|e| {
+                    panic!("the kernel emulation test needs a C++ compiler ({cxx}): {e}")
+                });
+            assert!(
+                out.status.success(),
+                "{cxx} could not build the emulation of device.cu:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::rename(&tmp, &bin).unwrap();
+            bin
+        })
+    }
+
+    /// Runs the kernels of `device.cu` on the host (the harness emulates the launch grid with a
+    /// block of 7 threads, so partial blocks are exercised) and returns the APs and the
+    /// Jacobian in `f64`.
+    fn emulate(scores: &[f64], f32_scores: bool, p: &KernelProblem) -> (Vec<f64>, Vec<f64>) {
+        let mut input = Vec::new();
+        for v in [p.queries, p.items, p.num_levels, usize::from(f32_scores)] {
+            input.extend((v as u32).to_le_bytes());
+        }
+        for &s in scores {
+            if f32_scores {
+                input.extend((s as f32).to_le_bytes());
+            } else {
+                input.extend(s.to_le_bytes());
+            }
+        }
+        input.extend(&p.levels);
+        for v in p.relevance.iter().chain(&p.pieces) {
+            input.extend(v.to_le_bytes());
+        }
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), input).unwrap();
+        let out = Command::new(harness()).arg(file.path()).output().unwrap();
+        assert!(
+            out.status.success(),
+            "harness failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Vec<f64> = out
+            .stdout
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(v.len(), p.queries + p.queries * p.items);
+        let (values, jac) = v.split_at(p.queries);
+        (values.to_vec(), jac.to_vec())
+    }
+
+    /// The streaming engine's APs and Jacobian.
+    fn streaming(
+        scores: &[f64],
+        q: usize,
+        problem: &RankProblem,
+        sur: &PairSurrogates,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let n = scores.len() / q;
+        let var = Var::from_vec(scores.to_vec(), (q, n), &Device::Cpu).unwrap();
+        let ap = smooth_average_precision(var.as_tensor(), problem, sur, Engine::Streaming, None)
+            .unwrap()
+            .ap;
+        let grads = ap.sum_all().unwrap().backward().unwrap();
+        let jac = grads.get(var.as_tensor()).unwrap();
+        (
+            ap.to_vec1().unwrap(),
+            jac.flatten_all().unwrap().to_vec1().unwrap(),
+        )
+    }
+
+    fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}[{i}]: kernel {g} vs streaming {w}"
+            );
+        }
+    }
+
+    /// Scores on a grid of 0.004 with ties, so the exact step's convention at 0 and the
+    /// sigmoid's clamp and the upper step's pieces are all visited.
+    fn scores(q: usize, n: usize, seed: u64) -> Vec<f64> {
+        let mut x = seed;
+        (0..q * n)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((x >> 33) % 200) as f64 * 0.004 - 0.4
+            })
+            .collect()
+    }
+
+    fn check(name: &str, problem: &RankProblem, sur: &PairSurrogates, seed: u64) {
+        let (q, n) = (problem.queries(), problem.items());
+        let s = scores(q, n, seed);
+        let kp = KernelProblem::new(problem, sur).unwrap();
+        let (want_v, want_j) = streaming(&s, q, problem, sur);
+        let (v, j) = emulate(&s, false, &kp);
+        assert_close(&format!("{name} f64 AP"), &v, &want_v, 1e-12);
+        assert_close(&format!("{name} f64 Jacobian"), &j, &want_j, 1e-10);
+        // f32 scores: exactly representable on this grid? No (0.004), so compare with the
+        // streaming engine on the f32-rounded scores; the exponential is then in f32.
+        let s32: Vec<f64> = s.iter().map(|&x| x as f32 as f64).collect();
+        let (want_v, want_j) = streaming(&s32, q, problem, sur);
+        let (v, j) = emulate(&s32, true, &kp);
+        assert_close(&format!("{name} f32 AP"), &v, &want_v, 1e-5);
+        assert_close(&format!("{name} f32 Jacobian"), &j, &want_j, 1e-4);
+    }
+
+    fn labels(classes: &[&[i64]]) -> Labels {
+        let rows: Vec<Vec<i64>> = (0..classes[0].len())
+            .map(|i| classes.iter().map(|c| c[i]).collect())
+            .collect();
+        Labels::new(rows).unwrap()
+    }
+
+    #[test]
+    fn the_kernels_equal_the_streaming_engine_for_every_surrogate_family() {
+        let fine: Vec<i64> = (0..23).map(|i| i % 5).collect();
+        let coarse: Vec<i64> = fine.iter().map(|c| c / 2).collect();
+        let binary = labels(&[&fine]);
+        let hier = labels(&[&fine, &coarse]);
+        let sigmoid = PairSurrogates::uniform(Surrogate::Sigmoid(Sigmoid { tau: 0.01 }));
+        let exact = PairSurrogates::uniform(Surrogate::Heaviside(Heaviside::default()));
+        // ROADMAP / HAPPIER: the upper step on lower pairs, the lower step on higher pairs,
+        // with the authors' discontinuous SOP offset.
+        let mixed = PairSurrogates {
+            rank: [
+                Surrogate::UpperStep(UpperStep::sop_code()),
+                Surrogate::Sigmoid(Sigmoid { tau: 0.01 }),
+                Surrogate::LowerStep(LowerStep::default()),
+            ],
+            hrank: [
+                Surrogate::Sigmoid(Sigmoid { tau: 0.05 }),
+                Surrogate::Sigmoid(Sigmoid { tau: 0.01 }),
+                Surrogate::LowerStep(LowerStep::default()),
+            ],
+        };
+        for include_self in [false, true] {
+            let p = RankProblem::binary(&binary, include_self).unwrap();
+            check("Smooth-AP", &p, &sigmoid, 1);
+            check("exact AP", &p, &exact, 2);
+            check("mixed, binary", &p, &mixed, 3);
+        }
+        for include_self in [false, true] {
+            let rel = crate::hierarchy::Relevance::default();
+            let p = RankProblem::hierarchical(&hier, include_self, &rel).unwrap();
+            check("H-AP", &p, &mixed, 4);
+            check("H-AP, sigmoid", &p, &sigmoid, 5);
+        }
+    }
+
+    #[test]
+    fn a_query_without_positive_gets_zero_and_a_zero_row() {
+        // Three singleton classes and a pair: the singletons have no positive.
+        let l = labels(&[&[0, 1, 2, 3, 3]]);
+        let p = RankProblem::binary(&l, false).unwrap();
+        let sur = PairSurrogates::uniform(Surrogate::Sigmoid(Sigmoid { tau: 0.01 }));
+        let kp = KernelProblem::new(&p, &sur).unwrap();
+        let s = scores(5, 5, 9);
+        let (v, j) = emulate(&s, false, &kp);
+        for q in 0..3 {
+            assert_eq!(v[q], 0.0);
+            assert!(j[q * 5..(q + 1) * 5].iter().all(|&x| x == 0.0));
+        }
+        assert!(v[3] > 0.0 && v[4] > 0.0);
+    }
+
+    #[test]
+    fn surrogates_are_encoded_piece_by_piece() {
+        let sur = PairSurrogates::uniform(Surrogate::UpperStep(UpperStep::default()));
+        let enc = encode_surrogates(&sur).unwrap();
+        assert_eq!(enc.len(), 6 * SLOT_LEN);
+        let pieces = Surrogate::UpperStep(UpperStep::default()).pieces();
+        assert_eq!(enc[0], pieces.len() as f64);
+        // The last piece is the unbounded linear branch ρ (t − δ) + offset.
+        let last = &enc[1 + (pieces.len() - 1) * PIECE_LEN..1 + pieces.len() * PIECE_LEN];
+        let u = UpperStep::default();
+        assert_eq!(last, &[2.0, 0.0, 1.0, u.rho, u.delta, u.effective_offset()]);
+    }
+
+    #[test]
+    fn the_kernels_apply_only_on_a_cuda_device() {
+        let s = Tensor::zeros((4, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(!applies(&s));
+    }
+}
