@@ -186,7 +186,7 @@ fn backend() -> Value {
     #[cfg(not(feature = "cudnn"))]
     let cudnn = false;
     json!({"cudnn": cudnn,
-           "device_kernels": rankwise::losses::smooth_rank::device::enabled(),
+           "device_kernels": rankwise::kernels::enabled(),
            "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 

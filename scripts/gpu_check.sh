@@ -13,7 +13,7 @@
 #   2. our benchmarks: small-CNN training throughput, each loss up to the largest batch that
 #      fits, SOP-scale evaluation, ResNet-18/50 training throughput (through cuDNN when the
 #      binaries have the `cudnn` feature, then ResNet-50 once more without it, `train-candle`;
-#      the smooth-rank losses once more without their device kernels, `losses-host`);
+#      the losses with device kernels once more without them, `losses-host`);
 #   3. the PyTorch anchors on the same GPU (benches/losses_vs_torch.py, train_throughput_vs_torch.py,
 #      eval_topk_torch.py) into OUT_DIR/torch_*.jsonl;
 #   4. every configs/paper recipe's first steps and one evaluation on a synthetic dataset in the
@@ -115,9 +115,9 @@ run correctness && NVIDIA_TF32_OVERRIDE=0 gc 100 --only correctness
 run train && gc 70 --only train
 run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
 run losses && gc 150 --only losses
-# The smooth-rank losses once more with their device kernels off (RANKWISE_DEVICE_KERNELS=0):
-# the streaming engine's host pass, for the side-by-side at B = 256 and 4096.
-run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 40 --only losses --losses smooth-ap,roadmap,happier --cap 4096
+# The losses with device kernels (smooth rank, triplet) once more with them off
+# (RANKWISE_DEVICE_KERNELS=0: the host pass), for the side-by-side at B = 256 and 4096.
+run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 50 --only losses --losses smooth-ap,roadmap,happier,triplet-semihard --cap 4096
 run eval && gc 50 --only eval
 run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
 run torch-train && pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"

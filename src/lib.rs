@@ -32,6 +32,7 @@ pub mod experiments;
 pub mod fewshot;
 pub mod hierarchy;
 pub mod io;
+pub mod kernels;
 pub mod losses;
 pub mod metrics;
 pub mod models;

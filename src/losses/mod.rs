@@ -181,6 +181,20 @@ fn mean_nonzero_in_place(losses: &Tensor) -> Result<Tensor> {
     Ok(losses.sum_all()?.div(&count)?)
 }
 
+/// The fine classes of a batch as dense `u32` ids in order of first appearance (the comparison
+/// kernels of every device and the CUDA kernels of the losses take `u32`).
+pub(crate) fn dense_fine_ids(labels: &Labels) -> Vec<u32> {
+    let mut dense = std::collections::HashMap::new();
+    labels
+        .column(0)
+        .iter()
+        .map(|c| {
+            let next = dense.len() as u32;
+            *dense.entry(*c).or_insert(next)
+        })
+        .collect()
+}
+
 /// The `B × B` masks of the positive pairs (same fine class) and of the negative pairs (another
 /// fine class) of a batch, the diagonal in neither, as 0 / 1 tensors of `dtype` — what the
 /// plain tensor formulations of the pairwise losses multiply their costs by. Built on `device`
@@ -191,17 +205,8 @@ pub fn pair_masks(
     dtype: DType,
     device: &candle_core::Device,
 ) -> Result<(Tensor, Tensor)> {
-    let fine = labels.column(0);
-    let b = fine.len();
-    // Dense u32 ids (the comparison kernels of every device take u32).
-    let mut dense = std::collections::HashMap::new();
-    let ids: Vec<u32> = fine
-        .iter()
-        .map(|c| {
-            let next = dense.len() as u32;
-            *dense.entry(*c).or_insert(next)
-        })
-        .collect();
+    let ids = dense_fine_ids(labels);
+    let b = ids.len();
     let ids = Tensor::from_vec(ids, b, device)?;
     let same = ids
         .unsqueeze(1)?

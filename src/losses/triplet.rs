@@ -34,6 +34,8 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+pub mod device;
+
 /// Which triplets of the batch the loss uses (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -184,6 +186,10 @@ impl RankLoss for Triplet {
                 "margin",
                 format!("must be finite, got {}", self.margin),
             ));
+        }
+        // On a GPU: the mining by a kernel, the cost by autograd, on the device (see `device`).
+        if device::applies(self, embeddings) {
+            return device::forward(self, embeddings, labels);
         }
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = TripletRows {
@@ -338,6 +344,30 @@ fn easy_positive_semihard_negative(
     }
 }
 
+/// The error of a batch where no anchor has both a positive and a negative.
+fn no_candidates() -> Error {
+    Error::invalid(
+        "labels",
+        "the triplet loss is undefined for this batch: no anchor has both a positive \
+         (same class) and a negative",
+    )
+}
+
+/// [`no_candidates`] unless some anchor has both a positive and a negative: some class has at
+/// least two items and is not the whole batch.
+fn check_candidates(labels: &Labels) -> Result<()> {
+    let mut sizes = std::collections::HashMap::new();
+    let fine = labels.column(0);
+    for c in &fine {
+        *sizes.entry(c).or_insert(0usize) += 1;
+    }
+    if sizes.values().any(|&n| n >= 2 && n < fine.len()) {
+        Ok(())
+    } else {
+        Err(no_candidates())
+    }
+}
+
 struct TripletRows {
     loss: Triplet,
     fine: Arc<Vec<ClassId>>,
@@ -378,11 +408,7 @@ impl RowLoss for TripletRows {
 
     fn global(&self, rows: &[AnchorTriplets]) -> Result<(f64, usize)> {
         if !rows.iter().any(|r| r.has_candidates) {
-            return Err(Error::invalid(
-                "labels",
-                "the triplet loss is undefined for this batch: no anchor has both a positive \
-                 (same class) and a negative",
-            ));
+            return Err(no_candidates());
         }
         Ok(rows
             .iter()

@@ -8,38 +8,18 @@
 
 #include "../../src/losses/smooth_rank/device.cu"
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-
 // A block of 7 threads, so that blocks end past the rows and the bounds checks are exercised.
 static const unsigned int BLOCK = 7;
 
-template <typename T>
-static std::vector<T> take(const std::vector<unsigned char>& buf, size_t& at, size_t count) {
-  std::vector<T> out(count);
-  if (at + count * sizeof(T) > buf.size()) {
-    std::fprintf(stderr, "input too short\n");
-    std::exit(2);
-  }
-  std::memcpy(out.data(), buf.data() + at, count * sizeof(T));
-  at += count * sizeof(T);
-  return out;
-}
-
 template <typename T, typename P1, typename P2, typename V>
-static void run(const std::vector<unsigned char>& buf, size_t at, unsigned int q, unsigned int n,
-                unsigned int nl, P1 pass1, P2 pass2, V values_fn) {
+static void run(rw_input& in, unsigned int q, unsigned int n, unsigned int nl, P1 pass1, P2 pass2,
+                V values_fn) {
   const size_t qn = (size_t)q * n;
-  std::vector<T> scores = take<T>(buf, at, qn);
-  std::vector<unsigned char> levels = take<unsigned char>(buf, at, qn);
-  std::vector<double> rel = take<double>(buf, at, (size_t)q * (nl + 1));
-  std::vector<double> pieces = take<double>(buf, at, 6 * RW_SLOT_LEN);
-  if (at != buf.size()) {
-    std::fprintf(stderr, "input has %zu bytes too many\n", buf.size() - at);
-    std::exit(2);
-  }
+  std::vector<T> scores = in.take<T>(qn);
+  std::vector<unsigned char> levels = in.take<unsigned char>(qn);
+  std::vector<double> rel = in.take<double>((size_t)q * (nl + 1));
+  std::vector<double> pieces = in.take<double>(6 * RW_SLOT_LEN);
+  in.finish();
   std::vector<double> rank(qn), hrank(qn), own(qn);
   std::vector<T> jac(qn), values(q);
   const rw_dim3 rows{q, (n + BLOCK - 1) / BLOCK, 1}, block{BLOCK, 1, 1};
@@ -54,14 +34,8 @@ static void run(const std::vector<unsigned char>& buf, size_t at, unsigned int q
   rw_launch(rw_dim3{(q + BLOCK - 1) / BLOCK, 1, 1}, block, [&] {
     values_fn(levels.data(), rel.data(), q, n, nl, rank.data(), hrank.data(), values.data());
   });
-  for (T v : values) {
-    double d = (double)v;
-    std::fwrite(&d, sizeof d, 1, stdout);
-  }
-  for (T v : jac) {
-    double d = (double)v;
-    std::fwrite(&d, sizeof d, 1, stdout);
-  }
+  rw_write_doubles(values);
+  rw_write_doubles(jac);
 }
 
 int main(int argc, char** argv) {
@@ -69,23 +43,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s INPUT\n", argv[0]);
     return 2;
   }
-  std::FILE* f = std::fopen(argv[1], "rb");
-  if (!f) {
-    std::perror(argv[1]);
-    return 2;
-  }
-  std::vector<unsigned char> buf;
-  unsigned char chunk[65536];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof chunk, f)) > 0) buf.insert(buf.end(), chunk, chunk + got);
-  std::fclose(f);
-  size_t at = 0;
-  std::vector<unsigned int> head = take<unsigned int>(buf, at, 4);
+  rw_input in(argv[1]);
+  std::vector<unsigned int> head = in.take<unsigned int>(4);
   if (head[3])
-    run<float>(buf, at, head[0], head[1], head[2], rankwise_smooth_rank_pass1_f32,
+    run<float>(in, head[0], head[1], head[2], rankwise_smooth_rank_pass1_f32,
                rankwise_smooth_rank_pass2_f32, rankwise_smooth_rank_values_f32);
   else
-    run<double>(buf, at, head[0], head[1], head[2], rankwise_smooth_rank_pass1_f64,
+    run<double>(in, head[0], head[1], head[2], rankwise_smooth_rank_pass1_f64,
                 rankwise_smooth_rank_pass2_f64, rankwise_smooth_rank_values_f64);
   return 0;
 }

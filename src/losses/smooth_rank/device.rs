@@ -26,8 +26,8 @@
 //! streaming engine beyond. Sums are in `f64` like the host's; the sigmoid's `exp` is in the
 //! scores' type.
 //!
-//! **Switch.** `RANKWISE_DEVICE_KERNELS=0` (or [`set_enabled`]) sends everything back to the
-//! streaming engine: the same binary measures both.
+//! **Switch.** `RANKWISE_DEVICE_KERNELS=0` ([`crate::kernels::set_enabled`]) sends everything
+//! back to the streaming engine: the same binary measures both.
 //!
 //! **Tests.** The kernel source is compiled here by NVRTC at run time; the unit test below
 //! compiles the same file with the host's C++ compiler, emulating the launch grid
@@ -38,7 +38,7 @@
 use super::{PairSurrogates, RankProblem, EXCLUDED};
 use crate::error::{Error, Result};
 use crate::losses::surrogate::{PieceFn, Upper};
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 /// The kernels' source, compiled at run time by NVRTC.
 #[cfg(feature = "cuda")]
@@ -54,33 +54,17 @@ const PIECE_LEN: usize = 6;
 /// Doubles per surrogate (`RW_SLOT_LEN`).
 pub(crate) const SLOT_LEN: usize = 1 + MAX_PIECES * PIECE_LEN;
 
-static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_DEVICE_KERNELS");
-
-/// Whether the device kernels are used: on, unless `RANKWISE_DEVICE_KERNELS` is `0`, `off` or
-/// `false` or [`set_enabled`] said otherwise.
-pub fn enabled() -> bool {
-    SWITCH.on()
-}
-
-/// Turns the device kernels on or off for the whole process (the GPU check measures both).
-pub fn set_enabled(on: bool) {
-    SWITCH.set(on);
-}
-
 /// Whether the smooth APs of `scores` (`Q × N`) are computed by the kernels: a build with the
-/// `cuda` feature, scores on a CUDA device in `f32` or `f64`, [`enabled`], and
+/// `cuda` feature, scores on a CUDA device in `f32` or `f64`, [`crate::kernels::enabled`], and
 /// `Q · N² ≤` [`MAX_PAIRS`].
 pub fn applies(scores: &Tensor) -> bool {
     let Ok((q, n)) = scores.dims2() else {
         return false;
     };
-    cfg!(feature = "cuda")
-        && scores.device().is_cuda()
-        && matches!(scores.dtype(), DType::F32 | DType::F64)
+    crate::kernels::on_cuda(scores)
         && q.checked_mul(n)
             .and_then(|qn| qn.checked_mul(n))
             .is_some_and(|p| p <= MAX_PAIRS)
-        && enabled()
 }
 
 /// The six surrogates (rank: lower, equal, higher; H-rank: the same), `SLOT_LEN` doubles each,
@@ -205,41 +189,19 @@ pub(super) fn run(
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::KernelProblem;
+    use super::{KernelProblem, SOURCE};
+    use crate::kernels::{instance, ptx, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
-    use std::sync::OnceLock;
 
     /// Threads per block along the items.
     const BLOCK: u32 = 256;
     /// The module's name in candle's cache of loaded modules.
     const MODULE: &str = "rankwise_smooth_rank";
-
-    /// The PTX of `device.cu`, compiled once per process.
-    fn ptx() -> candle_core::Result<&'static str> {
-        static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
-        PTX.get_or_init(|| {
-            candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(super::SOURCE)
-                .map(|p| p.to_src())
-                .map_err(|e| format!("NVRTC could not compile the smooth-rank kernels: {e}"))
-        })
-        .as_deref()
-        .map_err(|e| candle_core::Error::Msg(e.clone()))
-    }
-
-    trait Float: DeviceRepr + ValidAsZeroBits {
-        const SUFFIX: &'static str;
-    }
-    impl Float for f32 {
-        const SUFFIX: &'static str = "f32";
-    }
-    impl Float for f64 {
-        const SUFFIX: &'static str = "f64";
-    }
 
     pub(super) struct SmoothRankOp {
         pub(super) problem: KernelProblem,
@@ -255,13 +217,10 @@ mod cuda {
             let p = &self.problem;
             let (q, n) = (p.queries, p.items);
             let (nq, nn, nl) = (q as u32, n as u32, p.num_levels as u32);
-            let ptx = ptx()?;
+            let ptx = ptx(MODULE, SOURCE)?;
             let func = |name: &str| {
-                dev.get_or_load_custom_func(
-                    &format!("rankwise_smooth_rank_{name}_{}", T::SUFFIX),
-                    MODULE,
-                    ptx,
-                )
+                let name = instance::<T>(&format!("rankwise_smooth_rank_{name}"));
+                dev.get_or_load_custom_func(&name, MODULE, ptx)
             };
             let levels = dev.clone_htod(&p.levels)?;
             let rel = dev.clone_htod(&p.relevance)?;
@@ -392,41 +351,8 @@ mod tests {
     use crate::hierarchy::Labels;
     use crate::losses::smooth_rank::{smooth_average_precision, Engine};
     use crate::losses::surrogate::{Heaviside, LowerStep, Sigmoid, Surrogate, UpperStep};
+    use candle_core::DType;
     use candle_core::{Device, Var};
-    use std::path::{Path, PathBuf};
-    use std::process::Command;
-
-    /// Builds the emulation harness (`tests/cuda_emulation/smooth_rank.cpp`, which includes
-    /// `device.cu`) with the host's C++ compiler, once per test process, beside the test
-    /// binary (built under a name of this process, then renamed into place: atomic).
-    fn harness() -> &'static Path {
-        static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-        BIN.get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let exe = std::env::current_exe().unwrap();
-            let bin = exe.with_file_name("rankwise-emulation-smooth-rank");
-            let tmp = exe.with_file_name(format!(
-                "rankwise-emulation-smooth-rank.{}",
-                std::process::id()
-            ));
-            let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-            let out = Command::new(&cxx)
-                .args(["-std=c++17", "-O2", "-Wall", "-Werror", "-o"])
-                .arg(&tmp)
-                .arg(root.join("tests/cuda_emulation/smooth_rank.cpp"))
-                .output()
-                .unwrap_or_else(|e| {
-                    panic!("the kernel emulation test needs a C++ compiler ({cxx}): {e}")
-                });
-            assert!(
-                out.status.success(),
-                "{cxx} could not build the emulation of device.cu:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(&tmp, &bin).unwrap();
-            bin
-        })
-    }
 
     /// Runs the kernels of `device.cu` on the host (the harness emulates the launch grid with a
     /// block of 7 threads, so partial blocks are exercised) and returns the APs and the
@@ -447,19 +373,7 @@ mod tests {
         for v in p.relevance.iter().chain(&p.pieces) {
             input.extend(v.to_le_bytes());
         }
-        let file = tempfile::NamedTempFile::new().unwrap();
-        std::fs::write(file.path(), input).unwrap();
-        let out = Command::new(harness()).arg(file.path()).output().unwrap();
-        assert!(
-            out.status.success(),
-            "harness failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Vec<f64> = out
-            .stdout
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let v = crate::kernels::emulation::run("smooth_rank", &input);
         assert_eq!(v.len(), p.queries + p.queries * p.items);
         let (values, jac) = v.split_at(p.queries);
         (values.to_vec(), jac.to_vec())

@@ -1,0 +1,153 @@
+//! The library's own CUDA kernels: their switch and, in a build with the `cuda` feature, their
+//! compilation and loading.
+//!
+//! Where a loss's host pass would stall the GPU (the `B × B` scores copied to the host, its
+//! cores doing the per-row work, the gradient copied back), a kernel of its own computes the
+//! same quantities on the device: `src/losses/smooth_rank/device.cu` (Smooth-AP, ROADMAP,
+//! HAPPIER) and `src/losses/triplet/device.cu` (the triplet minings). The sources are compiled by
+//! NVRTC when first used (one PTX module per source and process, loaded once per device by
+//! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`
+//! compiles them with the same NVRTC on the build machine, and the unit tests compile them with
+//! the host's C++ compiler under an emulated launch grid (`tests/cuda_emulation/`).
+//!
+//! **Switch.** [`enabled`] is on unless the environment sets `RANKWISE_DEVICE_KERNELS=0` (or
+//! [`set_enabled`] turns it off): the losses then take their generic paths, for a side-by-side
+//! measurement or as a fallback.
+
+static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_DEVICE_KERNELS");
+
+/// Whether the losses use their CUDA kernels (on a CUDA device, within each kernel's size
+/// bound): on, unless `RANKWISE_DEVICE_KERNELS` is `0`, `off` or `false` or [`set_enabled`]
+/// said otherwise.
+pub fn enabled() -> bool {
+    SWITCH.on()
+}
+
+/// Turns the losses' CUDA kernels on or off for the whole process (the GPU check measures both).
+pub fn set_enabled(on: bool) {
+    SWITCH.set(on);
+}
+
+/// Whether `x` is on a CUDA device in `f32` or `f64`, in a build with the `cuda` feature, with
+/// the kernels [`enabled`]: the common condition of every kernel.
+pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
+    cfg!(feature = "cuda")
+        && x.device().is_cuda()
+        && matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
+        && enabled()
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) use cuda::{instance, ptx, Float};
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+    use std::sync::Mutex;
+
+    /// A scalar type the kernels are instantiated for: their names end in `_f32` or `_f64`.
+    pub(crate) trait Float: DeviceRepr + ValidAsZeroBits {
+        const SUFFIX: &'static str;
+    }
+    impl Float for f32 {
+        const SUFFIX: &'static str = "f32";
+    }
+    impl Float for f64 {
+        const SUFFIX: &'static str = "f64";
+    }
+
+    /// The PTX of `source`, compiled by NVRTC once per process (kept for the process's life).
+    pub(crate) fn ptx(
+        module: &'static str,
+        source: &'static str,
+    ) -> candle_core::Result<&'static str> {
+        static CACHE: Mutex<Vec<(&'static str, Result<&'static str, String>)>> =
+            Mutex::new(Vec::new());
+        let mut cache = CACHE
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("the PTX cache's lock is poisoned".into()))?;
+        let entry = match cache.iter().position(|(m, _)| *m == module) {
+            Some(i) => &cache[i].1,
+            None => {
+                let compiled = candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(source)
+                    .map(|p| &*Box::leak(p.to_src().into_boxed_str()))
+                    .map_err(|e| format!("NVRTC could not compile {module}: {e}"));
+                cache.push((module, compiled));
+                &cache[cache.len() - 1].1
+            }
+        };
+        match entry {
+            Ok(ptx) => Ok(*ptx),
+            Err(e) => Err(candle_core::Error::Msg(e.clone())),
+        }
+    }
+
+    /// The name of the kernel `name` instantiated for `T`: `{name}_{T::SUFFIX}`. The caller
+    /// loads it with candle's `CudaDevice::get_or_load_custom_func(name, module, ptx)`, which
+    /// keeps one loaded module per device.
+    pub(crate) fn instance<T: Float>(name: &str) -> String {
+        format!("{name}_{}", T::SUFFIX)
+    }
+}
+
+/// The unit tests' access to the kernels without a GPU: a harness of `tests/cuda_emulation/`
+/// (which includes a kernel source and emulates its launches) built with the host's C++
+/// compiler and run on a binary input.
+#[cfg(test)]
+pub(crate) mod emulation {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::sync::Mutex;
+
+    /// The harness `tests/cuda_emulation/{name}.cpp`, built once per test process beside the
+    /// test binary (under a name of this process, then renamed into place: atomic).
+    fn harness(name: &str) -> PathBuf {
+        static BUILT: Mutex<Option<HashMap<String, PathBuf>>> = Mutex::new(None);
+        let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+        let built = built.get_or_insert_with(HashMap::new);
+        if let Some(bin) = built.get(name) {
+            return bin.clone();
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let bin = exe.with_file_name(format!("rankwise-emulation-{name}"));
+        let tmp = exe.with_file_name(format!("rankwise-emulation-{name}.{}", std::process::id()));
+        let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        let out = Command::new(&cxx)
+            .args(["-std=c++17", "-O2", "-Wall", "-Werror", "-o"])
+            .arg(&tmp)
+            .arg(root.join(format!("tests/cuda_emulation/{name}.cpp")))
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("the kernel emulation tests need a C++ compiler ({cxx}): {e}")
+            });
+        assert!(
+            out.status.success(),
+            "{cxx} could not build tests/cuda_emulation/{name}.cpp:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::rename(&tmp, &bin).expect("renaming the harness into place");
+        built.insert(name.to_owned(), bin.clone());
+        bin
+    }
+
+    /// Runs the harness `name` on `input`; its standard output as little-endian doubles.
+    pub(crate) fn run(name: &str, input: &[u8]) -> Vec<f64> {
+        let file = tempfile::NamedTempFile::new().expect("a temporary file");
+        std::fs::write(file.path(), input).expect("writing the harness input");
+        let out = Command::new(harness(name))
+            .arg(file.path())
+            .output()
+            .expect("running the harness");
+        assert!(
+            out.status.success(),
+            "harness {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect()
+    }
+}

@@ -1,0 +1,98 @@
+// The triplet minings of `losses::triplet` on a CUDA device: for every anchor a and item j of
+// the batch, the number of active triplets j takes part in (+k as a positive, -k as a negative)
+// and, for a positive, the sum of their costs. The module documentation of `device.rs` beside
+// this file gives the formulas. Compiled at run time by NVRTC (no include, no host code), and on
+// the host by the emulation test of that module.
+//
+// x is the B x B matrix of distance-like values (x = -s for cosine similarities), cls the dense
+// fine class of each item. Outputs (B x B doubles, zero-initialised by the caller): counts and
+// partial sums. Every comparison and cost is in double, as the host's row engine computes them.
+
+// Whether the triplet (x_p, x_n) is mined and costs something: mining 0 = all, 1 = semi-hard.
+__device__ __forceinline__ bool rw_triplet_active(double xp, double xn, double margin,
+                                                   int mining) {
+  const double v = (xp - xn) + margin;
+  if (!(v > 0.0)) return false;
+  if (mining == 1) return (xn - xp) > 0.0 && (xn - xp) <= margin;
+  return true;
+}
+
+// Thread (a, j), mining all or semi-hard: j's active triplets with anchor a.
+template <typename T>
+__device__ void rw_triplet_pairs(const T* x, const unsigned int* cls, unsigned int b,
+                                 double margin, int mining, double* counts, double* partial) {
+  const unsigned int a = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (a >= b || j >= b || j == a) return;
+  const unsigned long long row = (unsigned long long)a * b;
+  const unsigned int ca = cls[a];
+  const bool positive = cls[j] == ca;
+  const double xj = (double)x[row + j];
+  double k = 0.0, sum = 0.0;
+  for (unsigned int i = 0; i < b; ++i) {
+    if (i == a || (cls[i] == ca) == positive) continue;
+    const double xi = (double)x[row + i];
+    const double xp = positive ? xj : xi;
+    const double xn = positive ? xi : xj;
+    if (rw_triplet_active(xp, xn, margin, mining)) {
+      k += 1.0;
+      sum += (xp - xn) + margin;
+    }
+  }
+  counts[row + j] = positive ? k : -k;
+  partial[row + j] = positive ? sum : 0.0;
+}
+
+// Thread a, easy positive / semi-hard negative: the closest positive p (first column on ties),
+// then the closest negative n farther than it (first on ties); one triplet if it costs.
+template <typename T>
+__device__ void rw_triplet_easy(const T* x, const unsigned int* cls, unsigned int b,
+                                double margin, double* counts, double* partial) {
+  const unsigned int a = blockIdx.x * blockDim.x + threadIdx.x;
+  if (a >= b) return;
+  const unsigned long long row = (unsigned long long)a * b;
+  const unsigned int ca = cls[a];
+  long long p = -1;
+  double xp = 0.0;
+  for (unsigned int j = 0; j < b; ++j) {
+    if (j == a || cls[j] != ca) continue;
+    const double xj = (double)x[row + j];
+    if (p < 0 || xj < xp) {
+      p = j;
+      xp = xj;
+    }
+  }
+  if (p < 0) return;
+  long long n = -1;
+  double xn = 0.0;
+  for (unsigned int j = 0; j < b; ++j) {
+    if (cls[j] == ca) continue;
+    const double xj = (double)x[row + j];
+    if (xj > xp && (n < 0 || xj < xn)) {
+      n = j;
+      xn = xj;
+    }
+  }
+  if (n < 0) return;
+  const double v = (xp - xn) + margin;
+  if (v > 0.0) {
+    counts[row + p] = 1.0;
+    counts[row + n] = -1.0;
+    partial[row + p] = v;
+  }
+}
+
+#define RW_TRIPLET_KERNELS(T, SUFFIX)                                                          \
+  extern "C" __global__ void rankwise_triplet_pairs_##SUFFIX(                                  \
+      const T* x, const unsigned int* cls, unsigned int b, double margin, int mining,          \
+      double* counts, double* partial) {                                                       \
+    rw_triplet_pairs<T>(x, cls, b, margin, mining, counts, partial);                           \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_triplet_easy_##SUFFIX(                                   \
+      const T* x, const unsigned int* cls, unsigned int b, double margin, double* counts,      \
+      double* partial) {                                                                       \
+    rw_triplet_easy<T>(x, cls, b, margin, counts, partial);                                    \
+  }
+
+RW_TRIPLET_KERNELS(float, f32)
+RW_TRIPLET_KERNELS(double, f64)

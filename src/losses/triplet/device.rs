@@ -1,0 +1,460 @@
+//! The triplet loss on a CUDA device: its mining by a kernel of its own, its cost and gradient
+//! by candle's autograd, with no host pass.
+//!
+//! The row engine of [`super::Triplet`] sorts each anchor's distances on the host: on a GPU the
+//! `B × B` similarities travel to the host and the gradient back, which made the semi-hard
+//! triplet loss 0.73× PyTorch's all-on-GPU formulation at B = 256 on the H200 (2026-11-26).
+//! Here the kernels of `device.cu` beside this file count, for every anchor `a` and item `j`,
+//! the active triplets `j` takes part in — `k⁺_aj` as a positive, `k⁻_aj` as a negative — and
+//! the sum of their costs `c_aj` for a positive, from the distance-like values `x` (`x = −s`):
+//!
+//! ```text
+//! all, semi-hard (thread (a, j)):  k⁺_ap = |{n : mined(a, p, n), (x_ap − x_an) + m > 0}|,
+//!                                  c_ap  = Σ_n over those of (x_ap − x_an) + m,  k⁻_an likewise
+//! easy positive (thread a):        p = argmin_{positives} x_ap, n = argmin_{negatives, x_an > x_ap} x_an
+//!                                  (first column on ties); one triplet if it costs
+//! loss  L = Σ c / K,  K = Σ k⁺ (the non-zero triplets; L = 0 when K = 0)
+//! ∂L/∂x_aj = (k⁺_aj − k⁻_aj) / K
+//! ```
+//!
+//! — the module documentation's mean non-zero cost, with the row engine's minings (semi-hard:
+//! `0 < x_an − x_ap ≤ m`). The counts carry no gradient (the mining is piecewise constant), so
+//! the loss is attached to the graph of `x` as `L + Σ x ⊙ J − detach(Σ x ⊙ J)`, `J = ∂L/∂x`:
+//! its value is `L`, its gradient `J`, and autograd takes it through `x = −Ê Êᵀ` and the
+//! normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
+//! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤` [`MAX_TRIPLETS`], the
+//! easy-positive mining (`O(B²)`) up to `B ≤` [`MAX_EASY_BATCH`]; beyond, the row engine.
+//! Cosine similarity only, as for the contrastive loss's device path (the Euclidean distance's
+//! gradient at a duplicate pair would not be torch's).
+//!
+//! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
+//! launch grid (`tests/cuda_emulation/triplet.cpp`) and check the value and the embeddings'
+//! gradient of [`assemble`]d kernel outputs against the row engine for the three minings; the
+//! GPU check compares every triplet loss on CUDA with the CPU.
+
+use super::{Triplet, TripletMining};
+use crate::error::Result;
+use crate::hierarchy::Labels;
+use crate::losses::pairwise_rows::PairMetric;
+use crate::losses::{dense_fine_ids, l2_normalize};
+use candle_core::Tensor;
+
+/// Largest `B³` (pairs × items visited) for the all and semi-hard minings on the device.
+pub const MAX_TRIPLETS: usize = 1 << 36;
+/// Largest batch for the easy-positive mining on the device (`O(B²)` work and memory).
+pub const MAX_EASY_BATCH: usize = 1 << 16;
+
+/// Whether `loss` on `embeddings` runs on the device: [`crate::kernels::on_cuda`], cosine
+/// similarity, no query chunk asked, and the batch within the mining's bound.
+pub(super) fn applies(loss: &Triplet, embeddings: &Tensor) -> bool {
+    let Ok(b) = embeddings.dim(0) else {
+        return false;
+    };
+    let within = match loss.mining {
+        TripletMining::EasyPositiveSemiHardNegative => b <= MAX_EASY_BATCH,
+        TripletMining::All | TripletMining::SemiHard => {
+            b.checked_pow(3).is_some_and(|t| t <= MAX_TRIPLETS)
+        }
+    };
+    loss.metric == PairMetric::Cosine
+        && loss.query_chunk.is_none()
+        && within
+        && crate::kernels::on_cuda(embeddings)
+}
+
+/// The mining's code in `device.cu`.
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+fn mining_code(m: TripletMining) -> u32 {
+    match m {
+        TripletMining::All => 0,
+        TripletMining::SemiHard => 1,
+        TripletMining::EasyPositiveSemiHardNegative => 2,
+    }
+}
+
+/// `x = −Ê Êᵀ` of the batch, differentiable.
+fn distances(embeddings: &Tensor) -> Result<Tensor> {
+    let e = l2_normalize(embeddings, "embeddings")?;
+    PairMetric::Cosine.distance_matrix(&e.matmul(&e.t()?)?)
+}
+
+/// The loss from the kernels' outputs (`counts`, `partial`: `B × B` `f64`, see the module
+/// documentation), attached to the graph of `x`.
+pub(crate) fn assemble(x: &Tensor, counts: &Tensor, partial: &Tensor) -> Result<Tensor> {
+    let active = counts.relu()?.sum_all()?;
+    // K = 0 leaves every count and cost at 0: dividing by max(K, 1) gives L = 0, J = 0.
+    let denom = active.maximum(1.0)?;
+    let value = partial.sum_all()?.div(&denom)?.to_dtype(x.dtype())?;
+    let jac = counts.broadcast_div(&denom)?.to_dtype(x.dtype())?;
+    let lin = (x * jac)?.sum_all()?;
+    Ok((value + (&lin - lin.detach())?)?)
+}
+
+/// The triplet loss with the mining on the device (see the module documentation).
+pub(super) fn forward(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+    super::check_candidates(labels)?;
+    let x = distances(embeddings)?;
+    let ids = dense_fine_ids(labels);
+    let (counts, partial) = mine(&x, ids, loss.margin, loss.mining)?;
+    assemble(&x, &counts, &partial)
+}
+
+#[cfg(feature = "cuda")]
+fn mine(x: &Tensor, ids: Vec<u32>, margin: f64, mining: TripletMining) -> Result<(Tensor, Tensor)> {
+    let b = ids.len();
+    let op = cuda::Mine {
+        ids,
+        margin,
+        mining: mining_code(mining),
+    };
+    let out = x.detach().contiguous()?.apply_op1_no_bwd(&op)?;
+    let counts = out.narrow(0, 0, b * b)?.reshape((b, b))?;
+    let partial = out.narrow(0, b * b, b * b)?.reshape((b, b))?;
+    Ok((counts, partial))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn mine(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<(Tensor, Tensor)> {
+    Err(crate::error::Error::invalid(
+        "device",
+        "the triplet mining kernels need a build with the `cuda` feature",
+    ))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use crate::kernels::{instance, ptx, Float};
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
+
+    const SOURCE: &str = include_str!("device.cu");
+    const MODULE: &str = "rankwise_triplet";
+    /// Threads per block.
+    const BLOCK: u32 = 256;
+
+    /// `(x) → [counts | partial]`, `2 B²` `f64` values.
+    pub(super) struct Mine {
+        pub(super) ids: Vec<u32>,
+        pub(super) margin: f64,
+        pub(super) mining: u32,
+    }
+
+    impl Mine {
+        fn launch<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            x: &CudaView<T>,
+        ) -> candle_core::Result<CudaSlice<f64>> {
+            let b = self.ids.len();
+            let nb = b as u32;
+            let cls = dev.clone_htod(&self.ids)?;
+            let mut out = dev.alloc_zeros::<f64>(2 * b * b)?;
+            let (mut counts, mut partial) = out.split_at_mut(b * b);
+            if self.mining == 2 {
+                let name = instance::<T>("rankwise_triplet_easy");
+                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let mut l = f.builder();
+                l.arg(x)
+                    .arg(&cls)
+                    .arg(&nb)
+                    .arg(&self.margin)
+                    .arg(&mut counts)
+                    .arg(&mut partial);
+                let cfg = LaunchConfig {
+                    grid_dim: (nb.div_ceil(BLOCK), 1, 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: `x`, `counts` and `partial` hold `B × B` values, `cls` `B`.
+                unsafe { l.launch(cfg) }.w()?;
+            } else {
+                let name = instance::<T>("rankwise_triplet_pairs");
+                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let mining = self.mining as i32;
+                let mut l = f.builder();
+                l.arg(x)
+                    .arg(&cls)
+                    .arg(&nb)
+                    .arg(&self.margin)
+                    .arg(&mining)
+                    .arg(&mut counts)
+                    .arg(&mut partial);
+                let cfg = LaunchConfig {
+                    grid_dim: (nb, nb.div_ceil(BLOCK), 1),
+                    block_dim: (BLOCK, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: as above.
+                unsafe { l.launch(cfg) }.w()?;
+            }
+            Ok(out)
+        }
+    }
+
+    impl CustomOp1 for Mine {
+        fn name(&self) -> &'static str {
+            "rankwise-triplet-mining"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(candle_core::Error::Msg(
+                "rankwise-triplet-mining runs on a CUDA device; the CPU uses the row engine".into(),
+            ))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let b = self.ids.len();
+            if l.dims() != [b, b] || !l.is_contiguous() {
+                return Err(candle_core::Error::Msg(format!(
+                    "rankwise-triplet-mining: distances {:?} (contiguous: {}) for a batch of {b}",
+                    l.dims(),
+                    l.is_contiguous()
+                )));
+            }
+            let dev = s.device().clone();
+            let out = match s.dtype() {
+                DType::F32 => {
+                    self.launch(&dev, &s.as_cuda_slice::<f32>()?.slice(l.start_offset()..))?
+                }
+                DType::F64 => {
+                    self.launch(&dev, &s.as_cuda_slice::<f64>()?.slice(l.start_offset()..))?
+                }
+                other => {
+                    return Err(candle_core::Error::Msg(format!(
+                        "rankwise-triplet-mining: f32 or f64 distances, not {other:?}"
+                    )))
+                }
+            };
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev),
+                Shape::from(2 * b * b),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::losses::RankLoss;
+    use candle_core::{DType, Device, Var};
+
+    /// The kernels of `device.cu` run on the host by the harness (launch grid emulated with
+    /// blocks of 5 threads): `(counts, partial)`.
+    fn emulate(
+        x: &[f64],
+        f32_x: bool,
+        ids: &[u32],
+        margin: f64,
+        mining: TripletMining,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let b = ids.len();
+        let mut input = Vec::new();
+        for v in [b as u32, mining_code(mining), u32::from(f32_x)] {
+            input.extend(v.to_le_bytes());
+        }
+        input.extend(margin.to_le_bytes());
+        for &v in x {
+            if f32_x {
+                input.extend((v as f32).to_le_bytes());
+            } else {
+                input.extend(v.to_le_bytes());
+            }
+        }
+        for &c in ids {
+            input.extend(c.to_le_bytes());
+        }
+        let out = crate::kernels::emulation::run("triplet", &input);
+        assert_eq!(out.len(), 2 * b * b);
+        let (c, p) = out.split_at(b * b);
+        (c.to_vec(), p.to_vec())
+    }
+
+    /// Value and embeddings' gradient of `loss` by the row engine and by the emulated kernels
+    /// through [`assemble`], for embeddings of `dtype`.
+    fn both(
+        loss: &Triplet,
+        labels: &Labels,
+        e: &[f64],
+        d: usize,
+        dtype: DType,
+    ) -> [(f64, Vec<f64>); 2] {
+        let b = labels.len();
+        let var = Var::from_tensor(
+            &Tensor::from_vec(e.to_vec(), (b, d), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap(),
+        )
+        .unwrap();
+        let grad_of = |l: Tensor| {
+            let g = l.backward().unwrap();
+            let v = l.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+            let g = g
+                .get(var.as_tensor())
+                .map(|g| {
+                    g.to_dtype(DType::F64)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
+                .unwrap_or_else(|| vec![0.0; b * d]);
+            (v, g)
+        };
+        let reference = grad_of(loss.forward(var.as_tensor(), labels).unwrap());
+        let x = distances(var.as_tensor()).unwrap();
+        let xs: Vec<f64> = x
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let ids = dense_fine_ids(labels);
+        let (c, p) = emulate(&xs, dtype == DType::F32, &ids, loss.margin, loss.mining);
+        let counts = Tensor::from_vec(c, (b, b), &Device::Cpu).unwrap();
+        let partial = Tensor::from_vec(p, (b, b), &Device::Cpu).unwrap();
+        let kernel = grad_of(assemble(&x, &counts, &partial).unwrap());
+        [reference, kernel]
+    }
+
+    fn embeddings(b: usize, d: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..b * d)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kernels_equal_the_row_engine_for_the_three_minings() {
+        let (b, d) = (29, 6);
+        let fine: Vec<i64> = (0..b as i64).map(|i| (i * 7) % 6 - 3).collect();
+        let labels = Labels::from_fine(&fine).unwrap();
+        // Items 7 and 8 duplicate items 1 and 2 of their classes (class = i mod 6): tied
+        // positives and tied negatives for the easy-positive mining's first-column rule.
+        let mut e = embeddings(b, d, 5);
+        for (from, to) in [(1, 7), (2, 8)] {
+            let row: Vec<f64> = e[from * d..(from + 1) * d].to_vec();
+            e[to * d..(to + 1) * d].copy_from_slice(&row);
+        }
+        for mining in [
+            TripletMining::All,
+            TripletMining::SemiHard,
+            TripletMining::EasyPositiveSemiHardNegative,
+        ] {
+            for margin in [0.05, 0.3, 1.5] {
+                let loss = Triplet {
+                    margin,
+                    mining,
+                    ..Triplet::default()
+                };
+                for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+                    let [(rv, rg), (kv, kg)] = both(&loss, &labels, &e, d, dtype);
+                    let what = format!("{mining:?} m={margin} {dtype:?}");
+                    assert!(
+                        (rv - kv).abs() <= tol * (1.0 + rv.abs()),
+                        "{what}: {kv} vs {rv}"
+                    );
+                    for (i, (r, k)) in rg.iter().zip(&kg).enumerate() {
+                        assert!(
+                            (r - k).abs() <= tol * (1.0 + r.abs()),
+                            "{what} grad[{i}]: {k} vs {r}"
+                        );
+                    }
+                    if margin == 0.3 {
+                        assert!(rv > 0.0, "{what}: the test should have active triplets");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernels_mine_what_the_row_engine_mines_with_exact_ties() {
+        // Distances on a grid of 1/16: many exact ties, and semi-hard windows ending exactly on
+        // a grid value (margins of 2 and 4 steps, all exact in binary), which embeddings
+        // through a matrix product never give.
+        let b = 17;
+        let ids: Vec<u32> = (0..b as u32).map(|i| i % 4).collect();
+        let mut s = 11u64;
+        let x: Vec<f64> = (0..b * b)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 33) % 9) as f64 * 0.0625 - 0.25
+            })
+            .collect();
+        for mining in [
+            TripletMining::All,
+            TripletMining::SemiHard,
+            TripletMining::EasyPositiveSemiHardNegative,
+        ] {
+            for margin in [0.125, 0.25] {
+                let (counts, partial) = emulate(&x, false, &ids, margin, mining);
+                for a in 0..b {
+                    let row = &x[a * b..(a + 1) * b];
+                    let pos: Vec<(usize, f64)> = (0..b)
+                        .filter(|&j| j != a && ids[j] == ids[a])
+                        .map(|j| (j, row[j]))
+                        .collect();
+                    let neg: Vec<(usize, f64)> = (0..b)
+                        .filter(|&j| ids[j] != ids[a])
+                        .map(|j| (j, row[j]))
+                        .collect();
+                    let want = super::super::anchor_triplets(&pos, &neg, margin, mining, true);
+                    let mut want_counts = vec![0.0; b];
+                    for (col, n) in &want.counts {
+                        want_counts[*col] += *n as f64;
+                    }
+                    let what = format!("{mining:?} m={margin} anchor {a}");
+                    assert_eq!(&counts[a * b..(a + 1) * b], &want_counts[..], "{what}");
+                    let sum: f64 = partial[a * b..(a + 1) * b].iter().sum();
+                    assert!(
+                        (sum - want.sum).abs() < 1e-12,
+                        "{what}: {sum} vs {}",
+                        want.sum
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_whose_triplets_all_hold_gives_zero_and_no_gradient() {
+        // Two tight, far apart classes: with a small margin no triplet costs anything.
+        let e = [1.0, 0.0, 0.99, 0.01, 0.0, 1.0, 0.01, 0.99];
+        let labels = Labels::from_fine(&[0, 0, 1, 1]).unwrap();
+        let loss = Triplet {
+            margin: 0.05,
+            mining: TripletMining::All,
+            ..Triplet::default()
+        };
+        let [(rv, _), (kv, kg)] = both(&loss, &labels, &e, 2, DType::F64);
+        assert_eq!(rv, 0.0);
+        assert_eq!(kv, 0.0);
+        assert!(kg.iter().all(|&g| g == 0.0));
+    }
+
+    #[test]
+    fn the_device_path_applies_only_on_cuda_with_cosine_and_no_chunk() {
+        let x = Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(!applies(&Triplet::default(), &x));
+        assert_eq!(mining_code(TripletMining::SemiHard), 1);
+    }
+}

@@ -1,0 +1,49 @@
+// Runs the kernels of src/losses/triplet/device.cu on the host, launched as
+// `losses::triplet::device` launches them, for the unit tests of that module.
+//
+// usage: triplet INPUT   (stdout: the B x B counts, then the B x B partial sums, as doubles)
+// INPUT: u32 B, mining (0 all, 1 semi-hard, 2 easy positive), f32 (0/1); f64 margin;
+// the B x B distances (f32 or f64); the B class ids (u32).
+#include "launch.hpp"
+
+#include "../../src/losses/triplet/device.cu"
+
+// Blocks of 5 threads, so that blocks end past the rows and the bounds checks are exercised.
+static const unsigned int BLOCK = 5;
+
+template <typename T, typename Pairs, typename Easy>
+static void run(rw_input& in, unsigned int b, unsigned int mining, double margin, Pairs pairs,
+                Easy easy) {
+  const size_t bb = (size_t)b * b;
+  std::vector<T> x = in.take<T>(bb);
+  std::vector<unsigned int> cls = in.take<unsigned int>(b);
+  in.finish();
+  std::vector<double> counts(bb, 0.0), partial(bb, 0.0);
+  const rw_dim3 block{BLOCK, 1, 1};
+  if (mining == 2)
+    rw_launch(rw_dim3{(b + BLOCK - 1) / BLOCK, 1, 1}, block, [&] {
+      easy(x.data(), cls.data(), b, margin, counts.data(), partial.data());
+    });
+  else
+    rw_launch(rw_dim3{b, (b + BLOCK - 1) / BLOCK, 1}, block, [&] {
+      pairs(x.data(), cls.data(), b, margin, (int)mining, counts.data(), partial.data());
+    });
+  rw_write_doubles(counts);
+  rw_write_doubles(partial);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s INPUT\n", argv[0]);
+    return 2;
+  }
+  rw_input in(argv[1]);
+  std::vector<unsigned int> head = in.take<unsigned int>(3);
+  const double margin = in.take<double>(1)[0];
+  if (head[2])
+    run<float>(in, head[0], head[1], margin, rankwise_triplet_pairs_f32, rankwise_triplet_easy_f32);
+  else
+    run<double>(in, head[0], head[1], margin, rankwise_triplet_pairs_f64,
+                rankwise_triplet_easy_f64);
+  return 0;
+}
