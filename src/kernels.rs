@@ -4,7 +4,8 @@
 //! Where a loss's host pass would stall the GPU (the `B × B` scores copied to the host, its
 //! cores doing the per-row work, the gradient copied back), a kernel of its own computes the
 //! same quantities on the device: `src/losses/smooth_rank/device.cu` (Smooth-AP, ROADMAP,
-//! HAPPIER) and `src/losses/triplet/device.cu` (the triplet minings). The sources are compiled by
+//! HAPPIER), `src/losses/triplet/device.cu` (the triplet minings) and `src/losses/rambo/device.cu`
+//! (RaMBO's ranks and blackbox gradient). The sources are compiled by
 //! NVRTC when first used (one PTX module per source and process, loaded once per device by
 //! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`
 //! compiles them with the same NVRTC on the build machine, and the unit tests compile them with
@@ -38,15 +39,17 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{instance, ptx, Float};
+pub(crate) use cuda::{instance, ptx, view, Float};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, ValidAsZeroBits};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, ValidAsZeroBits};
+    use candle_core::cuda_backend::CudaDType;
+    use candle_core::{CudaStorage, Layout};
     use std::sync::Mutex;
 
     /// A scalar type the kernels are instantiated for: their names end in `_f32` or `_f64`.
-    pub(crate) trait Float: DeviceRepr + ValidAsZeroBits {
+    pub(crate) trait Float: DeviceRepr + ValidAsZeroBits + CudaDType {
         const SUFFIX: &'static str;
     }
     impl Float for f32 {
@@ -80,6 +83,14 @@ mod cuda {
             Ok(ptx) => Ok(*ptx),
             Err(e) => Err(candle_core::Error::Msg(e.clone())),
         }
+    }
+
+    /// The values of a contiguous storage from its layout's offset.
+    pub(crate) fn view<'a, T: Float>(
+        s: &'a CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<CudaView<'a, T>> {
+        Ok(s.as_cuda_slice::<T>()?.slice(l.start_offset()..))
     }
 
     /// The name of the kernel `name` instantiated for `T`: `{name}_{T::SUFFIX}`. The caller

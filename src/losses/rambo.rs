@@ -57,6 +57,8 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub mod device;
+
 /// The rank metric that RaMBO optimises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RamboObjective {
@@ -394,6 +396,10 @@ impl Rambo {
 impl RankLoss for Rambo {
     /// The RaMBO loss of the batch without score memory. Normalises the embeddings itself.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+        // On a GPU: ranks, terms and the blackbox gradient by kernels, on the device.
+        if device::applies(self, embeddings) {
+            return device::forward(self, embeddings, labels);
+        }
         Ok(self.run(embeddings, labels, &ScoreMemory::new(0), false)?.0)
     }
 
@@ -564,19 +570,32 @@ impl RamboRows {
         })
     }
 
-    /// The weight of a sequence's Σ term in the loss: `1/(Q·(P + ε))` per query or `1/P_total`.
     fn normaliser(&self, num_pos: usize, global: &RamboGlobal) -> f64 {
-        match self.cfg.averaging {
-            Averaging::PerQuery => {
-                let eps = match self.cfg.objective {
-                    RamboObjective::Ap => self.cfg.ap_epsilon,
-                    RamboObjective::Recall(_) => 0.0,
-                };
-                1.0 / (global.queries as f64 * (num_pos as f64 + eps))
-            }
-            Averaging::PooledPositives => 1.0 / global.positives as f64,
-        }
+        normaliser(&self.cfg, num_pos, global)
     }
+}
+
+/// The weight of a sequence's Σ term in the loss: `1/(Q·(P + ε))` per query or `1/P_total`.
+fn normaliser(cfg: &Rambo, num_pos: usize, global: &RamboGlobal) -> f64 {
+    match cfg.averaging {
+        Averaging::PerQuery => {
+            let eps = match cfg.objective {
+                RamboObjective::Ap => cfg.ap_epsilon,
+                RamboObjective::Recall(_) => 0.0,
+            };
+            1.0 / (global.queries as f64 * (num_pos as f64 + eps))
+        }
+        Averaging::PooledPositives => 1.0 / global.positives as f64,
+    }
+}
+
+/// The error of a batch where no query has a relevant item.
+fn no_relevant_item() -> Error {
+    Error::invalid(
+        "labels",
+        "RaMBO is undefined for this batch: no query has a relevant item (an item of \
+         its class other than itself)",
+    )
 }
 
 impl RowLoss for RamboRows {
@@ -601,11 +620,7 @@ impl RowLoss for RamboRows {
             .chain(self.memory_terms.iter().flatten().copied())
             .collect();
         if terms.is_empty() {
-            return Err(Error::invalid(
-                "labels",
-                "RaMBO is undefined for this batch: no query has a relevant item (an item of \
-                 its class other than itself)",
-            ));
+            return Err(no_relevant_item());
         }
         let mut global = RamboGlobal {
             queries: terms.len(),

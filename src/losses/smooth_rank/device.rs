@@ -190,7 +190,7 @@ pub(super) fn run(
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{KernelProblem, SOURCE};
-    use crate::kernels::{instance, ptx, Float};
+    use crate::kernels::{instance, ptx, view, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchConfig, PushKernelArg,
@@ -326,14 +326,14 @@ mod cuda {
                 0
             } + p.queries;
             let storage = match s.dtype() {
-                DType::F32 => {
-                    let v = s.as_cuda_slice::<f32>()?.slice(l.start_offset()..);
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &v)?, dev.clone())
-                }
-                DType::F64 => {
-                    let v = s.as_cuda_slice::<f64>()?.slice(l.start_offset()..);
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &v)?, dev.clone())
-                }
+                DType::F32 => CudaStorage::wrap_cuda_slice(
+                    self.launch(&dev, &view::<f32>(s, l)?)?,
+                    dev.clone(),
+                ),
+                DType::F64 => CudaStorage::wrap_cuda_slice(
+                    self.launch(&dev, &view::<f64>(s, l)?)?,
+                    dev.clone(),
+                ),
                 other => {
                     return Err(candle_core::Error::Msg(format!(
                         "rankwise-smooth-rank: f32 or f64 scores, not {other:?}"

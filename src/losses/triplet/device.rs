@@ -123,7 +123,7 @@ fn mine(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<(Tensor, Te
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::{instance, ptx, Float};
+    use crate::kernels::{instance, ptx, view, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, LaunchConfig, PushKernelArg,
@@ -221,12 +221,8 @@ mod cuda {
             }
             let dev = s.device().clone();
             let out = match s.dtype() {
-                DType::F32 => {
-                    self.launch(&dev, &s.as_cuda_slice::<f32>()?.slice(l.start_offset()..))?
-                }
-                DType::F64 => {
-                    self.launch(&dev, &s.as_cuda_slice::<f64>()?.slice(l.start_offset()..))?
-                }
+                DType::F32 => self.launch(&dev, &view::<f32>(s, l)?)?,
+                DType::F64 => self.launch(&dev, &view::<f64>(s, l)?)?,
                 other => {
                     return Err(candle_core::Error::Msg(format!(
                         "rankwise-triplet-mining: f32 or f64 distances, not {other:?}"

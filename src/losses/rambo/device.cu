@@ -1,0 +1,118 @@
+// RaMBO's ranks, per-item loss terms and blackbox gradient (`losses::rambo`) on a CUDA device,
+// one thread per (query, item): the module documentation of `device.rs` beside this file gives
+// the formulas. Compiled at run time by NVRTC (no include, no host code), and on the host by the
+// emulation test of that module.
+//
+// s: the B x B similarities; cls: dense fine classes; norm: each query's normaliser (0 for a
+// query without relevant item); the sequence of query q is row q without column q unless
+// include_self. objective: 0 AP, 1 recall log, 2 recall log log. Ranks are descending, ties to
+// the earlier column (the host's rule), and counted in double as the host does.
+
+struct rw_rambo {
+  unsigned int b;
+  int include_self;
+  double margin;
+  int objective;
+  int normalised;
+  double lambda;
+  double count_scale;
+};
+
+// Eq. 14: relevant scores lowered by margin/2, irrelevant ones raised (the host's arithmetic).
+__device__ __forceinline__ double rw_shifted(double s, bool rel, double margin) {
+  return s - margin * (rel ? 0.5 : -0.5);
+}
+
+__device__ __forceinline__ double rw_units(double rank, const rw_rambo& p, double n) {
+  return p.normalised ? rank / n : rank;
+}
+
+// Whether entry k (score yk) ranks ahead of entry j (score yj).
+__device__ __forceinline__ bool rw_ahead(double yk, unsigned int k, double yj, unsigned int j) {
+  return yk > yj || (yk == yj && k < j);
+}
+
+// Thread (q, j): rank and rank among the relevant items of j in q's shifted sequence; for a
+// relevant j of a query with norm > 0, its term of the loss (times norm) and dL/drk_j (times
+// norm and the incoming gradient *up), in the ranks' units.
+template <typename T>
+__device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double* norm,
+                               rw_rambo p, const T* up, double* rank_out, double* term_out,
+                               double* grad_out) {
+  const unsigned int q = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
+  const unsigned long long row = (unsigned long long)q * p.b;
+  const unsigned int cq = cls[q];
+  const bool rel_j = cls[j] == cq;
+  const double yj = rw_shifted((double)s[row + j], rel_j, p.margin);
+  double ahead = 0.0, ahead_rel = 0.0;
+  for (unsigned int k = 0; k < p.b; ++k) {
+    if (k == j || (!p.include_self && k == q)) continue;
+    const bool rel_k = cls[k] == cq;
+    const double yk = rw_shifted((double)s[row + k], rel_k, p.margin);
+    if (rw_ahead(yk, k, yj, j)) {
+      ahead += 1.0;
+      if (rel_k) ahead_rel += 1.0;
+    }
+  }
+  const double rk = 1.0 + ahead, rk_rel = 1.0 + ahead_rel;
+  rank_out[row + j] = rk;
+  const double w = norm[q];
+  if (!rel_j || !(w > 0.0)) return;
+  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
+  const double upstream = up ? (double)up[0] : 1.0;
+  if (p.objective == 0) {
+    // Prec(j) = rk+ / rk (Eq. 21); d(-rk+/rk)/drk = rk+/rk^2, in units.
+    term_out[row + j] = rk_rel / rk * w;
+    const double r = rw_units(rk, p, n), rp = rw_units(rk_rel, p, n);
+    grad_out[row + j] = upstream * w * rp / (r * r);
+  } else {
+    // l(r) with r = (rk - rk+) * count_scale negatives ahead (Eq. 17-20).
+    const double r = (rk - rk_rel) * p.count_scale;
+    const double l = p.objective == 1 ? log1p(r) : log1p(log1p(r));
+    const double dl = p.objective == 1 ? 1.0 / (1.0 + r) : 1.0 / ((1.0 + log1p(r)) * (1.0 + r));
+    const double per_unit = p.normalised ? n : 1.0;
+    term_out[row + j] = l * w;
+    grad_out[row + j] = upstream * w * dl * p.count_scale * per_unit;
+  }
+}
+
+// Thread (q, j): the blackbox gradient -(rk(y) - rk(y + lambda g)) / lambda of entry j (RaMBO
+// Algorithm 1), in the ranks' units; g from rw_rambo_ranks.
+template <typename T>
+__device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, rw_rambo p,
+                                  const double* rank_in, const double* grad_in, T* jac) {
+  const unsigned int q = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
+  const unsigned long long row = (unsigned long long)q * p.b;
+  const unsigned int cq = cls[q];
+  const double gj = grad_in[row + j];
+  const double yj = rw_shifted((double)s[row + j], cls[j] == cq, p.margin) + p.lambda * gj;
+  double ahead = 0.0;
+  for (unsigned int k = 0; k < p.b; ++k) {
+    if (k == j || (!p.include_self && k == q)) continue;
+    const double yk =
+        rw_shifted((double)s[row + k], cls[k] == cq, p.margin) + p.lambda * grad_in[row + k];
+    if (rw_ahead(yk, k, yj, j)) ahead += 1.0;
+  }
+  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
+  const double r = rw_units(rank_in[row + j], p, n), rl = rw_units(1.0 + ahead, p, n);
+  jac[row + j] = (T)(-(r - rl) / p.lambda);
+}
+
+#define RW_RAMBO_KERNELS(T, SUFFIX)                                                            \
+  extern "C" __global__ void rankwise_rambo_ranks_##SUFFIX(                                    \
+      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, const T* up,        \
+      double* rank_out, double* term_out, double* grad_out) {                                  \
+    rw_rambo_ranks<T>(s, cls, norm, p, up, rank_out, term_out, grad_out);                      \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_rambo_blackbox_##SUFFIX(                                 \
+      const T* s, const unsigned int* cls, rw_rambo p, const double* rank_in,                  \
+      const double* grad_in, T* jac) {                                                         \
+    rw_rambo_blackbox<T>(s, cls, p, rank_in, grad_in, jac);                                    \
+  }
+
+RW_RAMBO_KERNELS(float, f32)
+RW_RAMBO_KERNELS(double, f64)

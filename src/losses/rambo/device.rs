@@ -1,0 +1,629 @@
+//! RaMBO on a CUDA device: ranks, loss terms and the blackbox gradient by kernels of its own,
+//! with no host pass.
+//!
+//! The row engine of [`super::Rambo`] ranks each query's sequence on the host: on a GPU the
+//! `B × B` similarities travel to the host and the gradient back, which left RaMBO at 2.2×
+//! PyTorch's formulation at B = 256 on the H200 (2026-11-26), under the 3× target. Here the
+//! kernels of `device.cu` beside this file compute, one thread per (query `q`, item `j`) of the
+//! shifted sequence `y = s − α(y* − ½)` (Eq. 14):
+//!
+//! ```text
+//! ranks (thread (q, j)):     rk_j = 1 + |{k : y_k ahead of y_j}|,  rk⁺_j = 1 + |{relevant k ahead}|
+//!                            (ahead: larger, or equal and earlier — the host's tie rule)
+//!                            term_j = w_q · Prec(j) = w_q rk⁺_j / rk_j          (AP, Eq. 21)
+//!                                   = w_q · ℓ((rk_j − rk⁺_j) · c)               (recall, Eq. 20)
+//!                            g_j = ∂L/∂rk_j (in the ranks' units, times the incoming gradient)
+//! blackbox (thread (q, j)):  ∂L/∂y_j = −(rk_j − rk_j(y + λ g)) / λ             (Algorithm 1)
+//! loss = 1 − Σ term (AP) or Σ term (recall)
+//! ```
+//!
+//! with `w_q` the query's normaliser (`1/(Q (P_q + ε))` per query, `1/P_total` pooled), which
+//! depends on the labels only and is computed on the host. The value comes from the first
+//! kernel's terms; the gradient from an op whose backward runs both kernels with the incoming
+//! gradient read on the device (the blackbox gradient is not linear in it: the perturbation is
+//! `λ` times it), so the loss keeps its exact host semantics inside any weighted sum. The work
+//! is `O(B³)` (each thread counts over its sequence), so the kernels are used up to
+//! `B³ ≤` [`MAX_WORK`]; beyond, the row engine. The half-normal margin (its draws come from the
+//! host's ChaCha8 streams) and the score memory ([`super::Rambo::forward_with_memory`], whose
+//! sequences are kept on the host) stay on the row engine.
+//!
+//! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
+//! launch grid (`tests/cuda_emulation/rambo.cpp`) and compare the value and the embeddings'
+//! gradient with the row engine for every objective, units, averaging, count and `include_self`,
+//! with exact ties and a scaled incoming gradient; the GPU check compares every RaMBO option on
+//! CUDA with the CPU.
+
+use super::{
+    no_relevant_item, normaliser, MarginMode, Rambo, RamboGlobal, RamboObjective, RecallCount,
+    RecallWeight,
+};
+use crate::error::Result;
+use crate::hierarchy::Labels;
+use crate::losses::blackbox_rank::RankUnits;
+use crate::losses::{dense_fine_ids, l2_normalize};
+use candle_core::Tensor;
+
+/// Largest `B³` (each of the `B²` threads counts over its sequence) sent to the kernels.
+pub const MAX_WORK: usize = 1 << 36;
+
+/// Whether `loss` on `embeddings` runs on the device: [`crate::kernels::on_cuda`], the
+/// deterministic margin, no query chunk asked, and `B³ ≤` [`MAX_WORK`].
+pub(super) fn applies(loss: &Rambo, embeddings: &Tensor) -> bool {
+    let Ok(b) = embeddings.dim(0) else {
+        return false;
+    };
+    loss.margin_mode == MarginMode::Deterministic
+        && loss.query_chunk.is_none()
+        && b.checked_pow(3).is_some_and(|w| w <= MAX_WORK)
+        && crate::kernels::on_cuda(embeddings)
+}
+
+/// The kernels' parameters (`struct rw_rambo` of `device.cu`, same layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Params {
+    b: u32,
+    include_self: i32,
+    margin: f64,
+    objective: i32,
+    normalised: i32,
+    lambda: f64,
+    count_scale: f64,
+}
+
+/// The parameters of `loss` for a batch of `b` (no score memory: `b` sequences).
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+fn params(loss: &Rambo, b: usize) -> Params {
+    let n = if loss.include_self { b } else { b - 1 };
+    Params {
+        b: b as u32,
+        include_self: i32::from(loss.include_self),
+        margin: loss.margin,
+        objective: match loss.objective {
+            RamboObjective::Ap => 0,
+            RamboObjective::Recall(RecallWeight::Log) => 1,
+            RamboObjective::Recall(RecallWeight::LogLog) => 2,
+        },
+        normalised: i32::from(loss.units == RankUnits::Normalised),
+        lambda: loss.lambda,
+        count_scale: match loss.recall_count {
+            RecallCount::Exact => 1.0,
+            RecallCount::NumSequences => b as f64 / n as f64,
+        },
+    }
+}
+
+/// Each query's normaliser `w_q` (0 without a relevant item), from the labels alone; the row
+/// engine's error when no query has a relevant item.
+fn normalisers(loss: &Rambo, ids: &[u32]) -> Result<Vec<f64>> {
+    let mut sizes = std::collections::HashMap::new();
+    for c in ids {
+        *sizes.entry(*c).or_insert(0usize) += 1;
+    }
+    // Relevant items of a sequence: the query's class, minus the query unless it is kept.
+    let num_pos: Vec<usize> = ids
+        .iter()
+        .map(|c| sizes[c] - usize::from(!loss.include_self))
+        .collect();
+    let global = RamboGlobal {
+        queries: num_pos.iter().filter(|&&p| p > 0).count(),
+        positives: num_pos.iter().sum(),
+        value: 0.0,
+    };
+    if global.queries == 0 {
+        return Err(no_relevant_item());
+    }
+    Ok(num_pos
+        .iter()
+        .map(|&p| {
+            if p == 0 {
+                0.0
+            } else {
+                normaliser(loss, p, &global)
+            }
+        })
+        .collect())
+}
+
+/// The loss from the first kernel's `terms` (`B × B`, `f64`).
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+fn value(loss: &Rambo, terms: &Tensor) -> Result<Tensor> {
+    let total = terms.sum_all()?;
+    Ok(match loss.objective {
+        RamboObjective::Ap => total.affine(-1.0, 1.0)?,
+        RamboObjective::Recall(_) => total,
+    })
+}
+
+/// RaMBO on the device (see the module documentation).
+pub(super) fn forward(loss: &Rambo, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+    crate::losses::check_batch(embeddings, labels)?;
+    loss.validate()?;
+    // The pass count keys the half-normal draws only, but stays what the row engine would
+    // leave, so that a checkpoint's loss state does not depend on the device.
+    loss.passes.next();
+    let ids = dense_fine_ids(labels);
+    let norms = normalisers(loss, &ids)?;
+    let e = l2_normalize(embeddings, "embeddings")?;
+    let s = e.matmul(&e.t()?)?;
+    run(loss, &s, ids, norms)
+}
+
+#[cfg(feature = "cuda")]
+fn run(loss: &Rambo, s: &Tensor, ids: Vec<u32>, norms: Vec<f64>) -> Result<Tensor> {
+    let op = cuda::Rambo {
+        params: params(loss, ids.len()),
+        ids,
+        norms,
+    };
+    let sims = s.contiguous()?;
+    let terms = sims.detach().apply_op1_no_bwd(&cuda::Terms(op.clone()))?;
+    let value = value(loss, &terms)?.to_dtype(s.dtype())?;
+    // Zero, with the blackbox gradient as its backward.
+    let zero = sims.apply_op1(op)?;
+    Ok((value + zero)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn run(_: &Rambo, _: &Tensor, _: Vec<u32>, _: Vec<f64>) -> Result<Tensor> {
+    Err(crate::error::Error::invalid(
+        "device",
+        "the RaMBO kernels need a build with the `cuda` feature",
+    ))
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::Params;
+    use crate::kernels::{instance, ptx, view, Float};
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{
+        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
+    };
+
+    const SOURCE: &str = include_str!("device.cu");
+    const MODULE: &str = "rankwise_rambo";
+    const BLOCK: u32 = 256;
+
+    // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rambo`.
+    unsafe impl DeviceRepr for Params {}
+
+    /// The batch's classes and normalisers; as an op on the similarities, its forward is a
+    /// zero scalar and its backward the blackbox gradient.
+    #[derive(Clone)]
+    pub(super) struct Rambo {
+        pub(super) params: Params,
+        pub(super) ids: Vec<u32>,
+        pub(super) norms: Vec<f64>,
+    }
+
+    /// The first kernel's `B × B` terms (`f64`), for the value.
+    pub(super) struct Terms(pub(super) Rambo);
+
+    /// `(s, ∂L/∂loss) → ∂L/∂s`.
+    struct Gradient(Rambo);
+
+    impl Rambo {
+        fn check(&self, l: &Layout, what: &str) -> candle_core::Result<()> {
+            let b = self.ids.len();
+            if l.dims() != [b, b] || !l.is_contiguous() {
+                return Err(candle_core::Error::Msg(format!(
+                    "rankwise-rambo: {what} {:?} (contiguous: {}) for a batch of {b}",
+                    l.dims(),
+                    l.is_contiguous()
+                )));
+            }
+            Ok(())
+        }
+
+        fn grid(&self) -> LaunchConfig {
+            let nb = self.params.b;
+            LaunchConfig {
+                grid_dim: (nb, nb.div_ceil(BLOCK), 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            }
+        }
+
+        /// The first kernel: ranks, terms and `∂L/∂rk` (times `*up` when given).
+        fn ranks<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            s: &CudaView<T>,
+            up: Option<&CudaView<T>>,
+        ) -> candle_core::Result<[CudaSlice<f64>; 3]> {
+            let bb = self.ids.len() * self.ids.len();
+            let cls = dev.clone_htod(&self.ids)?;
+            let norms = dev.clone_htod(&self.norms)?;
+            let mut rank = dev.alloc_zeros::<f64>(bb)?;
+            let mut term = dev.alloc_zeros::<f64>(bb)?;
+            let mut grad = dev.alloc_zeros::<f64>(bb)?;
+            let name = instance::<T>("rankwise_rambo_ranks");
+            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+            let mut l = f.builder();
+            l.arg(s).arg(&cls).arg(&norms).arg(&self.params);
+            // A null pointer: the kernel then takes the incoming gradient as 1.
+            let null: u64 = 0;
+            match up {
+                Some(up) => l.arg(up),
+                None => l.arg(&null),
+            };
+            l.arg(&mut rank).arg(&mut term).arg(&mut grad);
+            // SAFETY: `s`, `rank`, `term`, `grad` hold `B × B` values, `cls` and `norms` `B`,
+            // `up` one value or null.
+            unsafe { l.launch(self.grid()) }.w()?;
+            Ok([rank, term, grad])
+        }
+
+        fn gradient<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            s: &CudaView<T>,
+            up: &CudaView<T>,
+        ) -> candle_core::Result<CudaSlice<T>> {
+            let [rank, _, grad] = self.ranks(dev, s, Some(up))?;
+            let b = self.ids.len();
+            let cls = dev.clone_htod(&self.ids)?;
+            let mut jac = dev.alloc_zeros::<T>(b * b)?;
+            let name = instance::<T>("rankwise_rambo_blackbox");
+            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+            let mut l = f.builder();
+            l.arg(s)
+                .arg(&cls)
+                .arg(&self.params)
+                .arg(&rank)
+                .arg(&grad)
+                .arg(&mut jac);
+            // SAFETY: as in `ranks`; `jac` holds `B × B` values.
+            unsafe { l.launch(self.grid()) }.w()?;
+            Ok(jac)
+        }
+    }
+
+    fn not_on_cpu(name: &str) -> candle_core::Error {
+        candle_core::Error::Msg(format!(
+            "{name} runs on a CUDA device; the CPU uses the row engine"
+        ))
+    }
+
+    fn dtype_error(name: &str, d: DType) -> candle_core::Error {
+        candle_core::Error::Msg(format!("{name}: f32 or f64 similarities, not {d:?}"))
+    }
+
+    impl CustomOp1 for Terms {
+        fn name(&self) -> &'static str {
+            "rankwise-rambo-terms"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            self.0.check(l, "similarities")?;
+            let dev = s.device().clone();
+            let [_, term, _] = match s.dtype() {
+                DType::F32 => self.0.ranks::<f32>(&dev, &view(s, l)?, None)?,
+                DType::F64 => self.0.ranks::<f64>(&dev, &view(s, l)?, None)?,
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            let b = self.0.ids.len();
+            Ok((CudaStorage::wrap_cuda_slice(term, dev), Shape::from((b, b))))
+        }
+    }
+
+    impl CustomOp1 for Rambo {
+        fn name(&self) -> &'static str {
+            "rankwise-rambo"
+        }
+
+        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            self.check(l, "similarities")?;
+            let dev = s.device().clone();
+            let zero = match s.dtype() {
+                DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f32>(1)?, dev),
+                DType::F64 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f64>(1)?, dev),
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            Ok((zero, Shape::from(())))
+        }
+
+        fn bwd(
+            &self,
+            s: &Tensor,
+            _: &Tensor,
+            grad: &Tensor,
+        ) -> candle_core::Result<Option<Tensor>> {
+            let up = grad.to_dtype(s.dtype())?.contiguous()?;
+            Ok(Some(
+                s.contiguous()?
+                    .apply_op2_no_bwd(&up, &Gradient(self.clone()))?,
+            ))
+        }
+    }
+
+    impl CustomOp2 for Gradient {
+        fn name(&self) -> &'static str {
+            "rankwise-rambo-gradient"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+            up: &CudaStorage,
+            ul: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            self.0.check(l, "similarities")?;
+            if ul.shape().elem_count() != 1 {
+                return Err(candle_core::Error::Msg(format!(
+                    "rankwise-rambo-gradient: the incoming gradient of a scalar loss has one \
+                     value, got {:?}",
+                    ul.dims()
+                )));
+            }
+            let dev = s.device().clone();
+            let jac = match s.dtype() {
+                DType::F32 => CudaStorage::wrap_cuda_slice(
+                    self.0.gradient::<f32>(&dev, &view(s, l)?, &view(up, ul)?)?,
+                    dev,
+                ),
+                DType::F64 => CudaStorage::wrap_cuda_slice(
+                    self.0.gradient::<f64>(&dev, &view(s, l)?, &view(up, ul)?)?,
+                    dev,
+                ),
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            Ok((jac, l.shape().clone()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::losses::rambo::Averaging;
+    use crate::losses::RankLoss;
+    use candle_core::{DType, Device, Var};
+
+    /// The kernels of `device.cu` run on the host by the harness (blocks of 6 threads):
+    /// `(terms, ∂L/∂s)` with incoming gradient `up`.
+    fn emulate(
+        s: &[f64],
+        f32_s: bool,
+        ids: &[u32],
+        norms: &[f64],
+        p: Params,
+        up: f64,
+    ) -> (Vec<f64>, Vec<f64>) {
+        let b = ids.len();
+        let mut input = Vec::new();
+        input.extend((b as u32).to_le_bytes());
+        input.extend(u32::from(f32_s).to_le_bytes());
+        input.extend(up.to_le_bytes());
+        for &v in s {
+            if f32_s {
+                input.extend((v as f32).to_le_bytes());
+            } else {
+                input.extend(v.to_le_bytes());
+            }
+        }
+        for &c in ids {
+            input.extend(c.to_le_bytes());
+        }
+        for &w in norms {
+            input.extend(w.to_le_bytes());
+        }
+        // `Params` field by field, in `struct rw_rambo`'s order.
+        input.extend(p.b.to_le_bytes());
+        input.extend(p.include_self.to_le_bytes());
+        input.extend(p.margin.to_le_bytes());
+        input.extend(p.objective.to_le_bytes());
+        input.extend(p.normalised.to_le_bytes());
+        input.extend(p.lambda.to_le_bytes());
+        input.extend(p.count_scale.to_le_bytes());
+        let out = crate::kernels::emulation::run("rambo", &input);
+        assert_eq!(out.len(), 2 * b * b);
+        let (t, j) = out.split_at(b * b);
+        (t.to_vec(), j.to_vec())
+    }
+
+    /// Value and embeddings' gradient of `up · loss`, by the row engine and by the emulated
+    /// kernels (the value from [`value`], the gradient attached as `Σ s ⊙ J − detach`).
+    fn both(
+        loss: &Rambo,
+        labels: &Labels,
+        e: &[f64],
+        d: usize,
+        dtype: DType,
+        up: f64,
+    ) -> [(f64, Vec<f64>); 2] {
+        let b = labels.len();
+        let var = Var::from_tensor(
+            &Tensor::from_vec(e.to_vec(), (b, d), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap(),
+        )
+        .unwrap();
+        let grad_of = |l: &Tensor| {
+            let g = l.backward().unwrap();
+            g.get(var.as_tensor())
+                .map(|g| {
+                    g.to_dtype(DType::F64)
+                        .unwrap()
+                        .flatten_all()
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap()
+                })
+                .unwrap_or_else(|| vec![0.0; b * d])
+        };
+        let scalar = |t: &Tensor| t.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+        let reference = loss.forward(var.as_tensor(), labels).unwrap();
+        let reference = (scalar(&reference), grad_of(&(reference * up).unwrap()));
+        let en = l2_normalize(var.as_tensor(), "embeddings").unwrap();
+        let s = en.matmul(&en.t().unwrap()).unwrap();
+        let flat: Vec<f64> = s
+            .to_dtype(DType::F64)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let ids = dense_fine_ids(labels);
+        let norms = normalisers(loss, &ids).unwrap();
+        let (terms, jac) = emulate(
+            &flat,
+            dtype == DType::F32,
+            &ids,
+            &norms,
+            params(loss, b),
+            up,
+        );
+        let v = value(
+            loss,
+            &Tensor::from_vec(terms, (b, b), &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        let j = Tensor::from_vec(jac, (b, b), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let lin = (&s * j).unwrap().sum_all().unwrap();
+        let attached = (&lin - lin.detach()).unwrap();
+        [reference, (scalar(&v), grad_of(&attached))]
+    }
+
+    fn embeddings(b: usize, d: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..b * d)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kernels_equal_the_row_engine_for_every_option() {
+        let (b, d) = (26, 5);
+        // Class = i mod 5, with a singleton class (item 25 → class 9): a query without
+        // relevant item.
+        let mut fine: Vec<i64> = (0..b as i64).map(|i| i % 5).collect();
+        fine[25] = 9;
+        let labels = Labels::from_fine(&fine).unwrap();
+        // Items 5 and 6 duplicate items 0 and 1 of their classes: exact ties in the ranks.
+        let mut e = embeddings(b, d, 3);
+        for (from, to) in [(0, 5), (1, 6)] {
+            let row: Vec<f64> = e[from * d..(from + 1) * d].to_vec();
+            e[to * d..(to + 1) * d].copy_from_slice(&row);
+        }
+        let variants = [
+            ("AP", Rambo::ap()),
+            ("recall log", Rambo::recall(RecallWeight::Log)),
+            ("recall log log (default)", Rambo::default()),
+            (
+                "authors' recall",
+                Rambo::authors_recall(RecallWeight::Log, 2.0, 0.05),
+            ),
+            (
+                "AP, self kept, ε, integer ranks",
+                Rambo {
+                    include_self: true,
+                    ap_epsilon: 1e-5,
+                    units: RankUnits::Integer,
+                    lambda: 0.5,
+                    ..Rambo::ap()
+                },
+            ),
+            (
+                "AP, no margin, pooled",
+                Rambo {
+                    margin: 0.0,
+                    averaging: Averaging::PooledPositives,
+                    ..Rambo::ap()
+                },
+            ),
+            (
+                "recall, wide margin",
+                Rambo {
+                    margin: 0.4,
+                    ..Rambo::default()
+                },
+            ),
+        ];
+        for (name, loss) in variants {
+            for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 1e-5)] {
+                for up in [1.0, 2.5] {
+                    let [(rv, rg), (kv, kg)] = both(&loss, &labels, &e, d, dtype, up);
+                    let what = format!("{name} {dtype:?} up={up}");
+                    assert!(
+                        (rv - kv).abs() <= tol * (1.0 + rv.abs()),
+                        "{what}: {kv} vs {rv}"
+                    );
+                    assert!(
+                        rg.iter().any(|&g| g != 0.0),
+                        "{what}: no gradient to compare"
+                    );
+                    for (i, (r, k)) in rg.iter().zip(&kg).enumerate() {
+                        assert!(
+                            (r - k).abs() <= tol * (1.0 + r.abs()),
+                            "{what} grad[{i}]: {k} vs {r}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_batch_without_relevant_item_is_the_row_engine_error() {
+        let err = normalisers(&Rambo::default(), &[0, 1, 2]).unwrap_err();
+        assert!(
+            err.to_string().contains("no query has a relevant item"),
+            "{err}"
+        );
+        // Kept in its own sequence, each query is its own relevant item.
+        let keep = Rambo {
+            include_self: true,
+            ..Rambo::default()
+        };
+        assert_eq!(normalisers(&keep, &[0, 1, 2]).unwrap().len(), 3);
+    }
+
+    #[test]
+    fn the_device_path_applies_only_on_cuda_with_the_deterministic_margin() {
+        let x = Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(!applies(&Rambo::default(), &x));
+        assert_eq!(std::mem::size_of::<Params>(), 40);
+    }
+}

@@ -1,0 +1,68 @@
+// Runs the kernels of src/losses/rambo/device.cu on the host, launched as
+// `losses::rambo::device` launches them, for the unit tests of that module.
+//
+// usage: rambo INPUT   (stdout: the B x B terms, then the B x B gradient dL/ds, as doubles)
+// INPUT: u32 B, f32 (0/1); f64 incoming gradient; the B x B similarities (f32 or f64); the B
+// class ids (u32); the B normalisers (f64); struct rw_rambo.
+#include "launch.hpp"
+
+#include "../../src/losses/rambo/device.cu"
+
+// Blocks of 6 threads, so that blocks end past the rows and the bounds checks are exercised.
+static const unsigned int BLOCK = 6;
+
+template <typename T, typename Ranks, typename Blackbox>
+static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blackbox blackbox) {
+  const size_t bb = (size_t)b * b;
+  std::vector<T> s = in.take<T>(bb);
+  std::vector<unsigned int> cls = in.take<unsigned int>(b);
+  std::vector<double> norm = in.take<double>(b);
+  rw_rambo p;
+  p.b = in.take<unsigned int>(1)[0];
+  p.include_self = in.take<int>(1)[0];
+  p.margin = in.take<double>(1)[0];
+  p.objective = in.take<int>(1)[0];
+  p.normalised = in.take<int>(1)[0];
+  p.lambda = in.take<double>(1)[0];
+  p.count_scale = in.take<double>(1)[0];
+  in.finish();
+  if (p.b != b) {
+    std::fprintf(stderr, "B %u in the header, %u in the parameters\n", b, p.b);
+    std::exit(2);
+  }
+  const T up = (T)up_value;
+  std::vector<double> rank(bb, 0.0), term(bb, 0.0), grad(bb, 0.0);
+  std::vector<T> jac(bb, (T)0);
+  const rw_dim3 grid{b, (b + BLOCK - 1) / BLOCK, 1}, block{BLOCK, 1, 1};
+  // The value pass (no incoming gradient), then the gradient pass with it, as on the device.
+  rw_launch(grid, block, [&] {
+    ranks(s.data(), cls.data(), norm.data(), p, nullptr, rank.data(), term.data(), grad.data());
+  });
+  std::vector<double> terms = term;
+  std::fill(rank.begin(), rank.end(), 0.0);
+  std::fill(term.begin(), term.end(), 0.0);
+  std::fill(grad.begin(), grad.end(), 0.0);
+  rw_launch(grid, block, [&] {
+    ranks(s.data(), cls.data(), norm.data(), p, &up, rank.data(), term.data(), grad.data());
+  });
+  rw_launch(grid, block, [&] {
+    blackbox(s.data(), cls.data(), p, rank.data(), grad.data(), jac.data());
+  });
+  rw_write_doubles(terms);
+  rw_write_doubles(jac);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s INPUT\n", argv[0]);
+    return 2;
+  }
+  rw_input in(argv[1]);
+  std::vector<unsigned int> head = in.take<unsigned int>(2);
+  const double up = in.take<double>(1)[0];
+  if (head[1])
+    run<float>(in, head[0], up, rankwise_rambo_ranks_f32, rankwise_rambo_blackbox_f32);
+  else
+    run<double>(in, head[0], up, rankwise_rambo_ranks_f64, rankwise_rambo_blackbox_f64);
+  return 0;
+}
