@@ -115,9 +115,10 @@ run correctness && NVIDIA_TF32_OVERRIDE=0 gc 100 --only correctness
 run train && gc 70 --only train
 run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
 run losses && gc 150 --only losses
-# The losses with device kernels (smooth rank, triplet, RaMBO) once more with them off
-# (RANKWISE_DEVICE_KERNELS=0: the host pass), for the side-by-side at B = 256 and 4096.
-run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 60 --only losses --losses smooth-ap,roadmap,happier,triplet-semihard,rambo --cap 4096
+# The losses with device kernels (smooth rank, triplet, RaMBO, FastAP) once more with them off
+# (RANKWISE_DEVICE_KERNELS=0: the host pass; FastAP's plain tensor formulation), for the
+# side-by-side at B = 256 and 4096.
+run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 70 --only losses --losses smooth-ap,roadmap,happier,triplet-semihard,rambo,fastap --cap 4096
 run eval && gc 50 --only eval
 run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
 run torch-train && pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"

@@ -4,8 +4,8 @@
 //! Where a loss's host pass would stall the GPU (the `B × B` scores copied to the host, its
 //! cores doing the per-row work, the gradient copied back), a kernel of its own computes the
 //! same quantities on the device: `src/losses/smooth_rank/device.cu` (Smooth-AP, ROADMAP,
-//! HAPPIER), `src/losses/triplet/device.cu` (the triplet minings) and `src/losses/rambo/device.cu`
-//! (RaMBO's ranks and blackbox gradient). The sources are compiled by
+//! HAPPIER), `src/losses/triplet/device.cu` (the triplet minings), `src/losses/rambo/device.cu`
+//! (RaMBO's ranks and blackbox gradient) and `src/losses/fastap/device.cu` (FastAP's histograms). The sources are compiled by
 //! NVRTC when first used (one PTX module per source and process, loaded once per device by
 //! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`
 //! compiles them with the same NVRTC on the build machine, and the unit tests compile them with

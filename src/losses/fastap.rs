@@ -45,6 +45,8 @@ use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+pub mod device;
+
 /// Which gradient [`FastAp`] returns (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FastApGradient {
@@ -405,8 +407,12 @@ impl RankLoss for FastAp {
     /// Normalises the embeddings unless `normalize` is false.
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
+        // On a GPU: the histograms, values and gradient by kernels (see `device`).
+        if device::applies(self, embeddings) {
+            return device::forward(self, embeddings, labels);
+        }
         let bins = Bins::new(self.num_bins)?;
-        // On a device, the formula's `B × B × (L + 1)` histogram (tested equal to the row
+        // Kernels off: on a device, the formula's `B × B × (L + 1)` histogram (tested equal to the row
         // engine); the authors' gradient has no plain counterpart.
         let b = labels.len();
         if self.gradient == FastApGradient::Exact
