@@ -143,6 +143,31 @@ pub(crate) mod emulation {
         bin
     }
 
+    /// Appends `values` to a harness input as little-endian `f32` or `f64`.
+    pub(crate) fn push_values(input: &mut Vec<u8>, values: &[f64], as_f32: bool) {
+        for &v in values {
+            if as_f32 {
+                input.extend((v as f32).to_le_bytes());
+            } else {
+                input.extend(v.to_le_bytes());
+            }
+        }
+    }
+
+    /// `n` reproducible values in `[−0.5, 0.5)` (a linear congruential generator): the
+    /// emulation tests' embeddings.
+    pub(crate) fn uniform(n: usize, seed: u64) -> Vec<f64> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
+            })
+            .collect()
+    }
+
     /// Runs the harness `name` on `input`; its standard output as little-endian doubles.
     pub(crate) fn run(name: &str, input: &[u8]) -> Vec<f64> {
         let file = tempfile::NamedTempFile::new().expect("a temporary file");

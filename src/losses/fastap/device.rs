@@ -285,13 +285,7 @@ mod tests {
         let mut input = Vec::new();
         input.extend((b as u32).to_le_bytes());
         input.extend(u32::from(f32_s).to_le_bytes());
-        for &v in s {
-            if f32_s {
-                input.extend((v as f32).to_le_bytes());
-            } else {
-                input.extend(v.to_le_bytes());
-            }
-        }
+        crate::kernels::emulation::push_values(&mut input, s, f32_s);
         for &c in ids {
             input.extend(c.to_le_bytes());
         }
@@ -310,25 +304,13 @@ mod tests {
         (f.to_vec(), j.to_vec())
     }
 
-    fn embeddings(b: usize, d: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed;
-        (0..b * d)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
-            })
-            .collect()
-    }
-
     #[test]
     fn the_kernels_equal_the_row_engine_through_embeddings() {
         let (b, d) = (23, 4);
         let mut fine: Vec<i64> = (0..b as i64).map(|i| i % 4).collect();
         fine[22] = 7; // a query without positive
         let labels = Labels::from_fine(&fine).unwrap();
-        let mut e = embeddings(b, d, 8);
+        let mut e = crate::kernels::emulation::uniform(b * d, 8);
         for (from, to) in [(0, 4), (1, 5)] {
             let row: Vec<f64> = e[from * d..(from + 1) * d].to_vec();
             e[to * d..(to + 1) * d].copy_from_slice(&row);

@@ -427,13 +427,7 @@ mod tests {
         input.extend((b as u32).to_le_bytes());
         input.extend(u32::from(f32_s).to_le_bytes());
         input.extend(up.to_le_bytes());
-        for &v in s {
-            if f32_s {
-                input.extend((v as f32).to_le_bytes());
-            } else {
-                input.extend(v.to_le_bytes());
-            }
-        }
+        crate::kernels::emulation::push_values(&mut input, s, f32_s);
         for &c in ids {
             input.extend(c.to_le_bytes());
         }
@@ -521,18 +515,6 @@ mod tests {
         [reference, (scalar(&v), grad_of(&attached))]
     }
 
-    fn embeddings(b: usize, d: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed;
-        (0..b * d)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
-            })
-            .collect()
-    }
-
     #[test]
     fn the_kernels_equal_the_row_engine_for_every_option() {
         let (b, d) = (26, 5);
@@ -542,7 +524,7 @@ mod tests {
         fine[25] = 9;
         let labels = Labels::from_fine(&fine).unwrap();
         // Items 5 and 6 duplicate items 0 and 1 of their classes: exact ties in the ranks.
-        let mut e = embeddings(b, d, 3);
+        let mut e = crate::kernels::emulation::uniform(b * d, 3);
         for (from, to) in [(0, 5), (1, 6)] {
             let row: Vec<f64> = e[from * d..(from + 1) * d].to_vec();
             e[to * d..(to + 1) * d].copy_from_slice(&row);

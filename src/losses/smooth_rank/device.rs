@@ -362,13 +362,7 @@ mod tests {
         for v in [p.queries, p.items, p.num_levels, usize::from(f32_scores)] {
             input.extend((v as u32).to_le_bytes());
         }
-        for &s in scores {
-            if f32_scores {
-                input.extend((s as f32).to_le_bytes());
-            } else {
-                input.extend(s.to_le_bytes());
-            }
-        }
+        crate::kernels::emulation::push_values(&mut input, scores, f32_scores);
         input.extend(&p.levels);
         for v in p.relevance.iter().chain(&p.pieces) {
             input.extend(v.to_le_bytes());
@@ -431,8 +425,8 @@ mod tests {
         let (v, j) = emulate(&s, false, &kp);
         assert_close(&format!("{name} f64 AP"), &v, &want_v, 1e-12);
         assert_close(&format!("{name} f64 Jacobian"), &j, &want_j, 1e-10);
-        // f32 scores: exactly representable on this grid? No (0.004), so compare with the
-        // streaming engine on the f32-rounded scores; the exponential is then in f32.
+        // f32 scores: the streaming engine on the f32-rounded scores against the kernels in f32
+        // (whose exponential is then in f32).
         let s32: Vec<f64> = s.iter().map(|&x| x as f32 as f64).collect();
         let (want_v, want_j) = streaming(&s32, q, problem, sur);
         let (v, j) = emulate(&s32, true, &kp);

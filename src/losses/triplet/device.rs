@@ -258,13 +258,7 @@ mod tests {
             input.extend(v.to_le_bytes());
         }
         input.extend(margin.to_le_bytes());
-        for &v in x {
-            if f32_x {
-                input.extend((v as f32).to_le_bytes());
-            } else {
-                input.extend(v.to_le_bytes());
-            }
-        }
+        crate::kernels::emulation::push_values(&mut input, x, f32_x);
         for &c in ids {
             input.extend(c.to_le_bytes());
         }
@@ -324,18 +318,6 @@ mod tests {
         [reference, kernel]
     }
 
-    fn embeddings(b: usize, d: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed;
-        (0..b * d)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 11) as f64 / (1u64 << 53) as f64) - 0.5
-            })
-            .collect()
-    }
-
     #[test]
     fn the_kernels_equal_the_row_engine_for_the_three_minings() {
         let (b, d) = (29, 6);
@@ -343,7 +325,7 @@ mod tests {
         let labels = Labels::from_fine(&fine).unwrap();
         // Items 7 and 8 duplicate items 1 and 2 of their classes (class = i mod 6): tied
         // positives and tied negatives for the easy-positive mining's first-column rule.
-        let mut e = embeddings(b, d, 5);
+        let mut e = crate::kernels::emulation::uniform(b * d, 5);
         for (from, to) in [(1, 7), (2, 8)] {
             let row: Vec<f64> = e[from * d..(from + 1) * d].to_vec();
             e[to * d..(to + 1) * d].copy_from_slice(&row);
