@@ -39,11 +39,15 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) use cuda::{instance, ptx, view, Float};
+pub(crate) use cuda::{
+    check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
+};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, ValidAsZeroBits};
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaView, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+    };
     use candle_core::cuda_backend::CudaDType;
     use candle_core::{CudaStorage, Layout};
     use std::sync::Mutex;
@@ -91,6 +95,57 @@ mod cuda {
         l: &Layout,
     ) -> candle_core::Result<CudaView<'a, T>> {
         Ok(s.as_cuda_slice::<T>()?.slice(l.start_offset()..))
+    }
+
+    /// Threads per block of every kernel launch.
+    const BLOCK: u32 = 256;
+
+    /// A launch of one thread per `(row, column)` of a `rows × cols` matrix: block `(r, c)` has
+    /// the threads of row `r`, columns `c · BLOCK..`; the kernels read `blockIdx.x` as the row.
+    pub(crate) fn per_entry(rows: usize, cols: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (rows as u32, (cols as u32).div_ceil(BLOCK), 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// A launch of one thread per row of `rows`.
+    pub(crate) fn per_row(rows: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: ((rows as u32).div_ceil(BLOCK), 1, 1),
+            block_dim: (BLOCK, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The error of a kernel's op asked to run on the CPU, which takes the host engine instead.
+    pub(crate) fn not_on_cpu(op: &str) -> candle_core::Error {
+        candle_core::Error::Msg(format!(
+            "{op} runs on a CUDA device; on the CPU the loss takes its host engine"
+        ))
+    }
+
+    /// The error of a kernel's op given another dtype than `f32` or `f64`.
+    pub(crate) fn dtype_error(op: &str, d: candle_core::DType) -> candle_core::Error {
+        candle_core::Error::Msg(format!("{op}: f32 or f64 input, not {d:?}"))
+    }
+
+    /// Checks that a kernel's op was given a contiguous `rows × cols` matrix.
+    pub(crate) fn check_matrix(
+        op: &str,
+        l: &Layout,
+        rows: usize,
+        cols: usize,
+    ) -> candle_core::Result<()> {
+        if l.dims() != [rows, cols] || !l.is_contiguous() {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: input {:?} (contiguous: {}), expected a contiguous {rows} × {cols} matrix",
+                l.dims(),
+                l.is_contiguous()
+            )));
+        }
+        Ok(())
     }
 
     /// The name of the kernel `name` instantiated for `T`: `{name}_{T::SUFFIX}`. The caller

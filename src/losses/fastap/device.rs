@@ -144,17 +144,18 @@ fn run(_: &FastAp, _: &Bins, _: &Tensor, _: Vec<u32>, _: usize) -> Result<Tensor
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::Params;
-    use crate::kernels::{instance, ptx, view, Float};
+    use crate::kernels::{
+        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
+    };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaSlice, CudaView, DeviceRepr, PushKernelArg,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_fastap";
-    const BLOCK: u32 = 256;
 
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_bins`.
     unsafe impl DeviceRepr for Params {}
@@ -173,7 +174,6 @@ mod cuda {
             s: &CudaView<T>,
         ) -> candle_core::Result<CudaSlice<f64>> {
             let b = self.ids.len();
-            let nb = self.params.b;
             let cls = dev.clone_htod(&self.ids)?;
             let centres = dev.clone_htod(&self.centres)?;
             let mut scratch = dev.alloc_zeros::<f64>(2 * b * self.centres.len())?;
@@ -192,11 +192,7 @@ mod cuda {
                 .arg(&self.params)
                 .arg(&mut scratch)
                 .arg(&mut fastap);
-            let per_query = LaunchConfig {
-                grid_dim: (nb.div_ceil(BLOCK), 1, 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let per_query = per_row(b);
             // SAFETY: `s` holds `B × B` values, `cls` `B`, `centres` `L + 1`, `scratch`
             // `2 B (L + 1)`, `fastap` `B`.
             unsafe { l.launch(per_query) }.w()?;
@@ -212,11 +208,7 @@ mod cuda {
                 .arg(&self.params)
                 .arg(&scratch)
                 .arg(&mut jac);
-            let pairs = LaunchConfig {
-                grid_dim: (nb, nb.div_ceil(BLOCK), 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let pairs = per_entry(b, b);
             // SAFETY: as above; `jac` holds `B × B` values.
             unsafe { l.launch(pairs) }.w()?;
             Ok(out)
@@ -229,9 +221,7 @@ mod cuda {
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(candle_core::Error::Msg(
-                "rankwise-fastap runs on a CUDA device; the CPU uses the row engine".into(),
-            ))
+            Err(not_on_cpu(self.name()))
         }
 
         fn cuda_fwd(
@@ -240,22 +230,12 @@ mod cuda {
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
             let b = self.ids.len();
-            if l.dims() != [b, b] || !l.is_contiguous() {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-fastap: similarities {:?} (contiguous: {}) for a batch of {b}",
-                    l.dims(),
-                    l.is_contiguous()
-                )));
-            }
+            check_matrix(self.name(), l, b, b)?;
             let dev = s.device().clone();
             let out = match s.dtype() {
                 DType::F32 => self.launch(&dev, &view::<f32>(s, l)?)?,
                 DType::F64 => self.launch(&dev, &view::<f64>(s, l)?)?,
-                d => {
-                    return Err(candle_core::Error::Msg(format!(
-                        "rankwise-fastap: f32 or f64 similarities, not {d:?}"
-                    )))
-                }
+                d => return Err(dtype_error(self.name(), d)),
             };
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev),

@@ -175,7 +175,9 @@ fn run(_: &Rambo, _: &Tensor, _: Vec<u32>, _: Vec<f64>) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::Params;
-    use crate::kernels::{instance, ptx, view, Float};
+    use crate::kernels::{
+        check_matrix, dtype_error, instance, not_on_cpu, per_entry, ptx, view, Float,
+    };
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
@@ -187,7 +189,6 @@ mod cuda {
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_rambo";
-    const BLOCK: u32 = 256;
 
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rambo`.
     unsafe impl DeviceRepr for Params {}
@@ -208,25 +209,8 @@ mod cuda {
     struct Gradient(Rambo);
 
     impl Rambo {
-        fn check(&self, l: &Layout, what: &str) -> candle_core::Result<()> {
-            let b = self.ids.len();
-            if l.dims() != [b, b] || !l.is_contiguous() {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-rambo: {what} {:?} (contiguous: {}) for a batch of {b}",
-                    l.dims(),
-                    l.is_contiguous()
-                )));
-            }
-            Ok(())
-        }
-
         fn grid(&self) -> LaunchConfig {
-            let nb = self.params.b;
-            LaunchConfig {
-                grid_dim: (nb, nb.div_ceil(BLOCK), 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            }
+            per_entry(self.ids.len(), self.ids.len())
         }
 
         /// The first kernel: ranks, terms and `∂L/∂rk` (times `*up` when given).
@@ -284,16 +268,6 @@ mod cuda {
         }
     }
 
-    fn not_on_cpu(name: &str) -> candle_core::Error {
-        candle_core::Error::Msg(format!(
-            "{name} runs on a CUDA device; the CPU uses the row engine"
-        ))
-    }
-
-    fn dtype_error(name: &str, d: DType) -> candle_core::Error {
-        candle_core::Error::Msg(format!("{name}: f32 or f64 similarities, not {d:?}"))
-    }
-
     impl CustomOp1 for Terms {
         fn name(&self) -> &'static str {
             "rankwise-rambo-terms"
@@ -308,7 +282,7 @@ mod cuda {
             s: &CudaStorage,
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            self.0.check(l, "similarities")?;
+            check_matrix(self.name(), l, self.0.ids.len(), self.0.ids.len())?;
             let dev = s.device().clone();
             let [_, term, _] = match s.dtype() {
                 DType::F32 => self.0.ranks::<f32>(&dev, &view(s, l)?, None)?,
@@ -334,7 +308,7 @@ mod cuda {
             s: &CudaStorage,
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            self.check(l, "similarities")?;
+            check_matrix(self.name(), l, self.ids.len(), self.ids.len())?;
             let dev = s.device().clone();
             let zero = match s.dtype() {
                 DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f32>(1)?, dev),
@@ -380,7 +354,7 @@ mod cuda {
             up: &CudaStorage,
             ul: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            self.0.check(l, "similarities")?;
+            check_matrix(self.name(), l, self.0.ids.len(), self.0.ids.len())?;
             if ul.shape().elem_count() != 1 {
                 return Err(candle_core::Error::Msg(format!(
                     "rankwise-rambo-gradient: the incoming gradient of a scalar loss has one \

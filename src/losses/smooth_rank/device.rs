@@ -190,16 +190,14 @@ pub(super) fn run(
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{KernelProblem, SOURCE};
-    use crate::kernels::{instance, ptx, view, Float};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
+    use crate::kernels::{
+        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
     };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
 
-    /// Threads per block along the items.
-    const BLOCK: u32 = 256;
     /// The module's name in candle's cache of loaded modules.
     const MODULE: &str = "rankwise_smooth_rank";
 
@@ -230,11 +228,7 @@ mod cuda {
             let mut own = dev.alloc_zeros::<f64>(q * n)?;
             let jac_len = if self.need_grad { q * n } else { 0 };
             let mut out = dev.alloc_zeros::<T>(jac_len + q)?;
-            let rows = LaunchConfig {
-                grid_dim: (nq, nn.div_ceil(BLOCK), 1),
-                block_dim: (BLOCK, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let rows = per_entry(q, n);
             let pass1 = func("pass1")?;
             let mut b = pass1.builder();
             b.arg(scores)
@@ -280,11 +274,7 @@ mod cuda {
                     .arg(&rank)
                     .arg(&hrank)
                     .arg(&mut values);
-                let per_query = LaunchConfig {
-                    grid_dim: (nq.div_ceil(BLOCK), 1, 1),
-                    block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let per_query = per_row(q);
                 // SAFETY: `values` holds `Q` values; the rest as pass 1.
                 unsafe { b.launch(per_query) }.w()?;
             }
@@ -298,10 +288,7 @@ mod cuda {
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(candle_core::Error::Msg(
-                "rankwise-smooth-rank runs on a CUDA device; the CPU uses the streaming engine"
-                    .into(),
-            ))
+            Err(not_on_cpu(self.name()))
         }
 
         fn cuda_fwd(
@@ -310,15 +297,7 @@ mod cuda {
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
             let p = &self.problem;
-            if l.dims() != [p.queries, p.items] || !l.is_contiguous() {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-smooth-rank: scores {:?} (contiguous: {}) for {} × {}",
-                    l.dims(),
-                    l.is_contiguous(),
-                    p.queries,
-                    p.items
-                )));
-            }
+            check_matrix(self.name(), l, p.queries, p.items)?;
             let dev = s.device().clone();
             let len = if self.need_grad {
                 p.queries * p.items
@@ -334,11 +313,7 @@ mod cuda {
                     self.launch(&dev, &view::<f64>(s, l)?)?,
                     dev.clone(),
                 ),
-                other => {
-                    return Err(candle_core::Error::Msg(format!(
-                        "rankwise-smooth-rank: f32 or f64 scores, not {other:?}"
-                    )))
-                }
+                d => return Err(dtype_error(self.name(), d)),
             };
             Ok((storage, Shape::from(len)))
         }

@@ -123,18 +123,16 @@ fn mine(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<(Tensor, Te
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::{instance, ptx, view, Float};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, LaunchConfig, PushKernelArg,
+    use crate::kernels::{
+        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
     };
+    use candle_core::backend::BackendStorage;
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_triplet";
-    /// Threads per block.
-    const BLOCK: u32 = 256;
 
     /// `(x) → [counts | partial]`, `2 B²` `f64` values.
     pub(super) struct Mine {
@@ -164,11 +162,7 @@ mod cuda {
                     .arg(&self.margin)
                     .arg(&mut counts)
                     .arg(&mut partial);
-                let cfg = LaunchConfig {
-                    grid_dim: (nb.div_ceil(BLOCK), 1, 1),
-                    block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = per_row(b);
                 // SAFETY: `x`, `counts` and `partial` hold `B × B` values, `cls` `B`.
                 unsafe { l.launch(cfg) }.w()?;
             } else {
@@ -183,11 +177,7 @@ mod cuda {
                     .arg(&mining)
                     .arg(&mut counts)
                     .arg(&mut partial);
-                let cfg = LaunchConfig {
-                    grid_dim: (nb, nb.div_ceil(BLOCK), 1),
-                    block_dim: (BLOCK, 1, 1),
-                    shared_mem_bytes: 0,
-                };
+                let cfg = per_entry(b, b);
                 // SAFETY: as above.
                 unsafe { l.launch(cfg) }.w()?;
             }
@@ -201,9 +191,7 @@ mod cuda {
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(candle_core::Error::Msg(
-                "rankwise-triplet-mining runs on a CUDA device; the CPU uses the row engine".into(),
-            ))
+            Err(not_on_cpu(self.name()))
         }
 
         fn cuda_fwd(
@@ -212,22 +200,12 @@ mod cuda {
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
             let b = self.ids.len();
-            if l.dims() != [b, b] || !l.is_contiguous() {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-triplet-mining: distances {:?} (contiguous: {}) for a batch of {b}",
-                    l.dims(),
-                    l.is_contiguous()
-                )));
-            }
+            check_matrix(self.name(), l, b, b)?;
             let dev = s.device().clone();
             let out = match s.dtype() {
                 DType::F32 => self.launch(&dev, &view::<f32>(s, l)?)?,
                 DType::F64 => self.launch(&dev, &view::<f64>(s, l)?)?,
-                other => {
-                    return Err(candle_core::Error::Msg(format!(
-                        "rankwise-triplet-mining: f32 or f64 distances, not {other:?}"
-                    )))
-                }
+                d => return Err(dtype_error(self.name(), d)),
             };
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev),
