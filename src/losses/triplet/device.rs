@@ -29,7 +29,7 @@
 //!
 //! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
 //! launch grid (`tests/cuda_emulation/triplet.cpp`) and check the value and the embeddings'
-//! gradient of [`assemble`]d kernel outputs against the row engine for the three minings; the
+//! gradient of the assembled kernel outputs against the row engine for the three minings; the
 //! GPU check compares every triplet loss on CUDA with the CPU.
 
 use super::{Triplet, TripletMining};
