@@ -412,8 +412,8 @@ impl RankLoss for FastAp {
             return device::forward(self, embeddings, labels);
         }
         let bins = Bins::new(self.num_bins)?;
-        // Kernels off: on a device, the formula's `B × B × (L + 1)` histogram (tested equal to the row
-        // engine); the authors' gradient has no plain counterpart.
+        // Kernels off: on a device, the formula's `B × B × (L + 1)` histogram (tested equal to
+        // the row engine); the authors' gradient has no plain counterpart.
         let b = labels.len();
         if self.gradient == FastApGradient::Exact
             && crate::losses::plain_on_device(

@@ -408,6 +408,21 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_without_candidates_is_the_row_engine_error() {
+        let check =
+            |fine: &[i64]| super::super::check_candidates(&Labels::from_fine(fine).unwrap());
+        for fine in [&[0, 0, 0][..], &[0, 1, 2]] {
+            let err = check(fine).unwrap_err().to_string();
+            let row = Triplet::default().forward(
+                &Tensor::ones((3, 2), DType::F64, &Device::Cpu).unwrap(),
+                &Labels::from_fine(fine).unwrap(),
+            );
+            assert_eq!(err, row.unwrap_err().to_string(), "{fine:?}");
+        }
+        assert!(check(&[0, 0, 1]).is_ok());
+    }
+
+    #[test]
     fn the_device_path_applies_only_on_cuda_with_cosine_and_no_chunk() {
         let x = Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap();
         assert!(!applies(&Triplet::default(), &x));
