@@ -89,8 +89,8 @@ mod cuda {
         }
     }
 
-    /// The values of a contiguous storage from its layout's offset.
-    pub(crate) fn view<'a, T: Float>(
+    /// The values of a contiguous storage from its layout's offset (also the cuDNN ops').
+    pub(crate) fn view<'a, T: CudaDType>(
         s: &'a CudaStorage,
         l: &Layout,
     ) -> candle_core::Result<CudaView<'a, T>> {

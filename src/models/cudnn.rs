@@ -45,6 +45,8 @@ use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
+use crate::kernels::view;
+
 static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_CUDNN");
 
 /// Whether the models route their convolutions, training-mode batch normalisation and max
@@ -464,11 +466,6 @@ fn choices(key: ConvKey, h: &Handle, d: &ConvDescs) -> candle_core::Result<Vec<C
     }
     CHOICES.with(|c| c.borrow_mut().insert(key, found.clone()));
     Ok(found)
-}
-
-/// The view of a contiguous storage from its layout's offset.
-fn view<'a, T: Float>(s: &'a CudaStorage, l: &Layout) -> candle_core::Result<CudaView<'a, T>> {
-    Ok(s.as_cuda_slice::<T>()?.slice(l.start_offset()..))
 }
 
 /// Runs one convolution pass: `a` and `b` are its two inputs (forward: x, w; backward data:
