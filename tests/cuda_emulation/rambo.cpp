@@ -31,22 +31,16 @@ static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blac
     std::exit(2);
   }
   const T up = (T)up_value;
-  std::vector<double> rank(bb, 0.0), term(bb, 0.0), grad(bb, 0.0);
+  std::vector<double> rank(bb, 0.0), rank_rel(bb, 0.0), terms(bb, 0.0);
   std::vector<T> jac(bb, (T)0);
   const rw_dim3 grid{b, (b + BLOCK - 1) / BLOCK, 1}, block{BLOCK, 1, 1};
-  // The value pass (no incoming gradient), then the gradient pass with it, as on the device.
+  // The ranks and terms (the value), then the blackbox gradient with the incoming gradient, as
+  // on the device.
   rw_launch(grid, block, [&] {
-    ranks(s.data(), cls.data(), norm.data(), p, nullptr, rank.data(), term.data(), grad.data());
-  });
-  std::vector<double> terms = term;
-  std::fill(rank.begin(), rank.end(), 0.0);
-  std::fill(term.begin(), term.end(), 0.0);
-  std::fill(grad.begin(), grad.end(), 0.0);
-  rw_launch(grid, block, [&] {
-    ranks(s.data(), cls.data(), norm.data(), p, &up, rank.data(), term.data(), grad.data());
+    ranks(s.data(), cls.data(), norm.data(), p, rank.data(), rank_rel.data(), terms.data());
   });
   rw_launch(grid, block, [&] {
-    blackbox(s.data(), cls.data(), p, rank.data(), grad.data(), jac.data());
+    blackbox(s.data(), cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), jac.data());
   });
   rw_write_doubles(terms);
   rw_write_doubles(jac);

@@ -32,13 +32,28 @@ __device__ __forceinline__ bool rw_ahead(double yk, unsigned int k, double yj, u
   return yk > yj || (yk == yj && k < j);
 }
 
-// Thread (q, j): rank and rank among the relevant items of j in q's shifted sequence; for a
-// relevant j of a query with norm > 0, its term of the loss (times norm) and dL/drk_j (times
-// norm and the incoming gradient *up), in the ranks' units.
+// dL/drk of a relevant item with ranks rk, rk+ in a query of normaliser w > 0, times the
+// incoming gradient, in the ranks' units (the host's arithmetic, operation by operation).
+__device__ __forceinline__ double rw_rambo_dl_drk(double rk, double rk_rel, double w,
+                                                  double upstream, const rw_rambo& p, double n) {
+  if (p.objective == 0) {
+    // d(-rk+/rk)/drk = rk+/rk^2, in units.
+    const double r = rw_units(rk, p, n), rp = rw_units(rk_rel, p, n);
+    return upstream * w * rp / (r * r);
+  }
+  // l(r) with r = (rk - rk+) * count_scale negatives ahead (Eq. 17-20).
+  const double r = (rk - rk_rel) * p.count_scale;
+  const double dl = p.objective == 1 ? 1.0 / (1.0 + r) : 1.0 / ((1.0 + log1p(r)) * (1.0 + r));
+  const double per_unit = p.normalised ? n : 1.0;
+  return upstream * w * dl * p.count_scale * per_unit;
+}
+
+// Thread (q, j): rank and rank among the relevant items of j in q's shifted sequence and, for a
+// relevant j of a query with norm > 0, its term of the loss (times norm).
 template <typename T>
 __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double* norm,
-                               rw_rambo p, const T* up, double* rank_out, double* term_out,
-                               double* grad_out) {
+                               rw_rambo p, double* rank_out, double* rank_rel_out,
+                               double* term_out) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
@@ -58,60 +73,61 @@ __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double
   }
   const double rk = 1.0 + ahead, rk_rel = 1.0 + ahead_rel;
   rank_out[row + j] = rk;
+  rank_rel_out[row + j] = rk_rel;
   const double w = norm[q];
   if (!rel_j || !(w > 0.0)) return;
-  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
-  const double upstream = up ? (double)up[0] : 1.0;
   if (p.objective == 0) {
-    // Prec(j) = rk+ / rk (Eq. 21); d(-rk+/rk)/drk = rk+/rk^2, in units.
+    // Prec(j) = rk+ / rk (Eq. 21).
     term_out[row + j] = rk_rel / rk * w;
-    const double r = rw_units(rk, p, n), rp = rw_units(rk_rel, p, n);
-    grad_out[row + j] = upstream * w * rp / (r * r);
   } else {
-    // l(r) with r = (rk - rk+) * count_scale negatives ahead (Eq. 17-20).
     const double r = (rk - rk_rel) * p.count_scale;
-    const double l = p.objective == 1 ? log1p(r) : log1p(log1p(r));
-    const double dl = p.objective == 1 ? 1.0 / (1.0 + r) : 1.0 / ((1.0 + log1p(r)) * (1.0 + r));
-    const double per_unit = p.normalised ? n : 1.0;
-    term_out[row + j] = l * w;
-    grad_out[row + j] = upstream * w * dl * p.count_scale * per_unit;
+    term_out[row + j] = (p.objective == 1 ? log1p(r) : log1p(log1p(r))) * w;
   }
 }
 
 // Thread (q, j): the blackbox gradient -(rk(y) - rk(y + lambda g)) / lambda of entry j (RaMBO
-// Algorithm 1), in the ranks' units; g from rw_rambo_ranks.
+// Algorithm 1), in the ranks' units, with g = dL/drk (times the incoming gradient *up) of the
+// relevant items and 0 elsewhere, from the ranks of rw_rambo_ranks.
 template <typename T>
-__device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, rw_rambo p,
-                                  const double* rank_in, const double* grad_in, T* jac) {
+__device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, const double* norm,
+                                  rw_rambo p, const T* up, const double* rank_in,
+                                  const double* rank_rel_in, T* jac) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
   const unsigned long long row = (unsigned long long)q * p.b;
   const unsigned int cq = cls[q];
-  const double gj = grad_in[row + j];
-  const double yj = rw_shifted((double)s[row + j], cls[j] == cq, p.margin) + p.lambda * gj;
+  const double w = norm[q];
+  const double upstream = (double)up[0];
+  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
+  // y + lambda g of entry k (y itself where g = 0, as on the host).
+  const auto perturbed = [&](unsigned int k) {
+    const bool rel = cls[k] == cq;
+    const double y = rw_shifted((double)s[row + k], rel, p.margin);
+    if (!rel || !(w > 0.0)) return y;
+    const double g = rw_rambo_dl_drk(rank_in[row + k], rank_rel_in[row + k], w, upstream, p, n);
+    return y + p.lambda * g;
+  };
+  const double yj = perturbed(j);
   double ahead = 0.0;
   for (unsigned int k = 0; k < p.b; ++k) {
     if (k == j || (!p.include_self && k == q)) continue;
-    const double yk =
-        rw_shifted((double)s[row + k], cls[k] == cq, p.margin) + p.lambda * grad_in[row + k];
-    if (rw_ahead(yk, k, yj, j)) ahead += 1.0;
+    if (rw_ahead(perturbed(k), k, yj, j)) ahead += 1.0;
   }
-  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
   const double r = rw_units(rank_in[row + j], p, n), rl = rw_units(1.0 + ahead, p, n);
   jac[row + j] = (T)(-(r - rl) / p.lambda);
 }
 
 #define RW_RAMBO_KERNELS(T, SUFFIX)                                                            \
   extern "C" __global__ void rankwise_rambo_ranks_##SUFFIX(                                    \
-      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, const T* up,        \
-      double* rank_out, double* term_out, double* grad_out) {                                  \
-    rw_rambo_ranks<T>(s, cls, norm, p, up, rank_out, term_out, grad_out);                      \
+      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, double* rank_out,   \
+      double* rank_rel_out, double* term_out) {                                                \
+    rw_rambo_ranks<T>(s, cls, norm, p, rank_out, rank_rel_out, term_out);                      \
   }                                                                                            \
   extern "C" __global__ void rankwise_rambo_blackbox_##SUFFIX(                                 \
-      const T* s, const unsigned int* cls, rw_rambo p, const double* rank_in,                  \
-      const double* grad_in, T* jac) {                                                         \
-    rw_rambo_blackbox<T>(s, cls, p, rank_in, grad_in, jac);                                    \
+      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, const T* up,        \
+      const double* rank_in, const double* rank_rel_in, T* jac) {                              \
+    rw_rambo_blackbox<T>(s, cls, norm, p, up, rank_in, rank_rel_in, jac);                      \
   }
 
 RW_RAMBO_KERNELS(float, f32)

@@ -12,16 +12,18 @@
 //!                            (ahead: larger, or equal and earlier — the host's tie rule)
 //!                            term_j = w_q · Prec(j) = w_q rk⁺_j / rk_j          (AP, Eq. 21)
 //!                                   = w_q · ℓ((rk_j − rk⁺_j) · c)               (recall, Eq. 20)
-//!                            g_j = ∂L/∂rk_j (in the ranks' units, times the incoming gradient)
-//! blackbox (thread (q, j)):  ∂L/∂y_j = −(rk_j − rk_j(y + λ g)) / λ             (Algorithm 1)
+//! blackbox (thread (q, j)):  g_k = ∂L/∂rk_k of the relevant k (in the ranks' units, times the
+//!                            incoming gradient), from rk_k, rk⁺_k;
+//!                            ∂L/∂y_j = −(rk_j − rk_j(y + λ g)) / λ             (Algorithm 1)
 //! loss = 1 − Σ term (AP) or Σ term (recall)
 //! ```
 //!
 //! with `w_q` the query's normaliser (`1/(Q (P_q + ε))` per query, `1/P_total` pooled), which
-//! depends on the labels only and is computed on the host. The value comes from the first
-//! kernel's terms; the gradient from an op whose backward runs both kernels with the incoming
-//! gradient read on the device (the blackbox gradient is not linear in it: the perturbation is
-//! `λ` times it), so the loss keeps its exact host semantics inside any weighted sum. The work
+//! depends on the labels only and is computed on the host. The first kernel runs once per
+//! step: its terms give the value, its ranks are kept for the backward, which runs the blackbox
+//! kernel with the incoming gradient read on the device (the blackbox gradient is not linear in
+//! it: the perturbation is `λ` times it), so the loss keeps its exact host semantics inside any
+//! weighted sum. The work
 //! is `O(B³)` (each thread counts over its sequence), so the kernels are used up to
 //! `B³ ≤` [`MAX_WORK`]; beyond, the row engine. The half-normal margin (its draws come from the
 //! host's ChaCha8 streams) and the score memory ([`super::Rambo::forward_with_memory`], whose
@@ -151,16 +153,18 @@ pub(super) fn forward(loss: &Rambo, embeddings: &Tensor, labels: &Labels) -> Res
 
 #[cfg(feature = "cuda")]
 fn run(loss: &Rambo, s: &Tensor, ids: Vec<u32>, norms: Vec<f64>) -> Result<Tensor> {
+    let bb = ids.len() * ids.len();
     let op = cuda::Rambo {
         params: params(loss, ids.len()),
         ids,
         norms,
     };
     let sims = s.contiguous()?;
-    let terms = sims.detach().apply_op1_no_bwd(&cuda::Terms(op.clone()))?;
-    let value = value(loss, &terms)?.to_dtype(s.dtype())?;
+    // [rk | rk⁺ | terms], ranked once: the value reads the terms, the backward the ranks.
+    let stats = sims.detach().apply_op1_no_bwd(&cuda::Ranks(op.clone()))?;
+    let value = value(loss, &stats.narrow(0, 2 * bb, bb)?)?.to_dtype(s.dtype())?;
     // Zero, with the blackbox gradient as its backward.
-    let zero = sims.apply_op1(op)?;
+    let zero = sims.apply_op2(&stats, op)?;
     Ok((value + zero)?)
 }
 
@@ -184,7 +188,7 @@ mod cuda {
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
+        CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor,
     };
 
     const SOURCE: &str = include_str!("device.cu");
@@ -193,8 +197,8 @@ mod cuda {
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rambo`.
     unsafe impl DeviceRepr for Params {}
 
-    /// The batch's classes and normalisers; as an op on the similarities, its forward is a
-    /// zero scalar and its backward the blackbox gradient.
+    /// The batch's classes and normalisers; as an op on the similarities and the ranks of
+    /// [`Ranks`], its forward is a zero scalar and its backward the blackbox gradient.
     #[derive(Clone)]
     pub(super) struct Rambo {
         pub(super) params: Params,
@@ -202,10 +206,10 @@ mod cuda {
         pub(super) norms: Vec<f64>,
     }
 
-    /// The first kernel's `B × B` terms (`f64`), for the value.
-    pub(super) struct Terms(pub(super) Rambo);
+    /// `s → [rk | rk⁺ | terms]`, `3 B²` `f64` values: the first kernel.
+    pub(super) struct Ranks(pub(super) Rambo);
 
-    /// `(s, ∂L/∂loss) → ∂L/∂s`.
+    /// `(s, [rk | rk⁺ | terms], ∂L/∂loss) → ∂L/∂s`: the blackbox kernel.
     struct Gradient(Rambo);
 
     impl Rambo {
@@ -213,64 +217,67 @@ mod cuda {
             per_entry(self.ids.len(), self.ids.len())
         }
 
-        /// The first kernel: ranks, terms and `∂L/∂rk` (times `*up` when given).
         fn ranks<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
-            up: Option<&CudaView<T>>,
-        ) -> candle_core::Result<[CudaSlice<f64>; 3]> {
+        ) -> candle_core::Result<CudaSlice<f64>> {
             let bb = self.ids.len() * self.ids.len();
             let cls = dev.clone_htod(&self.ids)?;
             let norms = dev.clone_htod(&self.norms)?;
-            let mut rank = dev.alloc_zeros::<f64>(bb)?;
-            let mut term = dev.alloc_zeros::<f64>(bb)?;
-            let mut grad = dev.alloc_zeros::<f64>(bb)?;
-            let name = instance::<T>("rankwise_rambo_ranks");
-            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
-            let mut l = f.builder();
-            l.arg(s).arg(&cls).arg(&norms).arg(&self.params);
-            // A null pointer: the kernel then takes the incoming gradient as 1.
-            let null: u64 = 0;
-            match up {
-                Some(up) => l.arg(up),
-                None => l.arg(&null),
-            };
-            l.arg(&mut rank).arg(&mut term).arg(&mut grad);
-            // SAFETY: `s`, `rank`, `term`, `grad` hold `B × B` values, `cls` and `norms` `B`,
-            // `up` one value or null.
-            unsafe { l.launch(self.grid()) }.w()?;
-            Ok([rank, term, grad])
+            let mut stats = dev.alloc_zeros::<f64>(3 * bb)?;
+            {
+                let (mut rank, mut rest) = stats.split_at_mut(bb);
+                let (mut rank_rel, mut term) = rest.split_at_mut(bb);
+                let name = instance::<T>("rankwise_rambo_ranks");
+                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let mut l = f.builder();
+                l.arg(s)
+                    .arg(&cls)
+                    .arg(&norms)
+                    .arg(&self.params)
+                    .arg(&mut rank)
+                    .arg(&mut rank_rel)
+                    .arg(&mut term);
+                // SAFETY: `s`, `rank`, `rank_rel`, `term` hold `B × B` values, `cls` and
+                // `norms` `B`.
+                unsafe { l.launch(self.grid()) }.w()?;
+            }
+            Ok(stats)
         }
 
         fn gradient<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
+            stats: &CudaView<f64>,
             up: &CudaView<T>,
         ) -> candle_core::Result<CudaSlice<T>> {
-            let [rank, _, grad] = self.ranks(dev, s, Some(up))?;
-            let b = self.ids.len();
+            let bb = self.ids.len() * self.ids.len();
             let cls = dev.clone_htod(&self.ids)?;
-            let mut jac = dev.alloc_zeros::<T>(b * b)?;
+            let norms = dev.clone_htod(&self.norms)?;
+            let (rank, rank_rel) = (stats.slice(0..bb), stats.slice(bb..2 * bb));
+            let mut jac = dev.alloc_zeros::<T>(bb)?;
             let name = instance::<T>("rankwise_rambo_blackbox");
             let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
             let mut l = f.builder();
             l.arg(s)
                 .arg(&cls)
+                .arg(&norms)
                 .arg(&self.params)
+                .arg(up)
                 .arg(&rank)
-                .arg(&grad)
+                .arg(&rank_rel)
                 .arg(&mut jac);
-            // SAFETY: as in `ranks`; `jac` holds `B × B` values.
+            // SAFETY: as in `ranks`; `up` holds one value, `jac` `B × B`.
             unsafe { l.launch(self.grid()) }.w()?;
             Ok(jac)
         }
     }
 
-    impl CustomOp1 for Terms {
+    impl CustomOp1 for Ranks {
         fn name(&self) -> &'static str {
-            "rankwise-rambo-terms"
+            "rankwise-rambo-ranks"
         }
 
         fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
@@ -282,59 +289,24 @@ mod cuda {
             s: &CudaStorage,
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            check_matrix(self.name(), l, self.0.ids.len(), self.0.ids.len())?;
-            let dev = s.device().clone();
-            let [_, term, _] = match s.dtype() {
-                DType::F32 => self.0.ranks::<f32>(&dev, &view(s, l)?, None)?,
-                DType::F64 => self.0.ranks::<f64>(&dev, &view(s, l)?, None)?,
-                d => return Err(dtype_error(self.name(), d)),
-            };
             let b = self.0.ids.len();
-            Ok((CudaStorage::wrap_cuda_slice(term, dev), Shape::from((b, b))))
-        }
-    }
-
-    impl CustomOp1 for Rambo {
-        fn name(&self) -> &'static str {
-            "rankwise-rambo"
-        }
-
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            check_matrix(self.name(), l, self.ids.len(), self.ids.len())?;
+            check_matrix(self.name(), l, b, b)?;
             let dev = s.device().clone();
-            let zero = match s.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f32>(1)?, dev),
-                DType::F64 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f64>(1)?, dev),
+            let stats = match s.dtype() {
+                DType::F32 => self.0.ranks::<f32>(&dev, &view(s, l)?)?,
+                DType::F64 => self.0.ranks::<f64>(&dev, &view(s, l)?)?,
                 d => return Err(dtype_error(self.name(), d)),
             };
-            Ok((zero, Shape::from(())))
-        }
-
-        fn bwd(
-            &self,
-            s: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<Option<Tensor>> {
-            let up = grad.to_dtype(s.dtype())?.contiguous()?;
-            Ok(Some(
-                s.contiguous()?
-                    .apply_op2_no_bwd(&up, &Gradient(self.clone()))?,
+            Ok((
+                CudaStorage::wrap_cuda_slice(stats, dev),
+                Shape::from(3 * b * b),
             ))
         }
     }
 
-    impl CustomOp2 for Gradient {
+    impl CustomOp2 for Rambo {
         fn name(&self) -> &'static str {
-            "rankwise-rambo-gradient"
+            "rankwise-rambo"
         }
 
         fn cpu_fwd(
@@ -351,10 +323,71 @@ mod cuda {
             &self,
             s: &CudaStorage,
             l: &Layout,
+            _: &CudaStorage,
+            _: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            check_matrix(self.name(), l, self.ids.len(), self.ids.len())?;
+            let dev = s.device().clone();
+            let zero = match s.dtype() {
+                DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f32>(1)?, dev),
+                DType::F64 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f64>(1)?, dev),
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            Ok((zero, Shape::from(())))
+        }
+
+        fn bwd(
+            &self,
+            s: &Tensor,
+            stats: &Tensor,
+            _: &Tensor,
+            grad: &Tensor,
+        ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
+            let up = grad.to_dtype(s.dtype())?.contiguous()?;
+            let jac = s.contiguous()?.apply_op3_no_bwd(
+                &stats.contiguous()?,
+                &up,
+                &Gradient(self.clone()),
+            )?;
+            Ok((Some(jac), None))
+        }
+    }
+
+    impl CustomOp3 for Gradient {
+        fn name(&self) -> &'static str {
+            "rankwise-rambo-gradient"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            l: &Layout,
+            stats: &CudaStorage,
+            sl: &Layout,
             up: &CudaStorage,
             ul: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            check_matrix(self.name(), l, self.0.ids.len(), self.0.ids.len())?;
+            let b = self.0.ids.len();
+            check_matrix(self.name(), l, b, b)?;
+            if sl.shape().elem_count() != 3 * b * b || !sl.is_contiguous() {
+                return Err(candle_core::Error::Msg(format!(
+                    "rankwise-rambo-gradient: ranks {:?}, expected the {} values of the ranks op",
+                    sl.dims(),
+                    3 * b * b
+                )));
+            }
             if ul.shape().elem_count() != 1 {
                 return Err(candle_core::Error::Msg(format!(
                     "rankwise-rambo-gradient: the incoming gradient of a scalar loss has one \
@@ -363,13 +396,16 @@ mod cuda {
                 )));
             }
             let dev = s.device().clone();
+            let stats = view::<f64>(stats, sl)?;
             let jac = match s.dtype() {
                 DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.0.gradient::<f32>(&dev, &view(s, l)?, &view(up, ul)?)?,
+                    self.0
+                        .gradient::<f32>(&dev, &view(s, l)?, &stats, &view(up, ul)?)?,
                     dev,
                 ),
                 DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.0.gradient::<f64>(&dev, &view(s, l)?, &view(up, ul)?)?,
+                    self.0
+                        .gradient::<f64>(&dev, &view(s, l)?, &stats, &view(up, ul)?)?,
                     dev,
                 ),
                 d => return Err(dtype_error(self.name(), d)),
