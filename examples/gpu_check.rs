@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! gpu_check --device cuda --out OUT [--budget-s 300] [--only correctness,losses,eval,train]
-//!           [--models small_cnn,resnet18,resnet50] [--cap 16384]
+//!           [--families smooth_rank,rambo] [--models small_cnn,resnet18,resnet50] [--cap 16384]
 //!           [--losses happier,smooth-ap,roadmap,triplet-semihard,fastap,rambo,contrastive]
 //!           [--start-batch 256]
 //! cargo run --release --example gpu_check -- --device cpu --out target/gpu_check --small
@@ -15,7 +15,12 @@
 //! The report, `OUT/gpu_check.json`, is rewritten atomically after every item, so a run cut
 //! short by its time budget (or killed) still leaves every finished check. Each check has a
 //! `status`: `pass` (within its tolerance), `fail` (outside it: the numbers are in the entry) or
-//! `error` (it did not run: the message says why). With `--device cpu` the "device" side is the
+//! `error` (it did not run: the message says why). `correctness` is the four parts `metrics`,
+//! `models`, `resume` and `loss-checks`, which `--only` also takes one by one; `--families`
+//! keeps the loss checks of the given families (the device kernels they run through:
+//! `smooth_rank`, `triplet`, `rambo`, `fastap`, and `other`), so that a script can run each
+//! family in a process of its own: a kernel that faults leaves its CUDA context unusable for the
+//! rest of its process. With `--device cpu` the "device" side is the
 //! CPU too, which tests this program without a GPU (CI builds it; `--small` runs it in seconds).
 //!
 //! Tolerances (relative to the CPU reference's largest magnitude): `f32` 1e-4, `f64` 1e-9. The
@@ -66,6 +71,7 @@ struct Args {
     cap: usize,
     models: Vec<String>,
     losses: Vec<String>,
+    families: Vec<String>,
     start_batch: usize,
 }
 
@@ -79,6 +85,7 @@ fn parse_args() -> Result<Args> {
         cap: 16_384,
         models: vec!["small_cnn".into(), "resnet18".into(), "resnet50".into()],
         losses: Vec::new(),
+        families: Vec::new(),
         start_batch: 256,
     };
     let mut it = std::env::args().skip(1);
@@ -92,13 +99,24 @@ fn parse_args() -> Result<Args> {
             "--cap" => args.cap = value()?.parse().context("--cap")?,
             "--models" => args.models = value()?.split(',').map(str::to_owned).collect(),
             "--losses" => args.losses = value()?.split(',').map(str::to_owned).collect(),
+            "--families" => {
+                args.families = value()?.split(',').map(str::to_owned).collect();
+                if let Some(f) = args
+                    .families
+                    .iter()
+                    .find(|f| !FAMILIES.contains(&f.as_str()))
+                {
+                    bail!("--families: unknown family {f} (one of {FAMILIES:?})");
+                }
+            }
             "--start-batch" => args.start_batch = value()?.parse().context("--start-batch")?,
             "--small" => args.small = true,
             "-h" | "--help" => {
                 println!(
                     "gpu_check [--device cuda|cpu] [--out DIR] [--budget-s S] [--cap B] \
-                     [--only correctness,losses,eval,train] [--models small_cnn,resnet18,resnet50] \
-                     [--losses happier,...] [--start-batch B] [--small]"
+                     [--only correctness,losses,eval,train] [--families smooth_rank,...] \
+                     [--models small_cnn,resnet18,resnet50] [--losses happier,...] \
+                     [--start-batch B] [--small]"
                 );
                 std::process::exit(0);
             }
@@ -459,7 +477,24 @@ fn loss_run(config: &LossConfig, case: &LossCase, dev: &Device) -> Result<(f64, 
     Ok((host(&value)?[0], host(g)?))
 }
 
-fn check_losses(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+/// The families of [`loss_variants`]: the device kernels each goes through (`other`: none of
+/// its own).
+const FAMILIES: [&str; 5] = ["smooth_rank", "triplet", "rambo", "fastap", "other"];
+
+/// The family of the loss variant `name`.
+fn family(name: &str) -> &'static str {
+    match name.split(' ').next().unwrap_or("") {
+        "smooth_ap" | "happier" | "roadmap" | "supap" => "smooth_rank",
+        "triplet" | "summed(triplet)" => "triplet",
+        "rambo" => "rambo",
+        "fastap" => "fastap",
+        _ => "other",
+    }
+}
+
+/// The loss checks: every variant (or those of `families`), f32 and f64, B = 64 and 1024, on
+/// the device against the CPU.
+fn check_losses(report: &mut Report, dev: &Device, small: bool, families: &[String]) -> Result<()> {
     let d = 128;
     let batches: &[usize] = if small { &[64] } else { &[64, 1024] };
     for &b in batches {
@@ -470,7 +505,10 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
             normal(b * d, 2000 + b as u64),
         ];
         for dtype in [DType::F32, DType::F64] {
-            for (name, config) in loss_variants() {
+            let variants = loss_variants().into_iter().filter(|(name, _)| {
+                families.is_empty() || families.iter().any(|f| f == family(name))
+            });
+            for (name, config) in variants {
                 if report.over_budget() {
                     return Ok(());
                 }
@@ -520,7 +558,8 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
                             reason = "near-tie: f32 similarities round differently on the two                                       devices and a discrete decision (rank or mining window)                                       flips for a few rows (at most 1% allowed; the f64 check                                       of the same loss is exact)";
                         }
                         json!({
-                            "kind": "loss", "name": name, "B": b, "D": d,
+                            "kind": "loss", "name": name, "family": family(&name),
+                            "B": b, "D": d,
                             "dtype": format!("{dtype:?}"), "status": status,
                             "value_cpu": vc, "value_device": vg,
                             "value_rel_err": ev, "grad_rel_err": eg, "tolerance": tol,
@@ -529,7 +568,8 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
                         })
                     }
                     (cpu, gpu) => json!({
-                        "kind": "loss", "name": name, "B": b, "dtype": format!("{dtype:?}"),
+                        "kind": "loss", "name": name, "family": family(&name), "B": b,
+                        "dtype": format!("{dtype:?}"),
                         "status": "error",
                         "error": format!("cpu: {:?}; device: {:?}",
                             cpu.err().map(|e| e.to_string()), gpu.err().map(|e| e.to_string())),
@@ -1208,14 +1248,22 @@ fn main() -> Result<()> {
     let device = DeviceChoice::parse(&args.device)?.device()?;
     let mut report = Report::new(&args.out, &args.device, args.budget_s)?;
     let wants = |s: &str| args.only.is_empty() || args.only.iter().any(|o| o == s);
+    // The parts of `correctness`, each also asked for by itself.
+    let check = |part: &str| wants("correctness") || wants(part);
     let scratch = std::env::temp_dir().join(format!("gpu_check_{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
-    if wants("correctness") {
-        // The few large checks first; the many loss checks stop at the budget.
+    // The few large checks first; the many loss checks stop at the budget.
+    if check("metrics") {
         check_metrics(&mut report, &device, args.small)?;
+    }
+    if check("models") {
         check_models(&mut report, &device, args.small)?;
+    }
+    if check("resume") {
         check_resume(&mut report, &args.device, &scratch)?;
-        check_losses(&mut report, &device, args.small)?;
+    }
+    if check("loss-checks") {
+        check_losses(&mut report, &device, args.small, &args.families)?;
     }
     if wants("eval") {
         bench_eval(&mut report, &device, args.small)?;

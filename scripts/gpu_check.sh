@@ -9,7 +9,8 @@
 # others' time (GPU_CHECK_SKIP="recipes torch-eval ..." leaves steps out; the names are in the
 # `run` lines below):
 #   1. gpu_check: every loss, the metrics engine, the models and optimizers on CUDA vs the CPU,
-#      a checkpoint resume on CUDA (OUT_DIR/gpu_check.json, appended to by the later steps);
+#      a checkpoint resume on CUDA (OUT_DIR/gpu_check.json, appended to by the later steps; the
+#      losses by family of device kernels, each family in a process of its own);
 #   2. our benchmarks: small-CNN training throughput, each loss up to the largest batch that
 #      fits, SOP-scale evaluation, ResNet-18/50 training throughput (through cuDNN when the
 #      binaries have the `cudnn` feature, then ResNet-50 once more without it, `train-candle`;
@@ -87,14 +88,28 @@ EOF
 sampler=$!
 trap 'kill $sampler 2>/dev/null; pkill -f "nvidia-smi --query-gpu=memory.used" 2>/dev/null' EXIT
 
-gc() {  # gpu_check with a hard timeout of $1 seconds
+gc() {  # gpu_check with a hard timeout of $1 seconds (its own budget GC_RESERVE=10 s less)
   local t=$1; shift
   (( $(left) < 10 )) && { step "skipped (budget): gpu_check $*"; return; }
   (( t > $(left) )) && t=$(left)
   step "gpu_check $* (timeout ${t}s)"
   timeout --kill-after=5 "$t" "$scratch/bin/gpu_check" --device "$device" --out "$out" \
-    --budget-s $((t - 10)) "${extra[@]}" "$@" 2>> "$log"
+    --budget-s $((t - ${GC_RESERVE:-10})) "${extra[@]}" "$@" 2>> "$log"
   step "exit $?"
+}
+# A kernel that faults leaves its process's CUDA context unusable, so the losses run in several
+# processes: a fault then costs its own group's entries only.
+loss_groups() {  # $1: seconds for all; then the groups (comma lists of --losses), each in a
+  # process of its own with a share of what is left proportional to its number of losses.
+  local end=$((SECONDS + $1)); shift
+  local n=0 g; for g in "$@"; do n=$((n + $(tr ',' '\n' <<< "$g" | wc -l))); done
+  for g in "$@"; do
+    local k; k=$(tr ',' '\n' <<< "$g" | wc -l)
+    local t=$(( (end - SECONDS) * k / n )); n=$((n - k))
+    # The budget is checked between entries and the report written after each: a kill cuts
+    # one entry at most, so a small reserve.
+    (( t >= 5 )) && GC_RESERVE=2 gc "$t" --only losses --losses "$g"
+  done
 }
 pyb() {  # a PyTorch anchor with a hard timeout of $1 seconds
   local t=$1; shift
@@ -109,16 +124,24 @@ skip=" ${GPU_CHECK_SKIP:-} "  # steps to leave out, e.g. GPU_CHECK_SKIP="recipes
 run() { [[ "$skip" != *" $1 "* ]]; }
 # The comparisons with the CPU in full f32: without TF32, which cuDNN (and cuBLAS where allowed)
 # would otherwise use for f32 convolutions on this GPU, as PyTorch does by default.
-run correctness && NVIDIA_TF32_OVERRIDE=0 gc 100 --only correctness
+if run correctness; then
+  NVIDIA_TF32_OVERRIDE=0 gc 70 --only metrics,models,resume
+  # The loss checks by family of device kernels, each in a process of its own (see loss_groups).
+  for family in smooth_rank triplet rambo fastap other; do
+    NVIDIA_TF32_OVERRIDE=0 gc 15 --only loss-checks --families "$family"
+  done
+fi
 # Training throughput under PyTorch's defaults (TF32 convolutions), through cuDNN (feature cudnn),
 # then ResNet-50 through candle's ops (RANKWISE_CUDNN=0), the path before models::cudnn.
 run train && gc 70 --only train
 run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
-run losses && gc 150 --only losses
-# The losses with device kernels (smooth rank, triplet, RaMBO, FastAP) once more with them off
-# (RANKWISE_DEVICE_KERNELS=0: the host pass; FastAP's plain tensor formulation), for the
-# side-by-side at B = 256 and 4096.
-run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 70 --only losses --losses smooth-ap,roadmap,happier,triplet-semihard,rambo,fastap --cap 4096
+# Each loss with kernels of its own in a process of its own; the costliest first.
+kernel_losses=(happier smooth-ap roadmap triplet-semihard fastap rambo)
+run losses && loss_groups 150 "${kernel_losses[@]}" \
+  contrastive,nsm,csl,triplet-semihard-plain,fastap-plain,contrastive-plain
+# The same losses once more with the kernels off (RANKWISE_DEVICE_KERNELS=0: the host pass;
+# FastAP's plain tensor formulation), for the side-by-side at B = 256 and 4096.
+run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 70 --only losses --losses "$(IFS=,; echo "${kernel_losses[*]}")" --cap 4096
 run eval && gc 50 --only eval
 run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
 run torch-train && pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"
