@@ -39,7 +39,7 @@ use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::happier::{HappierConfig, RelevanceKind};
 use rankwise::losses::norm_softmax::{NormSoftmax, NormSoftmaxConfig};
-use rankwise::losses::rambo::{Rambo, RecallWeight};
+use rankwise::losses::rambo::{Rambo, RamboWithMemory, RecallWeight};
 use rankwise::losses::rambo::{RamboConfig, RamboMetric};
 use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
@@ -923,6 +923,15 @@ fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box
         "roadmap" => Box::new(Roadmap::default()),
         "fastap" => Box::new(FastAp::default()),
         "rambo" => Box::new(Rambo::recall(RecallWeight::LogLog)),
+        // The papers' recipes: a score memory of τ = 7 batches, full before the timing.
+        "rambo-memory" => {
+            let loss = RamboWithMemory::new(Rambo::recall(RecallWeight::LogLog), 7);
+            for _ in 0..7 {
+                let e = Tensor::randn(0f32, 1.0, (labels.len(), d), dev)?;
+                loss.forward(&e, labels)?;
+            }
+            Box::new(loss)
+        }
         "contrastive" => Box::new(Contrastive::default()),
         "triplet-semihard" => Box::new(Triplet {
             mining: TripletMining::SemiHard,
@@ -1009,6 +1018,7 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         "triplet-semihard",
         "fastap",
         "rambo",
+        "rambo-memory",
         "contrastive",
         "nsm",
         "csl",
@@ -1026,7 +1036,13 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         let share = (section_end - report.elapsed()) / (names.len() - i) as f64;
         let loss_end = report.elapsed() + share;
         let mut b = if small { 64 } else { args.start_batch };
-        let top = if small { 256 } else { cap };
+        // The memory ranks τ·B stored sequences on the host at every step: B = 256 (the
+        // recipes take 128).
+        let top = match (small, *name) {
+            (true, _) => 256,
+            (false, "rambo-memory") => cap.min(256),
+            _ => cap,
+        };
         while b <= top {
             if report.elapsed() > loss_end {
                 report.push(

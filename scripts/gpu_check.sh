@@ -136,7 +136,7 @@ fi
 run train && gc 70 --only train
 run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
 # Each loss with kernels of its own in a process of its own; the costliest first.
-kernel_losses=(happier smooth-ap roadmap triplet-semihard fastap rambo)
+kernel_losses=(happier smooth-ap roadmap triplet-semihard fastap rambo rambo-memory)
 run losses && loss_groups 150 "${kernel_losses[@]}" \
   contrastive,nsm,csl,triplet-semihard-plain,fastap-plain,contrastive-plain
 # The same losses once more with the kernels off (RANKWISE_DEVICE_KERNELS=0: the host pass;

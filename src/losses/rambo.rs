@@ -52,6 +52,7 @@ use candle_core::Tensor;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::StandardNormal;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -331,6 +332,11 @@ impl Rambo {
         labels: &Labels,
         memory: &ScoreMemory,
     ) -> Result<(Tensor, ScoreRows)> {
+        // On a GPU: the batch's ranks, terms and blackbox gradient by kernels; the memory's
+        // sequences are on the host already.
+        if device::applies(self, embeddings) {
+            return device::forward(self, embeddings, labels, memory, true);
+        }
         let (loss, rows) = self.run(embeddings, labels, memory, true)?;
         let mut scores = Vec::with_capacity(rows.len());
         let mut relevant = Vec::with_capacity(rows.len());
@@ -352,8 +358,22 @@ impl Rambo {
     ) -> Result<(Tensor, Arc<Vec<RamboRow>>)> {
         check_batch(embeddings, labels)?;
         self.validate()?;
+        let chunk = chunk_size(self.query_chunk, labels.len())?;
+        let rows = self.rows(labels, memory, keep_sequences)?;
+        row_loss(embeddings, Input::Normalise, rows, chunk)
+    }
+
+    /// What every engine shares for one forward pass: the pass (counted here, it keys the
+    /// half-normal draws), the classes and the stored sequences' terms (evaluated here: they
+    /// receive no gradient).
+    fn rows(
+        &self,
+        labels: &Labels,
+        memory: &ScoreMemory,
+        keep_sequences: bool,
+    ) -> Result<RamboRows> {
+        self.validate()?;
         let b = labels.len();
-        let chunk = chunk_size(self.query_chunk, b)?;
         let pass = self.passes.next();
         let draw_seed = match self.margin_mode {
             MarginMode::Deterministic => None,
@@ -367,12 +387,14 @@ impl Rambo {
             memory_terms: Vec::new(),
             keep_sequences,
         };
-        rows.memory_terms = memory
-            .sequences()
+        // τ·B sequences ranked at every step: in parallel (each has its own draws' stream).
+        let stored: Vec<(&[f64], &[bool])> = memory.sequences().collect();
+        rows.memory_terms = stored
+            .par_iter()
             .enumerate()
             .map(|(i, (s, r))| rows.evaluate(b + i, s, r).map(|e| (e.term, e.num_pos)))
             .collect();
-        row_loss(embeddings, Input::Normalise, rows, chunk)
+        Ok(rows)
     }
 
     /// Σ over the relevant items of the per-item value (`Prec(i)` or `ℓ(r_i)`);
@@ -398,7 +420,7 @@ impl RankLoss for Rambo {
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         // On a GPU: ranks, terms and the blackbox gradient by kernels, on the device.
         if device::applies(self, embeddings) {
-            return device::forward(self, embeddings, labels);
+            return Ok(device::forward(self, embeddings, labels, &ScoreMemory::new(0), false)?.0);
         }
         Ok(self.run(embeddings, labels, &ScoreMemory::new(0), false)?.0)
     }

@@ -3,7 +3,8 @@
 //
 // usage: rambo INPUT   (stdout: the B x B terms, then the B x B gradient dL/ds, as doubles)
 // INPUT: u32 B, f32 (0/1); f64 incoming gradient; the B x B similarities (f32 or f64); the B
-// class ids (u32); the B normalisers (f64); struct rw_rambo.
+// class ids (u32); the B normalisers (f64); the B x B half-normal magnitudes (f64, read only
+// with half_normal); struct rw_rambo.
 #include "launch.hpp"
 
 #include "../../src/losses/rambo/device.cu"
@@ -17,6 +18,7 @@ static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blac
   std::vector<T> s = in.take<T>(bb);
   std::vector<unsigned int> cls = in.take<unsigned int>(b);
   std::vector<double> norm = in.take<double>(b);
+  std::vector<double> mags = in.take<double>(bb);
   rw_rambo p;
   p.b = in.take<unsigned int>(1)[0];
   p.include_self = in.take<int>(1)[0];
@@ -25,22 +27,26 @@ static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blac
   p.normalised = in.take<int>(1)[0];
   p.lambda = in.take<double>(1)[0];
   p.count_scale = in.take<double>(1)[0];
+  p.half_normal = in.take<int>(1)[0];
   in.finish();
   if (p.b != b) {
     std::fprintf(stderr, "B %u in the header, %u in the parameters\n", b, p.b);
     std::exit(2);
   }
   const T up = (T)up_value;
-  std::vector<double> rank(bb, 0.0), rank_rel(bb, 0.0), terms(bb, 0.0);
+  std::vector<double> rank(bb, 0.0), rank_rel(bb, 0.0), terms(bb, 0.0), y(bb, 0.0);
   std::vector<T> jac(bb, (T)0);
   const rw_dim3 grid{b, (b + BLOCK - 1) / BLOCK, 1}, block{BLOCK, 1, 1};
   // The ranks and terms (the value), then the blackbox gradient with the incoming gradient, as
   // on the device.
   rw_launch(grid, block, [&] {
-    ranks(s.data(), cls.data(), norm.data(), p, rank.data(), rank_rel.data(), terms.data());
+    ranks(s.data(), cls.data(), norm.data(), mags.data(), p, rank.data(), rank_rel.data(),
+          terms.data(), y.data());
   });
+  // The similarities are not the blackbox kernel's input: poisoned, a read of them would show.
+  std::fill(s.begin(), s.end(), (T)1e30);
   rw_launch(grid, block, [&] {
-    blackbox(s.data(), cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), jac.data());
+    blackbox(cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), y.data(), jac.data());
   });
   rw_write_doubles(terms);
   rw_write_doubles(jac);

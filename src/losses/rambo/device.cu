@@ -5,8 +5,10 @@
 //
 // s: the B x B similarities; cls: dense fine classes; norm: each query's normaliser (0 for a
 // query without relevant item); the sequence of query q is row q without column q unless
-// include_self. objective: 0 AP, 1 recall log, 2 recall log log. Ranks are descending, ties to
-// the earlier column (the host's rule), and counted in double as the host does.
+// include_self. objective: 0 AP, 1 recall log, 2 recall log log. mags (half_normal only): the
+// B x B half-normal magnitudes of the margin, drawn on the host, at each entry's column. Ranks
+// are descending, ties to the earlier column (the host's rule), and counted in double as the
+// host does. The first kernel writes the shifted sequences y, which the blackbox kernel reads.
 
 struct rw_rambo {
   unsigned int b;
@@ -16,11 +18,13 @@ struct rw_rambo {
   int normalised;
   double lambda;
   double count_scale;
+  int half_normal;
 };
 
-// Eq. 14: relevant scores lowered by margin/2, irrelevant ones raised (the host's arithmetic).
-__device__ __forceinline__ double rw_shifted(double s, bool rel, double margin) {
-  return s - margin * (rel ? 0.5 : -0.5);
+// Eq. 14: relevant scores lowered by m margin/2, irrelevant ones raised, with m = 1 or the
+// entry's half-normal magnitude (the host's arithmetic, operation by operation).
+__device__ __forceinline__ double rw_shifted(double s, bool rel, double margin, double m) {
+  return s - margin * (m * (rel ? 0.5 : -0.5));
 }
 
 __device__ __forceinline__ double rw_units(double rank, const rw_rambo& p, double n) {
@@ -52,20 +56,25 @@ __device__ __forceinline__ double rw_rambo_dl_drk(double rk, double rk_rel, doub
 // relevant j of a query with norm > 0, its term of the loss (times norm).
 template <typename T>
 __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double* norm,
-                               rw_rambo p, double* rank_out, double* rank_rel_out,
-                               double* term_out) {
+                               const double* mags, rw_rambo p, double* rank_out,
+                               double* rank_rel_out, double* term_out, double* y_out) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
   const unsigned long long row = (unsigned long long)q * p.b;
   const unsigned int cq = cls[q];
+  const auto shifted = [&](unsigned int k) {
+    return rw_shifted((double)s[row + k], cls[k] == cq, p.margin,
+                      p.half_normal ? mags[row + k] : 1.0);
+  };
   const bool rel_j = cls[j] == cq;
-  const double yj = rw_shifted((double)s[row + j], rel_j, p.margin);
+  const double yj = shifted(j);
+  y_out[row + j] = yj;
   double ahead = 0.0, ahead_rel = 0.0;
   for (unsigned int k = 0; k < p.b; ++k) {
     if (k == j || (!p.include_self && k == q)) continue;
     const bool rel_k = cls[k] == cq;
-    const double yk = rw_shifted((double)s[row + k], rel_k, p.margin);
+    const double yk = shifted(k);
     if (rw_ahead(yk, k, yj, j)) {
       ahead += 1.0;
       if (rel_k) ahead_rel += 1.0;
@@ -87,11 +96,11 @@ __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double
 
 // Thread (q, j): the blackbox gradient -(rk(y) - rk(y + lambda g)) / lambda of entry j (RaMBO
 // Algorithm 1), in the ranks' units, with g = dL/drk (times the incoming gradient *up) of the
-// relevant items and 0 elsewhere, from the ranks of rw_rambo_ranks.
+// relevant items and 0 elsewhere, from the ranks and shifted sequences of rw_rambo_ranks.
 template <typename T>
-__device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, const double* norm,
-                                  rw_rambo p, const T* up, const double* rank_in,
-                                  const double* rank_rel_in, T* jac) {
+__device__ void rw_rambo_blackbox(const unsigned int* cls, const double* norm, rw_rambo p,
+                                  const T* up, const double* rank_in, const double* rank_rel_in,
+                                  const double* y_in, T* jac) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
@@ -102,9 +111,8 @@ __device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, const dou
   const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
   // y + lambda g of entry k (y itself where g = 0, as on the host).
   const auto perturbed = [&](unsigned int k) {
-    const bool rel = cls[k] == cq;
-    const double y = rw_shifted((double)s[row + k], rel, p.margin);
-    if (!rel || !(w > 0.0)) return y;
+    const double y = y_in[row + k];
+    if (cls[k] != cq || !(w > 0.0)) return y;
     const double g = rw_rambo_dl_drk(rank_in[row + k], rank_rel_in[row + k], w, upstream, p, n);
     return y + p.lambda * g;
   };
@@ -120,14 +128,14 @@ __device__ void rw_rambo_blackbox(const T* s, const unsigned int* cls, const dou
 
 #define RW_RAMBO_KERNELS(T, SUFFIX)                                                            \
   extern "C" __global__ void rankwise_rambo_ranks_##SUFFIX(                                    \
-      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, double* rank_out,   \
-      double* rank_rel_out, double* term_out) {                                                \
-    rw_rambo_ranks<T>(s, cls, norm, p, rank_out, rank_rel_out, term_out);                      \
+      const T* s, const unsigned int* cls, const double* norm, const double* mags, rw_rambo p, \
+      double* rank_out, double* rank_rel_out, double* term_out, double* y_out) {               \
+    rw_rambo_ranks<T>(s, cls, norm, mags, p, rank_out, rank_rel_out, term_out, y_out);         \
   }                                                                                            \
   extern "C" __global__ void rankwise_rambo_blackbox_##SUFFIX(                                 \
-      const T* s, const unsigned int* cls, const double* norm, rw_rambo p, const T* up,        \
-      const double* rank_in, const double* rank_rel_in, T* jac) {                              \
-    rw_rambo_blackbox<T>(s, cls, norm, p, up, rank_in, rank_rel_in, jac);                      \
+      const unsigned int* cls, const double* norm, rw_rambo p, const T* up,                    \
+      const double* rank_in, const double* rank_rel_in, const double* y_in, T* jac) {          \
+    rw_rambo_blackbox<T>(cls, norm, p, up, rank_in, rank_rel_in, y_in, jac);                   \
   }
 
 RW_RAMBO_KERNELS(float, f32)
