@@ -546,6 +546,31 @@ struct RamboGlobal {
     value: f64,
 }
 
+impl RamboGlobal {
+    /// The counts of the batch's sequences with a relevant item (`batch_pos`: their relevant
+    /// items, each > 0) and of the stored ones (`(term, relevant items)`, `None` for a sequence
+    /// without any); the value is left at 0. The error of a batch where no sequence has a
+    /// relevant item. Shared by the row engine and the device path, which counts from the labels.
+    fn counting(
+        batch_pos: impl Iterator<Item = usize>,
+        memory_terms: &[Option<(f64, usize)>],
+    ) -> Result<RamboGlobal> {
+        let (mut queries, mut positives) = (0, 0);
+        for p in batch_pos.chain(memory_terms.iter().flatten().map(|t| t.1)) {
+            queries += 1;
+            positives += p;
+        }
+        if queries == 0 {
+            return Err(no_relevant_item());
+        }
+        Ok(RamboGlobal {
+            queries,
+            positives,
+            value: 0.0,
+        })
+    }
+}
+
 impl RamboRows {
     /// Query `q`'s sequence: scores, relevance and the batch column of each entry.
     fn sequence(&self, q: usize, sims: &[f64]) -> (Vec<f64>, Vec<bool>, Vec<usize>) {
@@ -635,23 +660,14 @@ impl RowLoss for RamboRows {
     }
 
     fn global(&self, rows: &[RamboRow]) -> Result<RamboGlobal> {
-        let terms: Vec<(f64, usize)> = rows
+        let batch = rows
             .iter()
             .filter(|r| r.num_pos > 0)
-            .map(|r| (r.term, r.num_pos))
+            .map(|r| (r.term, r.num_pos));
+        let mut global = RamboGlobal::counting(batch.clone().map(|t| t.1), &self.memory_terms)?;
+        let total: f64 = batch
             .chain(self.memory_terms.iter().flatten().copied())
-            .collect();
-        if terms.is_empty() {
-            return Err(no_relevant_item());
-        }
-        let mut global = RamboGlobal {
-            queries: terms.len(),
-            positives: terms.iter().map(|t| t.1).sum(),
-            value: 0.0,
-        };
-        let total: f64 = terms
-            .iter()
-            .map(|&(term, p)| term * self.normaliser(p, &global))
+            .map(|(term, p)| term * self.normaliser(p, &global))
             .sum();
         global.value = match self.cfg.objective {
             RamboObjective::Ap => 1.0 - total,

@@ -44,8 +44,8 @@
 //! the GPU check compares every RaMBO option on CUDA with the CPU.
 
 use super::{
-    no_relevant_item, normaliser, Rambo, RamboGlobal, RamboObjective, RamboRows, RecallCount,
-    RecallWeight, ScoreMemory, ScoreRows,
+    normaliser, Rambo, RamboGlobal, RamboObjective, RamboRows, RecallCount, RecallWeight,
+    ScoreMemory, ScoreRows,
 };
 use crate::error::Result;
 use crate::hierarchy::Labels;
@@ -154,15 +154,7 @@ fn normalisers(
         .iter()
         .map(|c| sizes[c] - usize::from(!loss.include_self))
         .collect();
-    let stored = memory_terms.iter().flatten();
-    let global = RamboGlobal {
-        queries: num_pos.iter().filter(|&&p| p > 0).count() + stored.clone().count(),
-        positives: num_pos.iter().sum::<usize>() + stored.clone().map(|t| t.1).sum::<usize>(),
-        value: 0.0,
-    };
-    if global.queries == 0 {
-        return Err(no_relevant_item());
-    }
+    let global = RamboGlobal::counting(num_pos.iter().copied().filter(|&p| p > 0), memory_terms)?;
     let norms = num_pos
         .iter()
         .map(|&p| {
@@ -173,7 +165,9 @@ fn normalisers(
             }
         })
         .collect();
-    let memory_value = stored
+    let memory_value = memory_terms
+        .iter()
+        .flatten()
         .map(|&(term, p)| term * normaliser(loss, p, &global))
         .sum();
     Ok((norms, memory_value))
