@@ -209,6 +209,21 @@ def run_config(model_name, size, batch, dev, args):
     sync()
     secs = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(dev) / 2**20 if cuda else peak_rss_mib()
+    # Where the step's time goes, as `examples/gpu_check.rs` reports ours: the forward pass
+    # alone (training mode, its graph built) and the optimizer's step alone (on the last step's
+    # gradients, which the next step's zero_grad would clear).
+    reps = max(3, min(len(times), 20))
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        model(x).sum().item()
+    forward_s = (time.perf_counter() - t0) / reps
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        opt.step()
+    sync()
+    optimizer_s = (time.perf_counter() - t0) / reps
     row = {
         "impl": "torch", "model": model_name, "size": size, "batch": batch, "device": dev.type,
         "status": "ok",
@@ -217,6 +232,8 @@ def run_config(model_name, size, batch, dev, args):
         "s_per_step_median": sorted(times)[len(times) // 2],
         "steps": len(times), "warmup_steps": warmup, "params": params, "loss_last": loss,
         "peak_mib": peak,
+        "forward_s_per_step": forward_s, "optimizer_s_per_step": optimizer_s,
+        "optimizer_foreach": opt.defaults.get("foreach"),
     }
     return row
 

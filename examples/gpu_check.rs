@@ -768,7 +768,119 @@ fn per_param_errors(a: &PerParam, b: &PerParam) -> (f64, Vec<(String, f64)>) {
     (worst, errs)
 }
 
+/// One parameter's values and optimizer state after `steps` updates on `dev` (the gradients are
+/// those of `Σ θ ⊙ c`: `c` exactly, drawn anew for each step).
+fn optimizer_run(
+    algorithm: Algorithm,
+    dtype: DType,
+    n: usize,
+    steps: usize,
+    dev: &Device,
+) -> Result<PerParam> {
+    let theta = Tensor::from_vec(normal(n, 21), n, &Device::Cpu)?
+        .to_dtype(dtype)?
+        .to_device(dev)?;
+    let theta = Var::from_tensor(&theta)?;
+    let mut opt = Optimizer::new(vec![ParamGroup {
+        name: "p".into(),
+        algorithm,
+        lr: 1e-2,
+        params: vec![("w".into(), theta.clone())],
+    }])?;
+    for step in 0..steps {
+        let c = Tensor::from_vec(normal(n, 30 + step as u64), n, &Device::Cpu)?
+            .to_dtype(dtype)?
+            .to_device(dev)?;
+        opt.step(&(theta.as_tensor() * c)?.sum_all()?.backward()?)?;
+    }
+    let mut out = vec![("w".to_owned(), host(theta.as_tensor())?)];
+    for (name, t) in opt.state_tensors()? {
+        out.push((name, host(&t)?));
+    }
+    Ok(out)
+}
+
+/// The optimizers' updates on the device (in place, by the kernels of `train::optim::device`)
+/// against the CPU's tensor formulation: three steps of every algorithm and option on one
+/// parameter of 100,003 values (not a multiple of the launch's blocks), f32 and f64. The
+/// arithmetic is the same operation by operation, so the values are expected equal
+/// (`exact`), the status being the usual tolerance.
+fn check_optimizers(report: &mut Report, dev: &Device) -> Result<()> {
+    let decay = AdamConfig {
+        weight_decay: 0.05,
+        ..AdamConfig::default()
+    };
+    let low_beta = AdamConfig {
+        beta1: 0.3,
+        beta2: 0.5,
+        eps: 1e-3,
+        weight_decay: 0.01,
+    };
+    let variants = [
+        ("Adam", Algorithm::Adam(AdamConfig::default())),
+        ("Adam, weight decay 0.05", Algorithm::Adam(decay)),
+        (
+            "Adam, beta1 0.3 (lerp's other form)",
+            Algorithm::Adam(low_beta),
+        ),
+        ("AdamW, weight decay 0.05", Algorithm::AdamW(decay)),
+        ("SGD", Algorithm::Sgd(SgdConfig::default())),
+        (
+            "SGD, momentum 0.9, dampening 0.1, weight decay 1e-4",
+            Algorithm::Sgd(SgdConfig {
+                momentum: 0.9,
+                dampening: 0.1,
+                weight_decay: 1e-4,
+                nesterov: false,
+            }),
+        ),
+        (
+            "SGD, Nesterov momentum 0.9",
+            Algorithm::Sgd(SgdConfig {
+                momentum: 0.9,
+                nesterov: true,
+                ..SgdConfig::default()
+            }),
+        ),
+    ];
+    let (n, steps) = (100_003, 3);
+    for (name, algorithm) in variants {
+        for dtype in [DType::F32, DType::F64] {
+            if report.over_budget() {
+                return Ok(());
+            }
+            let start = Instant::now();
+            let entry = match (
+                optimizer_run(algorithm, dtype, n, steps, &Device::Cpu),
+                optimizer_run(algorithm, dtype, n, steps, dev),
+            ) {
+                (Ok(c), Ok(g)) => {
+                    let (err, worst) = per_param_errors(&g, &c);
+                    let exact = c.len() == g.len()
+                        && c.iter().zip(&g).all(|(a, b)| a.0 == b.0 && a.1 == b.1);
+                    let tol = tolerance(dtype);
+                    let same_tensors =
+                        c.len() == g.len() && c.iter().zip(&g).all(|(a, b)| a.0 == b.0);
+                    json!({"kind": "optimizer", "name": format!("{name}, {steps} steps"),
+                        "dtype": format!("{dtype:?}"), "values": n,
+                        "tensors": c.iter().map(|t| t.0.clone()).collect::<Vec<_>>(),
+                        "status": if err <= tol && same_tensors { "pass" } else { "fail" },
+                        "rel_err_worst_tensor": err, "worst": worst, "exact": exact,
+                        "tolerance": tol, "seconds": round(start.elapsed().as_secs_f64(), 3)})
+                }
+                (c, g) => json!({"kind": "optimizer", "name": name,
+                    "dtype": format!("{dtype:?}"), "status": "error",
+                    "error": format!("cpu: {:?}; device: {:?}", c.err().map(|e| e.to_string()),
+                        g.err().map(|e| e.to_string()))}),
+            };
+            report.push("checks", entry)?;
+        }
+    }
+    Ok(())
+}
+
 fn check_models(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
+    check_optimizers(report, dev)?;
     let adam = Algorithm::Adam(AdamConfig::default());
     let sgd = Algorithm::Sgd(SgdConfig {
         momentum: 0.9,
@@ -1218,9 +1330,9 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
             let labels =
                 Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
             let loss = Contrastive::default();
-            let forward = |x: &Tensor| model.forward_t(x, true);
+            let forward_fn = |x: &Tensor| model.forward_t(x, true);
             let mut step = || -> Result<f64> {
-                let (l, g) = direct_gradients(&forward, &x, &labels, &loss)?;
+                let (l, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
                 opt.step(&g)?;
                 Ok(l)
             };
@@ -1240,12 +1352,32 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
                 let _ = model.forward_t(&x, true)?.sum_all()?.to_vec0::<f32>()?;
             }
             let forward = t1.elapsed().as_secs_f64();
+            // The optimizer's step alone, on one step's gradients: by the in-place kernels
+            // (`train::optim::device`, the default) and, for the side-by-side, by the tensor
+            // formulation (the kernels' switch off for these steps only).
+            let (_, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
+            let mut time_opt = |kernels: bool| -> Result<f64> {
+                let was = rankwise::kernels::enabled();
+                rankwise::kernels::set_enabled(kernels);
+                dev.synchronize()?;
+                let t = Instant::now();
+                let stepped = (0..steps).try_for_each(|_| opt.step(&g));
+                dev.synchronize()?;
+                rankwise::kernels::set_enabled(was);
+                stepped?;
+                Ok(t.elapsed().as_secs_f64() / steps as f64)
+            };
+            let optimizer_kernels = time_opt(true)?;
+            let optimizer_tensor_ops = time_opt(false)?;
             Ok(
                 json!({"kind": "train", "model": name, "size": size, "batch": batch,
                 "steps": steps, "status": "ok",
                 "images_per_s": round((steps * batch) as f64 / secs, 2),
                 "s_per_step": round(secs / steps as f64, 4),
-                "forward_s_per_step": round(forward / steps as f64, 4), "last_loss": last}),
+                "forward_s_per_step": round(forward / steps as f64, 4),
+                "optimizer_s_per_step": round(optimizer_kernels, 5),
+                "optimizer_tensor_ops_s_per_step": round(optimizer_tensor_ops, 5),
+                "last_loss": last}),
             )
         })();
         let mut entry = result.unwrap_or_else(|e| {

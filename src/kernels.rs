@@ -5,21 +5,24 @@
 //! cores doing the per-row work, the gradient copied back), a kernel of its own computes the
 //! same quantities on the device: `src/losses/smooth_rank/device.cu` (Smooth-AP, ROADMAP,
 //! HAPPIER), `src/losses/triplet/device.cu` (the triplet minings), `src/losses/rambo/device.cu`
-//! (RaMBO's ranks and blackbox gradient) and `src/losses/fastap/device.cu` (FastAP's histograms). The sources are compiled by
+//! (RaMBO's ranks and blackbox gradient) and `src/losses/fastap/device.cu` (FastAP's histograms).
+//! The optimizers' updates are kernels of the same kind (`src/train/optim/device.cu`: each
+//! parameter and its state in place, a few launches instead of a dozen candle operations per
+//! parameter). The sources are compiled by
 //! NVRTC when first used (one PTX module per source and process, loaded once per device by
 //! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`
 //! compiles them with the same NVRTC on the build machine, and the unit tests compile them with
 //! the host's C++ compiler under an emulated launch grid (`tests/cuda_emulation/`).
 //!
 //! **Switch.** [`enabled`] is on unless the environment sets `RANKWISE_DEVICE_KERNELS=0` (or
-//! [`set_enabled`] turns it off): the losses then take their generic paths, for a side-by-side
-//! measurement or as a fallback.
+//! [`set_enabled`] turns it off): the losses and optimizers then take their generic paths, for a
+//! side-by-side measurement or as a fallback.
 
 static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_DEVICE_KERNELS");
 
-/// Whether the losses use their CUDA kernels (on a CUDA device, within each kernel's size
-/// bound): on, unless `RANKWISE_DEVICE_KERNELS` is `0`, `off` or `false` or [`set_enabled`]
-/// said otherwise.
+/// Whether the losses and the optimizers use their CUDA kernels (on a CUDA device, within each
+/// kernel's size bound): on, unless `RANKWISE_DEVICE_KERNELS` is `0`, `off` or `false` or
+/// [`set_enabled`] said otherwise.
 pub fn enabled() -> bool {
     SWITCH.on()
 }

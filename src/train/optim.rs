@@ -15,6 +15,8 @@ use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+mod device;
+
 /// Hyperparameters of Adam and AdamW (PyTorch names and defaults).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -163,7 +165,10 @@ pub struct GroupState {
 }
 
 /// An optimizer over several parameter groups.
-#[derive(Debug, Clone)]
+///
+/// Not `Clone`: like the variables, its state is updated in place on a CUDA device, so a clone
+/// would share it (use [`Optimizer::state_tensors`] and [`Optimizer::load_state`] to copy it).
+#[derive(Debug)]
 pub struct Optimizer {
     groups: Vec<Group>,
 }
@@ -281,6 +286,21 @@ impl Optimizer {
                 let grad = grad.detach();
                 let theta = p.var.as_detached_tensor();
                 p.state.step += 1;
+                if device::applies(&theta) {
+                    // In place, a few kernels per parameter (`device`): same values.
+                    match group.algorithm {
+                        Algorithm::Adam(c) => {
+                            device::adam_step(&theta, &grad, &mut p.state, group.lr, &c, false)?
+                        }
+                        Algorithm::AdamW(c) => {
+                            device::adam_step(&theta, &grad, &mut p.state, group.lr, &c, true)?
+                        }
+                        Algorithm::Sgd(c) => {
+                            device::sgd_step(&theta, &grad, &mut p.state, group.lr, &c)?
+                        }
+                    }
+                    continue;
+                }
                 let new = match group.algorithm {
                     Algorithm::Adam(c) => {
                         adam_update(&theta, &grad, &mut p.state, group.lr, &c, false)?
@@ -314,8 +334,9 @@ impl Optimizer {
     }
 
     /// The state tensors (moments, momentum buffers), named `optim.{param}.{exp_avg |
-    /// exp_avg_sq | momentum_buffer}`.
-    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
+    /// exp_avg_sq | momentum_buffer}`: copies, since a step on a CUDA device updates the state
+    /// in place.
+    pub fn state_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         for p in self.groups.iter().flat_map(|g| &g.params) {
             let s = &p.state;
@@ -325,11 +346,11 @@ impl Optimizer {
                 ("momentum_buffer", &s.momentum_buffer),
             ] {
                 if let Some(t) = t {
-                    out.push((state_key(&p.name, buffer), t.clone()));
+                    out.push((state_key(&p.name, buffer), t.copy()?));
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     /// Restores the state saved by [`Optimizer::group_states`] and
@@ -377,9 +398,13 @@ impl Optimizer {
                 let get = |buffer: &str| -> Result<Option<Tensor>> {
                     match tensors.get(&state_key(&p.name, buffer)) {
                         None => Ok(None),
-                        Some(t) if t.dims() == p.var.dims() => {
-                            Ok(Some(t.to_dtype(p.var.dtype())?.to_device(p.var.device())?))
-                        }
+                        // A copy: the caller's tensor must not change when a step on a
+                        // CUDA device updates the state in place.
+                        Some(t) if t.dims() == p.var.dims() => Ok(Some(
+                            t.to_dtype(p.var.dtype())?
+                                .to_device(p.var.device())?
+                                .copy()?,
+                        )),
                         Some(t) => Err(Error::file(
                             source,
                             format!(

@@ -626,7 +626,7 @@ impl<'a> Trainer<'a> {
                 .into_iter()
                 .map(|(name, var)| (format!("loss.{name}"), var.as_tensor().clone())),
         );
-        tensors.extend(self.optimizer.state_tensors());
+        tensors.extend(self.optimizer.state_tensors()?);
         let meta = CheckpointMeta {
             format: CHECKPOINT_FORMAT.into(),
             sampler: self.sampler_state,
