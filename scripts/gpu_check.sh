@@ -142,7 +142,7 @@ run losses && loss_groups 150 "${kernel_losses[@]}" \
 # The same losses once more with the kernels off (RANKWISE_DEVICE_KERNELS=0: the host pass;
 # FastAP's plain tensor formulation), for the side-by-side at B = 256 and 4096.
 run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 70 --only losses --losses "$(IFS=,; echo "${kernel_losses[*]}")" --cap 4096
-run eval && gc 50 --only eval
+run eval && gc 60 --only eval
 run torch-losses && pyb 50 benches/losses_vs_torch.py --device "$device" --max-batch --budget-s 6 --out "$out/torch_losses.jsonl"
 run torch-train && pyb 45 benches/train_throughput_vs_torch.py --device "$device" --config small:32:64 --config resnet50:224:256 --config resnet18:224:256 --time-s 2 --out "$out/torch_train.jsonl"
 run torch-eval && pyb 30 benches/eval_topk_torch.py --device "$device" --out "$out/torch_eval.jsonl"

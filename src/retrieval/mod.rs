@@ -6,7 +6,8 @@
 //! ([`order`]), turns the ranking into the row's list of levels of match, scores that list with
 //! the pure functions of [`crate::metrics`], and drops the chunk. Memory is
 //! `O(chunk × N_r)` plus one value per query and metric; rows are processed in parallel with
-//! rayon.
+//! rayon. On a device, the next chunk is computed and copied to the host (into page-locked
+//! buffers, [`pinned`]) while the host ranks the current one.
 //!
 //! Ties are broken by reference index (see [`order`]), and per-query values are reduced in query
 //! order, so results are bit-identical for every chunk size and thread count.
@@ -14,6 +15,7 @@
 pub mod dyml;
 mod knn;
 pub mod order;
+pub mod pinned;
 mod positives;
 
 pub use knn::{knn, knn_with, Knn};
@@ -390,10 +392,14 @@ pub trait ScoreSource: Sync {
 /// The `len × N_r` scores of one chunk of queries, on the CPU: a buffer reused from chunk to
 /// chunk (one allocation per evaluation, not a fresh mapping of up to a hundred megabytes, and
 /// its page faults, per chunk), or the tensor a device computed.
+/// With the `cuda` feature, a page-locked buffer too, into which a device's chunks are copied
+/// ([`pinned`]).
 #[derive(Default)]
 pub struct ScoreChunk {
     host: Vec<f32>,
     device: Option<Tensor>,
+    #[cfg(feature = "cuda")]
+    pinned: pinned::PinnedScores,
 }
 
 impl ScoreChunk {
@@ -401,11 +407,32 @@ impl ScoreChunk {
     pub fn set(&mut self, scores: Vec<f32>) {
         self.host = scores;
         self.device = None;
+        #[cfg(feature = "cuda")]
+        self.pinned.clear();
+    }
+
+    /// Takes the scores a device computed (`len × N_r`): copied into the chunk's page-locked
+    /// buffer when they are on a CUDA device and [`pinned::enabled`], else by candle.
+    fn set_from_device(&mut self, scores: Tensor) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            self.pinned.clear();
+            if scores.device().is_cuda() && scores.dtype() == DType::F32 && pinned::enabled() {
+                self.device = None;
+                return self.pinned.copy_from(&scores.contiguous()?);
+            }
+        }
+        self.device = Some(scores.to_device(&Device::Cpu)?.contiguous()?);
+        Ok(())
     }
 
     /// Runs `f` on the row-major scores of the last chunk without copying them out of the
     /// tensor (a copy of a 512 × 60k chunk cost a fifth of the matrix product itself).
     pub(crate) fn with_slice<T>(&self, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
+        #[cfg(feature = "cuda")]
+        if self.pinned.holds() {
+            return Ok(f(self.pinned.values()?));
+        }
         let Some(scores) = &self.device else {
             return Ok(f(&self.host));
         };
@@ -459,10 +486,11 @@ impl Operands {
             if let Some(bias) = &self.column_bias {
                 s = s.broadcast_add(bias)?;
             }
-            chunk.device = Some(s.to_device(&Device::Cpu)?.contiguous()?);
-            return Ok(());
+            return chunk.set_from_device(s);
         }
         chunk.device = None;
+        #[cfg(feature = "cuda")]
+        chunk.pinned.clear();
         let host = self.host()?;
         let (nr, d) = (self.num_references, self.queries.dims2()?.1);
         chunk.host.resize(len * nr, 0.0);
@@ -735,10 +763,13 @@ pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
     std::thread::scope(|scope| {
         // Capacity 1: at most one chunk waits while one is ranked and one is computed.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, ScoreChunk)>>(1);
+        // Ranked chunks go back to be refilled: their buffers (page-locked ones, whose
+        // allocation is slow, on a CUDA device) are allocated once per evaluation, at most three.
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<ScoreChunk>();
         let chunks = &chunks;
         scope.spawn(move || {
             for &(start, len) in chunks {
-                let mut chunk = ScoreChunk::default();
+                let mut chunk = back_rx.try_recv().unwrap_or_default();
                 let item = source
                     .chunk_scores(start, len, &mut chunk)
                     .map(|()| (start, len, chunk));
@@ -752,6 +783,8 @@ pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
         for item in rx {
             let (start, len, chunk) = item?;
             f(start, len, &chunk)?;
+            // The computing thread may have finished: the chunk is then dropped here.
+            let _ = back_tx.send(chunk);
         }
         Ok(())
     })
@@ -785,4 +818,71 @@ fn reduce(specs: &[MetricSpec], per_query: &[f64], nq: usize) -> Vec<MetricRow> 
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Chunks of `i + j` scores "computed off the host", counting the chunks that arrive
+    /// without a buffer (fresh) rather than recycled.
+    struct Counting {
+        n: usize,
+        fresh: AtomicUsize,
+    }
+
+    impl ScoreSource for Counting {
+        fn num_queries(&self) -> usize {
+            self.n
+        }
+        fn num_references(&self) -> usize {
+            3
+        }
+        fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
+            if chunk.host.capacity() == 0 {
+                self.fresh.fetch_add(1, Ordering::SeqCst);
+            }
+            // Slow enough that the ranking side often waits, fast enough for a unit test.
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            let mut v = std::mem::take(&mut chunk.host);
+            v.clear();
+            v.extend((start..start + len).flat_map(|q| (0..3).map(move |j| (q + j) as f32)));
+            chunk.set(v);
+            Ok(())
+        }
+        fn computes_off_host(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn prefetched_chunks_arrive_in_order_and_their_buffers_are_reused() {
+        for sleep_us in [0, 300] {
+            let source = Counting {
+                n: 61,
+                fresh: AtomicUsize::new(0),
+            };
+            let mut seen = Vec::new();
+            for_each_chunk(&source, 2, |start, len, chunk| {
+                std::thread::sleep(std::time::Duration::from_micros(sleep_us));
+                chunk.with_slice(|s| {
+                    let want: Vec<f32> = (start..start + len)
+                        .flat_map(|q| (0..3).map(move |j| (q + j) as f32))
+                        .collect();
+                    assert_eq!(s, &want[..]);
+                })?;
+                seen.push((start, len));
+                Ok(())
+            })
+            .unwrap();
+            let want: Vec<(usize, usize)> =
+                (0..61).step_by(2).map(|s| (s, 2.min(61 - s))).collect();
+            assert_eq!(seen, want);
+            // One chunk ranked, one waiting in the channel, one being computed: never more
+            // than three buffers, whatever the two sides' speeds.
+            let fresh = source.fresh.load(Ordering::SeqCst);
+            assert!((1..=3).contains(&fresh), "{fresh} buffers allocated");
+        }
+    }
 }
