@@ -205,6 +205,8 @@ fn backend() -> Value {
     let cudnn = false;
     json!({"cudnn": cudnn,
            "device_kernels": rankwise::kernels::enabled(),
+           "kernel_max_work": rankwise::kernels::max_work(),
+           "pinned_copies": rankwise::retrieval::pinned::enabled(),
            "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 

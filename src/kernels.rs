@@ -32,6 +32,42 @@ pub fn set_enabled(on: bool) {
     SWITCH.set(on);
 }
 
+/// The default bound on the work of one call of the cubic kernels (the smooth-rank losses'
+/// `Q · N²`, the triplet minings' and RaMBO's `B³`): `2³⁶`, B = 4096, where the kernels were
+/// written to take over from the host engines; beyond it, the host engines' sorted algorithms.
+pub const DEFAULT_MAX_WORK: usize = 1 << 36;
+
+/// The bound on the work of one call of the cubic kernels: [`DEFAULT_MAX_WORK`], or the value
+/// of `RANKWISE_KERNEL_MAX_WORK` (a positive integer, or `2^k`), read once — so that a GPU
+/// session can time the kernels against the host engines beyond the default without a rebuild
+/// before the default moves. A value that does not parse is reported once on stderr, naming
+/// the variable, and the default holds.
+pub fn max_work() -> usize {
+    static BOUND: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BOUND.get_or_init(|| {
+        let Ok(raw) = std::env::var("RANKWISE_KERNEL_MAX_WORK") else {
+            return DEFAULT_MAX_WORK;
+        };
+        parse_work(&raw).unwrap_or_else(|| {
+            eprintln!(
+                "RANKWISE_KERNEL_MAX_WORK={raw:?} is neither a positive integer nor 2^k \
+                 (k < 64): the default 2^36 holds"
+            );
+            DEFAULT_MAX_WORK
+        })
+    })
+}
+
+/// `123` or `2^40` (a positive integer, or a power of two below `2⁶⁴`).
+fn parse_work(raw: &str) -> Option<usize> {
+    let raw = raw.trim();
+    let value = match raw.strip_prefix("2^") {
+        Some(k) => 1usize.checked_shl(k.parse().ok()?)?,
+        None => raw.parse().ok()?,
+    };
+    (value > 0).then_some(value)
+}
+
 /// Whether `x` is on a CUDA device in `f32` or `f64`, in a build with the `cuda` feature, with
 /// the kernels [`enabled`]: the common condition of every kernel.
 pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
@@ -243,5 +279,21 @@ pub(crate) mod emulation {
             .chunks_exact(8)
             .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_work_bound_reads_integers_and_powers_of_two() {
+        assert_eq!(parse_work("4096"), Some(4096));
+        assert_eq!(parse_work(" 2^42 "), Some(1 << 42));
+        assert_eq!(parse_work("2^63"), Some(1 << 63));
+        for bad in ["0", "-5", "2^64", "2^x", "1e12", "", "2^"] {
+            assert_eq!(parse_work(bad), None, "{bad:?}");
+        }
+        assert_eq!(DEFAULT_MAX_WORK, 4096 * 4096 * 4096);
     }
 }

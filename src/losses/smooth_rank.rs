@@ -32,7 +32,7 @@
 //!
 //! On a CUDA device, [`Engine::Streaming`] hands the queries to the kernels of [`device`]
 //! (the same quantities, one GPU thread per query and item, no host pass) up to
-//! [`device::MAX_PAIRS`] pairs.
+//! [`crate::kernels::max_work`] pairs.
 //!
 //! Both engines return the per-query values together with the exact Jacobian of each query's
 //! AP with respect to its own row of scores (a query's AP depends on no other row); the

@@ -25,7 +25,7 @@
 //! gradient read on the device (the blackbox gradient is not linear in it: the perturbation is
 //! `λ` times it), so the loss keeps its exact host semantics inside any weighted sum. The work
 //! is `O(B³)` (each thread counts over its sequence), so the kernels are used up to
-//! `B³ ≤` [`MAX_WORK`]; beyond, the row engine.
+//! `B³ ≤` [`crate::kernels::max_work`]; beyond, the row engine.
 //!
 //! Nothing the kernels need from the host depends on the data, so no step waits for the device:
 //! - the **half-normal margin** ([`super::MarginMode::HalfNormal`]): its magnitudes are the
@@ -54,17 +54,15 @@ use crate::losses::{dense_fine_ids, l2_normalize};
 use candle_core::{DType, Tensor};
 use rayon::prelude::*;
 
-/// Largest `B³` (each of the `B²` threads counts over its sequence) sent to the kernels.
-pub const MAX_WORK: usize = 1 << 36;
-
 /// Whether `loss` on `embeddings` runs on the device: [`crate::kernels::on_cuda`], no query
-/// chunk asked, and `B³ ≤` [`MAX_WORK`].
+/// chunk asked, and `B³ ≤` [`crate::kernels::max_work`].
 pub(super) fn applies(loss: &Rambo, embeddings: &Tensor) -> bool {
     let Ok(b) = embeddings.dim(0) else {
         return false;
     };
     loss.query_chunk.is_none()
-        && b.checked_pow(3).is_some_and(|w| w <= MAX_WORK)
+        && b.checked_pow(3)
+            .is_some_and(|w| w <= crate::kernels::max_work())
         && crate::kernels::on_cuda(embeddings)
 }
 

@@ -22,8 +22,8 @@
 //! the same definitions as the streaming engine (including the empty cases: no positive, or
 //! `Z ≤ 0`, gives AP 0 and a zero row). Each thread does `O(N)` work, `O(Q N²)` in all, with none
 //! of the streaming engine's sorting and counting: that is a few milliseconds of the GPU up to
-//! a few thousand items, so the kernels are used when `Q · N² ≤` [`MAX_PAIRS`] and the
-//! streaming engine beyond. Sums are in `f64` like the host's; the sigmoid's `exp` is in the
+//! a few thousand items, so the kernels are used when `Q · N² ≤` [`crate::kernels::max_work`]
+//! (`2³⁶` unless `RANKWISE_KERNEL_MAX_WORK` says otherwise) and the streaming engine beyond. Sums are in `f64` like the host's; the sigmoid's `exp` is in the
 //! scores' type.
 //!
 //! **Switch.** `RANKWISE_DEVICE_KERNELS=0` ([`crate::kernels::set_enabled`]) sends everything
@@ -44,9 +44,6 @@ use candle_core::Tensor;
 #[cfg(feature = "cuda")]
 const SOURCE: &str = include_str!("device.cu");
 
-/// Largest `Q · N²` (pairs visited by each pass) sent to the kernels.
-pub const MAX_PAIRS: usize = 1 << 36;
-
 /// Pieces per surrogate the kernels accept (`RW_MAX_PIECES` in `device.cu`).
 const MAX_PIECES: usize = 6;
 /// Doubles per piece (`RW_PIECE_LEN`).
@@ -56,7 +53,7 @@ pub(crate) const SLOT_LEN: usize = 1 + MAX_PIECES * PIECE_LEN;
 
 /// Whether the smooth APs of `scores` (`Q × N`) are computed by the kernels: a build with the
 /// `cuda` feature, scores on a CUDA device in `f32` or `f64`, [`crate::kernels::enabled`], and
-/// `Q · N² ≤` [`MAX_PAIRS`].
+/// `Q · N² ≤` [`crate::kernels::max_work`].
 pub fn applies(scores: &Tensor) -> bool {
     let Ok((q, n)) = scores.dims2() else {
         return false;
@@ -64,7 +61,7 @@ pub fn applies(scores: &Tensor) -> bool {
     crate::kernels::on_cuda(scores)
         && q.checked_mul(n)
             .and_then(|qn| qn.checked_mul(n))
-            .is_some_and(|p| p <= MAX_PAIRS)
+            .is_some_and(|p| p <= crate::kernels::max_work())
 }
 
 /// The six surrogates (rank: lower, equal, higher; H-rank: the same), `SLOT_LEN` doubles each,

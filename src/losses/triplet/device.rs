@@ -22,8 +22,9 @@
 //! the loss is attached to the graph of `x` as `L + Σ x ⊙ J − detach(Σ x ⊙ J)`, `J = ∂L/∂x`:
 //! its value is `L`, its gradient `J`, and autograd takes it through `x = −Ê Êᵀ` and the
 //! normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
-//! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤` [`MAX_TRIPLETS`], the
-//! easy-positive mining (`O(B²)`) up to `B ≤` [`MAX_EASY_BATCH`]; beyond, the row engine.
+//! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
+//! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
+//! [`MAX_EASY_BATCH`]; beyond, the row engine.
 //! Cosine similarity only, as for the contrastive loss's device path (the Euclidean distance's
 //! gradient at a duplicate pair would not be torch's).
 //!
@@ -39,8 +40,6 @@ use crate::losses::pairwise_rows::PairMetric;
 use crate::losses::{dense_fine_ids, l2_normalize};
 use candle_core::Tensor;
 
-/// Largest `B³` (pairs × items visited) for the all and semi-hard minings on the device.
-pub const MAX_TRIPLETS: usize = 1 << 36;
 /// Largest batch for the easy-positive mining on the device (`O(B²)` work and memory).
 pub const MAX_EASY_BATCH: usize = 1 << 16;
 
@@ -52,9 +51,9 @@ pub(super) fn applies(loss: &Triplet, embeddings: &Tensor) -> bool {
     };
     let within = match loss.mining {
         TripletMining::EasyPositiveSemiHardNegative => b <= MAX_EASY_BATCH,
-        TripletMining::All | TripletMining::SemiHard => {
-            b.checked_pow(3).is_some_and(|t| t <= MAX_TRIPLETS)
-        }
+        TripletMining::All | TripletMining::SemiHard => b
+            .checked_pow(3)
+            .is_some_and(|t| t <= crate::kernels::max_work()),
     };
     loss.metric == PairMetric::Cosine
         && loss.query_chunk.is_none()
