@@ -9,6 +9,8 @@ use candle_nn::init::Init;
 use candle_nn::{Module, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+mod running_stats;
+
 /// A 2-D convolution with `weight` (`out × in × k × k`) and optional `bias`, initialised as
 /// torchvision's ResNet (`kaiming_normal_`, fan-out, ReLU gain; bias zero).
 #[derive(Debug, Clone)]
@@ -221,9 +223,17 @@ impl BatchNorm2d {
         } else {
             1.0
         };
-        let new_mean = ((self.running_mean.as_detached_tensor() * (1.0 - m))? + (mean * m)?)?;
-        let new_var =
-            ((self.running_var.as_detached_tensor() * (1.0 - m))? + (var * (m * unbias))?)?;
+        let (rm, rv) = (
+            self.running_mean.as_detached_tensor(),
+            self.running_var.as_detached_tensor(),
+        );
+        if running_stats::applies(&rm) && running_stats::applies(&rv) {
+            // In place, one launch per statistic (`running_stats`): same values.
+            running_stats::update(&rm, mean, 1.0 - m, m)?;
+            return running_stats::update(&rv, var, 1.0 - m, m * unbias);
+        }
+        let new_mean = ((rm * (1.0 - m))? + (mean * m)?)?;
+        let new_var = ((rv * (1.0 - m))? + (var * (m * unbias))?)?;
         self.running_mean.set(&new_mean)?;
         self.running_var.set(&new_var)?;
         Ok(())
