@@ -9,6 +9,7 @@ use candle_nn::init::Init;
 use candle_nn::{Module, VarBuilder};
 use serde::{Deserialize, Serialize};
 
+mod relu;
 mod running_stats;
 
 /// A 2-D convolution with `weight` (`out × in × k × k`) and optional `bias`, initialised as
@@ -119,7 +120,7 @@ impl BatchNorm2d {
     /// fused op (see `super::cpu_ops::batch_norm_add_relu_train`), elsewhere the three ops.
     pub fn forward_add_relu(&self, x: &Tensor, residual: &Tensor, train: bool) -> Result<Tensor> {
         if !train || self.frozen || !x.device().is_cpu() {
-            return Ok((self.forward(x, train)? + residual)?.relu()?);
+            return relu::add_relu(&self.forward(x, train)?, residual);
         }
         let (n, _, h, w) = x.dims4()?;
         let (y, stats) = super::cpu_ops::batch_norm_add_relu_train(
@@ -137,7 +138,13 @@ impl BatchNorm2d {
     }
 
     fn forward_maybe_relu(&self, x: &Tensor, train: bool, relu: bool) -> Result<Tensor> {
-        let then_relu = |y: Tensor| -> Result<Tensor> { Ok(if relu { y.relu()? } else { y }) };
+        let then_relu = |y: Tensor| -> Result<Tensor> {
+            if relu {
+                self::relu::relu(&y)
+            } else {
+                Ok(y)
+            }
+        };
         if !train || self.frozen {
             // y = x·a + b with a = γ/√(σ²_run + ε), b = β − μ_run·a: two passes over x.
             let shape = (1, (), 1, 1);
