@@ -30,8 +30,12 @@ pub fn direct_gradients(
 ) -> Result<(f64, GradStore)> {
     let embeddings = forward(images)?;
     let value = loss.forward(&embeddings, labels)?;
-    let scalar = scalar_value(&value)?;
-    Ok((scalar, value.backward()?))
+    check_scalar(&value)?;
+    // The backward pass is queued before the value is read: on a device, reading it waits for
+    // the device to finish, and the host would then launch the whole backward pass onto an
+    // idle GPU instead of while it still runs the forward pass.
+    let grads = value.backward()?;
+    Ok((scalar_value(&value)?, grads))
 }
 
 /// The same loss value and gradients as [`direct_gradients`], computed with at most `chunk`
@@ -58,7 +62,7 @@ pub fn chunked_gradients(
     let embeddings = Var::from_tensor(&Tensor::cat(&parts, 0)?)?;
     // Step 2: the loss and its gradient with respect to the embedding matrix.
     let value = loss.forward(embeddings.as_tensor(), labels)?;
-    let scalar = scalar_value(&value)?;
+    check_scalar(&value)?;
     let mut grads = value.backward()?;
     let grad_e = grads
         .remove(embeddings.as_tensor())
@@ -71,17 +75,24 @@ pub fn chunked_gradients(
         let surrogate = (e * g)?.sum_all()?;
         grads.extend(surrogate.backward()?)?;
     }
-    Ok((scalar, grads))
+    // Read last, for the reason given in `direct_gradients`.
+    Ok((scalar_value(&value)?, grads))
 }
 
-/// The value of a scalar loss tensor, as `f64`; errors if it is not a scalar.
-pub(crate) fn scalar_value(value: &Tensor) -> Result<f64> {
+/// Errors if the loss tensor is not a scalar (no read of its value: no wait for a device).
+fn check_scalar(value: &Tensor) -> Result<()> {
     if value.elem_count() != 1 {
         return Err(Error::Shape(format!(
             "the loss must be a scalar, got shape {:?}",
             value.dims()
         )));
     }
+    Ok(())
+}
+
+/// The value of a scalar loss tensor, as `f64`; errors if it is not a scalar.
+pub(crate) fn scalar_value(value: &Tensor) -> Result<f64> {
+    check_scalar(value)?;
     Ok(value
         .to_dtype(DType::F64)?
         .flatten_all()?
