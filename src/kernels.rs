@@ -80,7 +80,8 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
 
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{
-    check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
+    check_elementwise, check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx,
+    view, Float,
 };
 
 #[cfg(feature = "cuda")]
@@ -186,6 +187,40 @@ mod cuda {
             )));
         }
         Ok(())
+    }
+
+    /// Checks the operands of an elementwise kernel over `n` values (the in-place updates,
+    /// the ReLU): every one contiguous, of `n` values and of one dtype, and `n` within the
+    /// 32-bit launch grid of [`per_row`]; returns that dtype.
+    pub(crate) fn check_elementwise(
+        op: &str,
+        n: usize,
+        operands: &[(&CudaStorage, &Layout)],
+    ) -> candle_core::Result<candle_core::DType> {
+        use candle_core::backend::BackendStorage;
+        if n > u32::MAX as usize {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: {n} values, more than the kernels' 32-bit launch grid"
+            )));
+        }
+        let dtype = operands.first().map(|o| o.0.dtype());
+        for (s, l) in operands {
+            if !l.is_contiguous() || l.shape().elem_count() != n {
+                return Err(candle_core::Error::Msg(format!(
+                    "{op}: tensors of {n} contiguous values expected, got {:?} (contiguous: {})",
+                    l.dims(),
+                    l.is_contiguous()
+                )));
+            }
+            if Some(s.dtype()) != dtype {
+                return Err(candle_core::Error::Msg(format!(
+                    "{op}: {:?} and {:?} tensors mixed",
+                    dtype,
+                    s.dtype()
+                )));
+            }
+        }
+        dtype.ok_or_else(|| candle_core::Error::Msg(format!("{op}: no operand")))
     }
 
     /// The name of the kernel `name` instantiated for `T`: `{name}_{T::SUFFIX}`. The caller

@@ -59,7 +59,7 @@ pub(super) fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::{dtype_error, instance, per_row, ptx, view, Float};
+    use crate::kernels::{check_elementwise, dtype_error, instance, per_row, ptx, view, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
@@ -74,16 +74,6 @@ mod cuda {
         candle_core::Error::Msg(format!(
             "{name} runs on a CUDA device; on the CPU the models take their fused ops"
         ))
-    }
-
-    fn contiguous(name: &str, l: &Layout) -> candle_core::Result<()> {
-        if !l.is_contiguous() {
-            return Err(candle_core::Error::Msg(format!(
-                "{name}: a contiguous input expected, got {:?}",
-                l.dims()
-            )));
-        }
-        Ok(())
     }
 
     /// `kernel(inputs…, out, n)` over `n` values; the output is a new buffer.
@@ -117,21 +107,9 @@ mod cuda {
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (first, first_l) = inputs[0];
         let n = first_l.shape().elem_count();
-        for (s, l) in inputs {
-            contiguous(name, l)?;
-            if l.shape().elem_count() != n || s.dtype() != first.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{name}: inputs of one shape and dtype expected"
-                )));
-            }
-        }
-        if n > u32::MAX as usize {
-            return Err(candle_core::Error::Msg(format!(
-                "{name}: {n} values, more than the kernels' 32-bit launch grid"
-            )));
-        }
+        let dtype = check_elementwise(name, n, inputs)?;
         let dev = first.device().clone();
-        let out = match first.dtype() {
+        let out = match dtype {
             DType::F32 => {
                 let views = inputs
                     .iter()

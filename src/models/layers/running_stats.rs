@@ -62,7 +62,7 @@ pub(super) fn update(_: &Tensor, _: &Tensor, _: f64, _: f64) -> Result<()> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::EmaParams;
-    use crate::kernels::{dtype_error, instance, per_row, ptx, view, Float};
+    use crate::kernels::{check_elementwise, dtype_error, instance, per_row, ptx, view, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
@@ -129,25 +129,12 @@ mod cuda {
             batch: &CudaStorage,
             batch_l: &Layout,
         ) -> candle_core::Result<()> {
-            let n = self.0.n;
-            for l in [dst_l, batch_l] {
-                if !l.is_contiguous() || l.shape().elem_count() as u64 != n {
-                    return Err(candle_core::Error::Msg(format!(
-                        "{}: {n} contiguous values expected, got {:?}",
-                        self.name(),
-                        l.dims()
-                    )));
-                }
-            }
-            if batch.dtype() != dst.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: {:?} and {:?} tensors mixed",
-                    self.name(),
-                    dst.dtype(),
-                    batch.dtype()
-                )));
-            }
-            match dst.dtype() {
+            let dtype = check_elementwise(
+                self.name(),
+                self.0.n as usize,
+                &[(&*dst, dst_l), (batch, batch_l)],
+            )?;
+            match dtype {
                 DType::F32 => self.launch::<f32>(dst, dst_l, batch, batch_l),
                 DType::F64 => self.launch::<f64>(dst, dst_l, batch, batch_l),
                 d => Err(dtype_error(self.name(), d)),

@@ -209,7 +209,7 @@ pub(super) fn sgd_step(
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{AdamParams, SgdParams};
-    use crate::kernels::{dtype_error, instance, per_row, ptx, view, Float};
+    use crate::kernels::{check_elementwise, dtype_error, instance, per_row, ptx, view, Float};
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
@@ -312,37 +312,14 @@ mod cuda {
             b: &CudaStorage,
             b_l: &Layout,
         ) -> candle_core::Result<()> {
-            let srcs = [(a, a_l), (b, b_l)];
-            let n = self.n();
-            if n > u64::from(u32::MAX) {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: {n} values, more than the kernels' 32-bit launch grid",
-                    self.name()
-                )));
-            }
-            for l in [dst_l, srcs[0].1, srcs[1].1] {
-                if !l.is_contiguous() || l.shape().elem_count() as u64 != n {
-                    return Err(candle_core::Error::Msg(format!(
-                        "{}: tensors of {n} contiguous values expected, got {:?} (contiguous: {})",
-                        self.name(),
-                        l.dims(),
-                        l.is_contiguous()
-                    )));
-                }
-            }
-            for (s, _) in srcs {
-                if s.dtype() != dst.dtype() {
-                    return Err(candle_core::Error::Msg(format!(
-                        "{}: {:?} and {:?} tensors mixed",
-                        self.name(),
-                        dst.dtype(),
-                        s.dtype()
-                    )));
-                }
-            }
-            match dst.dtype() {
-                DType::F32 => self.launch::<f32>(dst, dst_l, srcs[0], srcs[1]),
-                DType::F64 => self.launch::<f64>(dst, dst_l, srcs[0], srcs[1]),
+            let dtype = check_elementwise(
+                self.name(),
+                self.n() as usize,
+                &[(&*dst, dst_l), (a, a_l), (b, b_l)],
+            )?;
+            match dtype {
+                DType::F32 => self.launch::<f32>(dst, dst_l, (a, a_l), (b, b_l)),
+                DType::F64 => self.launch::<f64>(dst, dst_l, (a, a_l), (b, b_l)),
                 d => Err(dtype_error(self.name(), d)),
             }
         }
