@@ -234,7 +234,7 @@ impl BatchNorm2d {
             self.running_mean.as_detached_tensor(),
             self.running_var.as_detached_tensor(),
         );
-        if running_stats::applies(&rm) && running_stats::applies(&rv) {
+        if running_stats::applies(&rm) && running_stats::applies(&rv) && rm.elem_count() > 0 {
             // In place, one launch per statistic (`running_stats`): same values.
             running_stats::update(&rm, mean, 1.0 - m, m)?;
             return running_stats::update(&rv, var, 1.0 - m, m * unbias);

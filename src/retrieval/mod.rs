@@ -417,7 +417,11 @@ impl ScoreChunk {
         #[cfg(feature = "cuda")]
         {
             self.pinned.clear();
-            if scores.device().is_cuda() && scores.dtype() == DType::F32 && pinned::enabled() {
+            if scores.device().is_cuda()
+                && scores.dtype() == DType::F32
+                && scores.elem_count() > 0
+                && pinned::enabled()
+            {
                 self.device = None;
                 return self.pinned.copy_from(&scores.contiguous()?);
             }

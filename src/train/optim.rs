@@ -286,7 +286,7 @@ impl Optimizer {
                 let grad = grad.detach();
                 let theta = p.var.as_detached_tensor();
                 p.state.step += 1;
-                if device::applies(&theta) {
+                if device::applies(&theta) && theta.elem_count() > 0 {
                     // In place, a few kernels per parameter (`device`): same values.
                     match group.algorithm {
                         Algorithm::Adam(c) => {

@@ -22,10 +22,11 @@
 use crate::error::Result;
 use candle_core::Tensor;
 
-/// Whether `x` takes the kernels: [`crate::kernels::on_cuda`].
+/// Whether `x` takes the kernels: [`crate::kernels::on_cuda`], and not empty (no launch of an
+/// empty grid).
 #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
 fn applies(x: &Tensor) -> bool {
-    crate::kernels::on_cuda(x)
+    crate::kernels::on_cuda(x) && x.elem_count() > 0
 }
 
 /// `max(x, 0)`: by the kernels on a CUDA device, else candle's ReLU.
