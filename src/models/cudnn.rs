@@ -85,8 +85,9 @@ pub fn conv2d(x: &Tensor, kernel: &Tensor, stride: usize, padding: usize) -> Res
 
 /// Batch normalisation in training mode by cuDNN (`CUDNN_BATCHNORM_SPATIAL`): the output
 /// `γ·(x − μ)/√(σ² + ε) + β` with the batch mean `μ` and biased variance `σ²` of each channel,
-/// and those two (detached, `C` values each) for the running averages. `eps` must be at least
-/// cuDNN's minimum, 1e-5 (PyTorch's default).
+/// and, for the running averages, `μ` and cuDNN's saved `1/√(σ² + ε)` (detached, `C` values
+/// each; the variance is `1/s² − ε`, which the running-average kernel derives itself). `eps`
+/// must be at least cuDNN's minimum, 1e-5 (PyTorch's default).
 pub fn batch_norm_train(
     x: &Tensor,
     weight: &Tensor,
@@ -123,9 +124,7 @@ pub fn batch_norm_train(
         };
         (copy(mean)?, copy(inv_std)?)
     };
-    // cuDNN saves 1/√(σ² + ε); the running variance wants σ².
-    let var = (inv_std.sqr()?.recip()? - eps)?;
-    Ok((y, mean, var))
+    Ok((y, mean, inv_std))
 }
 
 /// The batch mean and `1/√(σ² + ε)` that the forward pass saved, for its backward pass.

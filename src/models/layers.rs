@@ -61,6 +61,15 @@ impl Conv2d {
     }
 }
 
+/// A training batch's second statistic per channel, as its forward pass produced it: the
+/// biased variance `σ²`, or cuDNN's saved `1/√(σ² + ε)` (the running-average kernel derives
+/// `σ²` from it without three more launches).
+enum Spread {
+    Var(Tensor),
+    #[cfg_attr(not(any(feature = "cudnn", test)), allow(dead_code))]
+    InvStd(Tensor),
+}
+
 /// 2-D batch normalisation with PyTorch's names (`weight`, `bias`, `running_mean`,
 /// `running_var`) and formulas (biased batch variance to normalise, unbiased variance in the
 /// running average, `momentum` 0.1, `eps` 1e-5).
@@ -132,7 +141,7 @@ impl BatchNorm2d {
         )?;
         let dev = x.device();
         let mean = Tensor::new(stats.mean, dev)?.to_dtype(x.dtype())?;
-        let var = Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?;
+        let var = Spread::Var(Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?);
         self.update_running_stats(&mean, &var, n * h * w)?;
         Ok(y)
     }
@@ -169,11 +178,11 @@ impl BatchNorm2d {
             (
                 y,
                 Tensor::new(stats.mean, dev)?.to_dtype(x.dtype())?,
-                Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?,
+                Spread::Var(Tensor::new(stats.var, dev)?.to_dtype(x.dtype())?),
             )
         } else {
-            let (y, mean, var) = self.forward_train_device(x)?;
-            (then_relu(y)?, mean, var)
+            let (y, mean, spread) = self.forward_train_device(x)?;
+            (then_relu(y)?, mean, spread)
         };
         self.update_running_stats(&mean, &var, n * h * w)?;
         Ok(y)
@@ -181,12 +190,15 @@ impl BatchNorm2d {
 
     /// Training-mode forward on a device other than the CPU: cuDNN's kernels where they apply
     /// (feature `cudnn`, see `super::cudnn`), otherwise [`Self::forward_train_generic`].
-    fn forward_train_device(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    fn forward_train_device(&self, x: &Tensor) -> Result<(Tensor, Tensor, Spread)> {
         #[cfg(feature = "cudnn")]
         if super::cudnn::applies(x) {
-            return super::cudnn::batch_norm_train(x, &self.weight, &self.bias, self.eps);
+            let (y, mean, inv_std) =
+                super::cudnn::batch_norm_train(x, &self.weight, &self.bias, self.eps)?;
+            return Ok((y, mean, Spread::InvStd(inv_std)));
         }
-        self.forward_train_generic(x)
+        let (y, mean, var) = self.forward_train_generic(x)?;
+        Ok((y, mean, Spread::Var(var)))
     }
 
     /// Training-mode forward with candle's tensor ops (any device): output, batch mean and
@@ -223,7 +235,7 @@ impl BatchNorm2d {
 
     /// PyTorch's running averages: `μ ← (1 − m)μ + m·mean`, `σ² ← (1 − m)σ² + m·var·n/(n − 1)`
     /// (the unbiased batch variance), `n` values per channel.
-    fn update_running_stats(&self, mean: &Tensor, var: &Tensor, count: usize) -> Result<()> {
+    fn update_running_stats(&self, mean: &Tensor, spread: &Spread, count: usize) -> Result<()> {
         let m = self.momentum;
         let unbias = if count > 1 {
             count as f64 / (count - 1) as f64
@@ -235,12 +247,22 @@ impl BatchNorm2d {
             self.running_var.as_detached_tensor(),
         );
         if running_stats::applies(&rm) && running_stats::applies(&rv) && rm.elem_count() > 0 {
-            // In place, one launch per statistic (`running_stats`): same values.
-            running_stats::update(&rm, mean, 1.0 - m, m)?;
-            return running_stats::update(&rv, var, 1.0 - m, m * unbias);
+            // In place, one launch per statistic (`running_stats`), the variance derived there
+            // from cuDNN's 1/√(σ² + ε): same values.
+            running_stats::update(&rm, mean, 1.0 - m, m, None)?;
+            return match spread {
+                Spread::Var(var) => running_stats::update(&rv, var, 1.0 - m, m * unbias, None),
+                Spread::InvStd(s) => {
+                    running_stats::update(&rv, s, 1.0 - m, m * unbias, Some(self.eps))
+                }
+            };
         }
+        let var = match spread {
+            Spread::Var(var) => var.clone(),
+            Spread::InvStd(s) => (s.sqr()?.recip()? - self.eps)?,
+        };
         let new_mean = ((rm * (1.0 - m))? + (mean * m)?)?;
-        let new_var = ((rv * (1.0 - m))? + (var * (m * unbias))?)?;
+        let new_var = ((rv * (1.0 - m))? + (&var * (m * unbias))?)?;
         self.running_mean.set(&new_mean)?;
         self.running_var.set(&new_var)?;
         Ok(())
@@ -711,6 +733,43 @@ mod tests {
     }
 
     #[test]
+    fn the_running_variance_from_cudnns_inverse_std_is_the_variances() {
+        // The tensor path of `Spread::InvStd` (a device without the kernels): 1/s² − ε of
+        // s = 1/√(σ² + ε) gives σ² back to rounding, and the running averages follow.
+        let d = Device::Cpu;
+        let (store, fast, generic) = two_batch_norms();
+        let var = Tensor::new(&[0.5f64, 2.0, 1e-3], &d).unwrap();
+        let mean = Tensor::new(&[0.1f64, -0.2, 0.3], &d).unwrap();
+        let inv_std = (var.clone() + fast.eps)
+            .unwrap()
+            .sqrt()
+            .unwrap()
+            .recip()
+            .unwrap();
+        fast.update_running_stats(&mean, &Spread::Var(var), 10)
+            .unwrap();
+        generic
+            .update_running_stats(&mean, &Spread::InvStd(inv_std), 10)
+            .unwrap();
+        for stat in ["running_mean", "running_var"] {
+            let get = |bn: &str| -> Vec<f64> {
+                store
+                    .get(&format!("{bn}.{stat}"))
+                    .unwrap()
+                    .as_tensor()
+                    .to_vec1()
+                    .unwrap()
+            };
+            for (a, b) in get("fast").iter().zip(get("generic")) {
+                assert!(
+                    (a - b).abs() <= 1e-12 * a.abs().max(1.0),
+                    "{stat}: {a} vs {b}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn cpu_batch_norm_equals_the_generic_path() {
         let d = Device::Cpu;
         let (store, fast, generic) = two_batch_norms();
@@ -735,7 +794,9 @@ mod tests {
         // Running statistics: the fast path updated them twice (two forward passes above).
         let (_, mean, var) = generic.forward_train_generic(x.as_tensor()).unwrap();
         for _ in 0..2 {
-            generic.update_running_stats(&mean, &var, 100).unwrap();
+            generic
+                .update_running_stats(&mean, &Spread::Var(var.clone()), 100)
+                .unwrap();
         }
         for stat in ["running_mean", "running_var"] {
             let u: Vec<f64> = store

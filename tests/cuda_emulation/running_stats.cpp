@@ -3,7 +3,7 @@
 //
 // usage: running_stats INPUT   (stdout: the running average after the update, as doubles)
 // INPUT: u32 f32 (0/1), u64 n; the running average and the batch statistic, n values each
-// (f32 or f64); keep and take (f64).
+// (f32 or f64); keep, take and eps (f64), from_inv_std (i32).
 #include "launch.hpp"
 
 // CUDA's separately rounded operations: on the host each operator rounds on its own (ISO C++
@@ -12,6 +12,8 @@ static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline double __dadd_rn(double a, double b) { return a + b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline double __ddiv_rn(double a, double b) { return a / b; }
 
 #include "../../src/models/layers/running_stats.cu"
 
@@ -22,6 +24,9 @@ static void run(rw_input& in, unsigned long long n) {
   p.n = n;
   p.keep = in.take<double>(1)[0];
   p.take = in.take<double>(1)[0];
+  p.eps = in.take<double>(1)[0];
+  p.from_inv_std = in.take<int>(1)[0];
+  p.pad = 0;
   in.finish();
   // Two blocks of 3 threads: every thread takes several strides of the grid-stride loop.
   rw_launch(rw_dim3{2, 1, 1}, rw_dim3{3, 1, 1},

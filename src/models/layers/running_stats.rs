@@ -12,7 +12,9 @@
 //! ```
 //!
 //! with the tensor formulation's operations in its order, each rounded on its own, so the
-//! values equal the CPU's bit for bit.
+//! values equal the CPU's bit for bit. On the cuDNN path the batch variance is not computed
+//! beforehand (three more launches per layer): the kernel derives it from cuDNN's saved
+//! `s = 1/√(σ² + ε)` as the tensor formulation would, `σ² = 1/s² − ε`.
 //!
 //! **Tests.** The unit test compiles the kernel with the host's C++ compiler under an emulated
 //! launch grid (`tests/cuda_emulation/running_stats.cpp`) and compares it with the tensor
@@ -36,23 +38,51 @@ pub(crate) struct EmaParams {
     n: u64,
     keep: f64,
     take: f64,
+    eps: f64,
+    from_inv_std: i32,
+    pad: i32,
 }
 
-/// `running ← running · keep + batch · take`, in place on the device.
+impl EmaParams {
+    /// `running ← running · keep + b · take` over `n` values, `b` the batch statistic, or the
+    /// variance `1/s² − ε` of cuDNN's saved `s = 1/√(σ² + ε)` when `inv_std_eps` is `Some(ε)`.
+    #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+    fn new(n: usize, keep: f64, take: f64, inv_std_eps: Option<f64>) -> Self {
+        EmaParams {
+            n: n as u64,
+            keep,
+            take,
+            eps: inv_std_eps.unwrap_or(0.0),
+            from_inv_std: i32::from(inv_std_eps.is_some()),
+            pad: 0,
+        }
+    }
+}
+
+/// `running ← running · keep + batch · take`, in place on the device; with `inv_std_eps =
+/// Some(ε)`, `batch` is cuDNN's `1/√(σ² + ε)` and the variance `σ²` is derived in the kernel
+/// (as the tensor formulation would: `1/s² − ε`).
 #[cfg(feature = "cuda")]
-pub(super) fn update(running: &Tensor, batch: &Tensor, keep: f64, take: f64) -> Result<()> {
+pub(super) fn update(
+    running: &Tensor,
+    batch: &Tensor,
+    keep: f64,
+    take: f64,
+    inv_std_eps: Option<f64>,
+) -> Result<()> {
     let batch = batch.contiguous()?;
-    let op = cuda::Ema(EmaParams {
-        n: running.elem_count() as u64,
+    let op = cuda::Ema(EmaParams::new(
+        running.elem_count(),
         keep,
         take,
-    });
+        inv_std_eps,
+    ));
     running.inplace_op2(&batch, &op)?;
     Ok(())
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(super) fn update(_: &Tensor, _: &Tensor, _: f64, _: f64) -> Result<()> {
+pub(super) fn update(_: &Tensor, _: &Tensor, _: f64, _: f64, _: Option<f64>) -> Result<()> {
     Err(crate::error::Error::invalid(
         "device",
         "the running-average kernel needs a build with the `cuda` feature",
@@ -157,6 +187,8 @@ mod tests {
         crate::kernels::emulation::push_values(&mut input, batch, f32_values);
         input.extend(p.keep.to_le_bytes());
         input.extend(p.take.to_le_bytes());
+        input.extend(p.eps.to_le_bytes());
+        input.extend(p.from_inv_std.to_le_bytes());
         crate::kernels::emulation::run("running_stats", &input)
     }
 
@@ -182,33 +214,49 @@ mod tests {
                         .collect(),
                 );
                 let unbias = count as f64 / (count - 1) as f64;
-                for take in [m, m * unbias] {
-                    // The tensor formulation, on the CPU: `running · (1 − m) + batch · take`.
-                    let t = |v: &[f64]| {
-                        Tensor::from_vec(v.to_vec(), n, &Device::Cpu)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap()
+                // cuDNN's 1/√(σ² + ε) of a positive variance, for the derived-variance case.
+                let inv_std = cast(
+                    batch
+                        .iter()
+                        .map(|v| 1.0 / (v.abs() + 1e-5).sqrt())
+                        .collect(),
+                );
+                let t = |v: &[f64]| {
+                    Tensor::from_vec(v.to_vec(), n, &Device::Cpu)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                for (take, inv_std_eps) in [(m, None), (m * unbias, None), (m * unbias, Some(1e-5))]
+                {
+                    // The tensor formulation, on the CPU: `running · (1 − m) + b · take`, `b` the
+                    // batch statistic or the variance `s.sqr().recip() − ε` (the cuDNN path's).
+                    let b = match inv_std_eps {
+                        None => t(&batch),
+                        Some(eps) => (t(&inv_std).sqr().unwrap().recip().unwrap() - eps).unwrap(),
                     };
-                    let want: Vec<f64> = ((t(&running) * (1.0 - m)).unwrap()
-                        + (t(&batch) * take).unwrap())
-                    .unwrap()
-                    .to_dtype(DType::F64)
-                    .unwrap()
-                    .to_vec1()
-                    .unwrap();
-                    let p = EmaParams {
-                        n: n as u64,
-                        keep: 1.0 - m,
-                        take,
+                    let want: Vec<f64> = ((t(&running) * (1.0 - m)).unwrap() + (b * take).unwrap())
+                        .unwrap()
+                        .to_dtype(DType::F64)
+                        .unwrap()
+                        .to_vec1()
+                        .unwrap();
+                    let p = EmaParams::new(n, 1.0 - m, take, inv_std_eps);
+                    let given = if inv_std_eps.is_some() {
+                        &inv_std
+                    } else {
+                        &batch
                     };
-                    let got = emulate(f32_values, &running, &batch, p);
-                    assert_eq!(got, want, "{dtype:?} step {step} take {take}");
+                    let got = emulate(f32_values, &running, given, p);
+                    assert_eq!(
+                        got, want,
+                        "{dtype:?} step {step} take {take} {inv_std_eps:?}"
+                    );
                     running = got;
                 }
             }
         }
-        assert_eq!(std::mem::size_of::<EmaParams>(), 24);
+        assert_eq!(std::mem::size_of::<EmaParams>(), 40);
         let x = Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap();
         assert!(!applies(&x));
     }
