@@ -207,6 +207,7 @@ fn backend() -> Value {
            "device_kernels": rankwise::kernels::enabled(),
            "kernel_max_work": rankwise::kernels::max_work(),
            "pinned_copies": rankwise::retrieval::pinned::enabled(),
+           "device_ranking": rankwise::retrieval::device_rank::enabled(),
            "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 
@@ -625,6 +626,80 @@ fn check_metrics(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
                 g.err().map(|e| e.to_string()))}),
     };
     report.push("checks", entry)?;
+
+    // The device's ranking (retrieval::device_rank) against the host's on the same device
+    // scores: the positions are those of the same full sort, so every per-query value must be
+    // equal bit for bit. Every metric at 3 levels (all positives), the fine-level binary metrics
+    // alone (the fine positives only), and a separate query set with DropFirst and None.
+    let queries = x.narrow(0, 0, n / 10)?;
+    let query_labels = Labels::new((0..n / 10).map(|i| labels.row(i).to_vec()).collect())?;
+    for (case, hierarchical, per_level, self_match) in [
+        ("every metric, 3 levels", true, true, SelfMatch::SameIndex),
+        (
+            "fine-level binary metrics",
+            false,
+            false,
+            SelfMatch::SameIndex,
+        ),
+        (
+            "every metric, separate queries, DropFirst",
+            true,
+            true,
+            SelfMatch::DropFirst,
+        ),
+        (
+            "fine-level binary metrics, separate queries",
+            false,
+            false,
+            SelfMatch::None,
+        ),
+    ] {
+        let opts = EvalOptions {
+            hierarchical,
+            per_level,
+            self_match,
+            ..options(dev)
+        };
+        let separate = self_match != SelfMatch::SameIndex;
+        let run = |on: bool| {
+            retrieval::device_rank::set_enabled(on);
+            let r = if separate {
+                retrieval::evaluate(&queries, &query_labels, Some((&x, &labels)), &opts)
+            } else {
+                retrieval::evaluate(&x, &labels, None, &opts)
+            };
+            retrieval::device_rank::set_enabled(true);
+            r
+        };
+        let start = Instant::now();
+        let entry = match (run(false), run(true)) {
+            (Ok(h), Ok(g)) => {
+                let same =
+                    |a: f64, b: f64| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+                let differing = h
+                    .per_query
+                    .iter()
+                    .zip(&g.per_query)
+                    .filter(|(a, b)| !same(**a, **b))
+                    .count();
+                let exact = differing == 0 && h.per_query.len() == g.per_query.len();
+                json!({
+                    "kind": "metrics", "name": format!("device ranking = host ranking ({case})"),
+                    "N": n, "D": d, "status": if exact { "pass" } else { "fail" },
+                    "exact": exact, "differing_values": differing,
+                    "values": g.per_query.len(),
+                    "host": h.rows.iter().map(|r| r.value).collect::<Vec<_>>(),
+                    "device": g.rows.iter().map(|r| r.value).collect::<Vec<_>>(),
+                    "seconds": round(start.elapsed().as_secs_f64(), 3),
+                })
+            }
+            (h, g) => json!({"kind": "metrics", "name": format!("device ranking ({case})"),
+                "status": "error",
+                "error": format!("host ranking: {:?}; device ranking: {:?}",
+                    h.err().map(|e| e.to_string()), g.err().map(|e| e.to_string()))}),
+        };
+        report.push("checks", entry)?;
+    }
 
     let k = 50;
     let run = |device: &Device| {
@@ -1214,55 +1289,49 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
             })
             .collect(),
     )?;
-    // The device's score chunks reach the host through reused page-locked buffers
-    // (`retrieval::pinned`, the default); the binary metrics and the kNN also run with candle's
-    // copies into fresh memory, for the side-by-side.
+    // By default a CUDA device ranks the scores itself (`retrieval::device_rank`) and only the
+    // positives' positions reach the host. The same evaluations with the host's ranking follow:
+    // the score chunks reach the host through reused page-locked buffers (`retrieval::pinned`,
+    // the default) or candle's copies into fresh memory, for the side-by-side.
     let pinned = |on: bool| {
         retrieval::pinned::set_enabled(on);
         on
     };
-    for (label, hierarchical, per_level, pinned_copies) in [
-        (
-            "full ranking, every metric (H-AP, ASI, NDCG, per-level mAP, mAP@R, R@k)",
-            true,
-            true,
-            true,
-        ),
-        (
-            "full ranking, fine-level binary metrics only",
-            false,
-            false,
-            true,
-        ),
-        (
-            "full ranking, fine-level binary metrics only",
-            false,
-            false,
-            false,
-        ),
+    let every = "full ranking, every metric (H-AP, ASI, NDCG, per-level mAP, mAP@R, R@k)";
+    let binary = "full ranking, fine-level binary metrics only";
+    // (name, hierarchical and per-level metrics, device ranking, page-locked copies)
+    for (label, all_metrics, device_ranking, pinned_copies) in [
+        (every, true, true, true),
+        (binary, false, true, true),
+        (every, true, false, true),
+        (binary, false, false, true),
+        (binary, false, false, false),
     ] {
         if report.over_budget() {
             return Ok(());
         }
         let opts = EvalOptions {
             device: dev.clone(),
-            hierarchical,
-            per_level,
+            hierarchical: all_metrics,
+            per_level: all_metrics,
             ..EvalOptions::default()
         };
         pinned(pinned_copies);
+        retrieval::device_rank::set_enabled(device_ranking);
         let t_start = unix_ms();
         let t0 = Instant::now();
         let result = retrieval::evaluate(&x, &labels, None, &opts);
         let seconds = round(t0.elapsed().as_secs_f64(), 3);
         let entry = match result {
             Ok(r) => json!({"kind": "eval", "name": label, "N": n, "D": d, "status": "ok",
-                "pinned_copies": pinned_copies, "seconds": seconds, "unix_start_ms": t_start,
+                "device_ranking": device_ranking, "pinned_copies": pinned_copies,
+                "seconds": seconds, "unix_start_ms": t_start,
                 "metrics": r.rows.iter().map(|m| json!([m.metric, m.level, m.value])).collect::<Vec<_>>()}),
-            Err(e) => json!({"kind": "eval", "name": label, "pinned_copies": pinned_copies,
-                "status": "error", "error": format!("{e:#}")}),
+            Err(e) => json!({"kind": "eval", "name": label, "device_ranking": device_ranking,
+                "pinned_copies": pinned_copies, "status": "error", "error": format!("{e:#}")}),
         };
         pinned(true);
+        retrieval::device_rank::set_enabled(true);
         report.push("benchmarks", entry)?;
     }
     // The device's share of the two evaluations above: the chunk products (512 queries, the

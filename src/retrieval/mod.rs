@@ -7,11 +7,14 @@
 //! the pure functions of [`crate::metrics`], and drops the chunk. Memory is
 //! `O(chunk × N_r)` plus one value per query and metric; rows are processed in parallel with
 //! rayon. On a device, the next chunk is computed and copied to the host (into page-locked
-//! buffers, [`pinned`]) while the host ranks the current one.
+//! buffers, [`pinned`]) while the host ranks the current one; on a CUDA device the evaluation of
+//! embeddings ([`evaluate`]) has the device rank too ([`device_rank`]): only each query's
+//! positives' positions come back, and the host computes the metrics from them.
 //!
 //! Ties are broken by reference index (see [`order`]), and per-query values are reduced in query
 //! order, so results are bit-identical for every chunk size and thread count.
 
+pub mod device_rank;
 pub mod dyml;
 mod knn;
 pub mod order;
@@ -82,7 +85,9 @@ pub struct EvalOptions {
     /// Compute the binary metrics at every level (positives = same class at that label column),
     /// not only at the fine level.
     pub per_level: bool,
-    /// Device of the matrix products (the ranking itself runs on the CPU).
+    /// Device of the matrix products. On a CUDA device the device also ranks
+    /// ([`device_rank`]: only the positives' positions come back to the host), else the host's
+    /// cores rank the scores.
     pub device: Device,
 }
 
@@ -483,14 +488,7 @@ impl Operands {
     /// kNN times are in the README). On a device, candle's product, copied back.
     pub fn chunk_scores(&self, start: usize, len: usize, chunk: &mut ScoreChunk) -> Result<()> {
         if !self.queries.device().is_cpu() {
-            let mut s = self
-                .queries
-                .narrow(0, start, len)?
-                .matmul(&self.references.t()?)?;
-            if let Some(bias) = &self.column_bias {
-                s = s.broadcast_add(bias)?;
-            }
-            return chunk.set_from_device(s);
+            return chunk.set_from_device(self.device_scores(start, len)?);
         }
         chunk.device = None;
         #[cfg(feature = "cuda")]
@@ -517,6 +515,19 @@ impl Operands {
             });
         }
         Ok(())
+    }
+
+    /// Scores of queries `start..start + len` against every reference, on the operands'
+    /// device (not the CPU: there [`Operands::chunk_scores`] writes into a host buffer).
+    fn device_scores(&self, start: usize, len: usize) -> Result<Tensor> {
+        let mut s = self
+            .queries
+            .narrow(0, start, len)?
+            .matmul(&self.references.t()?)?;
+        if let Some(bias) = &self.column_bias {
+            s = s.broadcast_add(bias)?;
+        }
+        Ok(s)
     }
 
     fn host(&self) -> Result<&HostOperands> {
@@ -583,6 +594,7 @@ pub fn evaluate(
     let ops = prepare(queries, ref_emb, opts.similarity, &opts.device)?;
     score_all(
         &ops,
+        Some(&ops),
         query_labels,
         ref_labels,
         opts,
@@ -640,6 +652,7 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
     opts.validate(query_labels.num_levels())?;
     score_all(
         source,
+        None,
         query_labels,
         ref_labels,
         opts,
@@ -648,9 +661,11 @@ pub fn evaluate_scores<S: ScoreSource + ?Sized>(
 }
 
 /// [`evaluate_scores`] once the labels and options are checked; `names` are what the errors
-/// call the source's queries and references.
+/// call the source's queries and references. `embeddings`: the source when it is the product of
+/// embeddings, whose scores a CUDA device can rank itself ([`device_rank`]).
 fn score_all<S: ScoreSource + ?Sized>(
     source: &S,
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))] embeddings: Option<&Operands>,
     query_labels: &Labels,
     ref_labels: &Labels,
     opts: &EvalOptions,
@@ -686,6 +701,66 @@ fn score_all<S: ScoreSource + ?Sized>(
         .collect();
     let mut per_query = vec![f64::NAN; num_queries * m];
     let pb = Progress::new(num_queries, "queries", "evaluating", opts.progress);
+    let same_index = opts.self_match == SelfMatch::SameIndex;
+    let drop_first = opts.self_match == SelfMatch::DropFirst;
+    // One query's metrics from its ranked row.
+    let score_row = |out: &mut [f64], scratch: &PositivesScratch| {
+        let (ranked, counts) = (scratch.ranked(), scratch.counts());
+        let rel = if opts.hierarchical {
+            opts.relevance.level_values(counts)
+        } else {
+            Vec::new()
+        };
+        for (o, spec) in out.iter_mut().zip(&specs) {
+            *o = spec
+                .score(&ranked, num_levels, &rel, counts)
+                .unwrap_or(f64::NAN);
+        }
+    };
+    #[cfg(feature = "cuda")]
+    if let Some(ops) = embeddings {
+        let min_level = lowest_level_read(&specs, num_levels);
+        let ranker = device_rank::plan(
+            ops.queries.device(),
+            &refs,
+            &query_rows,
+            min_level,
+            same_index,
+            opts.chunk_size,
+        )?;
+        if let Some(ranker) = ranker {
+            // The query itself is among the references with `SameIndex` (checked above).
+            let list_len = nr - usize::from(same_index);
+            pipeline(
+                num_queries,
+                opts.chunk_size,
+                true,
+                |start, len, ranked: &mut device_rank::RankedChunk| {
+                    ranker.rank(&ops.device_scores(start, len)?, start, len, ranked)
+                },
+                |start, len, ranked| {
+                    per_query[start * m..(start + len) * m]
+                        .par_chunks_mut(m)
+                        .enumerate()
+                        .for_each_init(PositivesScratch::default, |scratch, (r, out)| {
+                            let (positions, levels) = ranked.row(r);
+                            scratch.set_ranked(positions, levels, list_len, num_levels, drop_first);
+                            score_row(out, scratch);
+                        });
+                    pb.inc(len as u64);
+                    Ok(())
+                },
+            )?;
+            pb.finish();
+            return Ok(finish_report(
+                &specs,
+                per_query,
+                num_queries,
+                nr,
+                opts.self_match,
+            ));
+        }
+    }
     // Ranks and scores the queries of one chunk into `per_query`.
     let mut rank_chunk = |start: usize, len: usize, chunk: &ScoreChunk| -> Result<()> {
         chunk.with_slice(|scores| {
@@ -696,28 +771,16 @@ fn score_all<S: ScoreSource + ?Sized>(
                 .enumerate()
                 .for_each_init(PositivesScratch::default, |scratch, (r, (out, row))| {
                     let qi = start + r;
-                    let skip = (opts.self_match == SelfMatch::SameIndex).then_some(qi);
-                    let drop_first = opts.self_match == SelfMatch::DropFirst;
                     let query = &query_rows[qi];
                     rank_row(
                         row,
                         |j| refs.level(query, j),
                         num_levels,
-                        skip,
+                        same_index.then_some(qi),
                         drop_first,
                         scratch,
                     );
-                    let (ranked, counts) = (scratch.ranked(), scratch.counts());
-                    let rel = if opts.hierarchical {
-                        opts.relevance.level_values(counts)
-                    } else {
-                        Vec::new()
-                    };
-                    for (o, spec) in out.iter_mut().zip(&specs) {
-                        *o = spec
-                            .score(&ranked, num_levels, &rel, counts)
-                            .unwrap_or(f64::NAN);
-                    }
+                    score_row(out, scratch);
                 });
             Ok::<(), Error>(())
         })??;
@@ -726,17 +789,46 @@ fn score_all<S: ScoreSource + ?Sized>(
     };
     for_each_chunk(source, opts.chunk_size, &mut rank_chunk)?;
     pb.finish();
-    let rows = reduce(&specs, &per_query, num_queries);
-    let num_references = match opts.self_match {
+    Ok(finish_report(
+        &specs,
+        per_query,
+        num_queries,
+        nr,
+        opts.self_match,
+    ))
+}
+
+/// The lowest level of match that one of `specs` reads: 1 with a hierarchical metric, else that
+/// of the finest binary problem (label column `c` reads levels ≥ `L − c`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn lowest_level_read(specs: &[MetricSpec], num_levels: usize) -> u8 {
+    specs
+        .iter()
+        .map(|s| s.column.map_or(1, |c| (num_levels - c) as u8))
+        .min()
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The report of an evaluation from its per-query values.
+fn finish_report(
+    specs: &[MetricSpec],
+    per_query: Vec<f64>,
+    num_queries: usize,
+    nr: usize,
+    self_match: SelfMatch,
+) -> EvalReport {
+    let rows = reduce(specs, &per_query, num_queries);
+    let num_references = match self_match {
         SelfMatch::None => nr,
         SelfMatch::SameIndex | SelfMatch::DropFirst => nr.saturating_sub(1),
     };
-    Ok(EvalReport {
+    EvalReport {
         num_queries,
         num_references,
         rows,
         per_query,
-    })
+    }
 }
 
 /// Scores the queries of `source` in chunks of `chunk_size` (at least 1) and hands each chunk,
@@ -749,34 +841,53 @@ fn score_all<S: ScoreSource + ?Sized>(
 pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
     source: &S,
     chunk_size: usize,
-    mut f: impl FnMut(usize, usize, &ScoreChunk) -> Result<()>,
+    f: impl FnMut(usize, usize, &ScoreChunk) -> Result<()>,
 ) -> Result<()> {
-    let n = source.num_queries();
+    pipeline(
+        source.num_queries(),
+        chunk_size,
+        source.computes_off_host(),
+        |start, len, chunk: &mut ScoreChunk| source.chunk_scores(start, len, chunk),
+        f,
+    )
+}
+
+/// The chunks of `n` queries (`chunk_size`, at least 1, per chunk), each made by
+/// `produce(start, len, chunk)` and handed to `consume(start, len, chunk)` in query order;
+/// stops at the first error. With `overlap`, `produce` runs on a thread of its own, one chunk
+/// ahead of `consume`, and the chunks' buffers circulate between the two (at most three).
+fn pipeline<T: Default + Send>(
+    n: usize,
+    chunk_size: usize,
+    overlap: bool,
+    produce: impl Fn(usize, usize, &mut T) -> Result<()> + Sync,
+    mut consume: impl FnMut(usize, usize, &T) -> Result<()>,
+) -> Result<()> {
     let chunks: Vec<(usize, usize)> = (0..n)
         .step_by(chunk_size.max(1))
         .map(|start| (start, chunk_size.max(1).min(n - start)))
         .collect();
-    if !source.computes_off_host() || chunks.len() < 2 {
-        let mut chunk = ScoreChunk::default();
+    let f = &mut consume;
+    if !overlap || chunks.len() < 2 {
+        let mut chunk = T::default();
         for &(start, len) in &chunks {
-            source.chunk_scores(start, len, &mut chunk)?;
+            produce(start, len, &mut chunk)?;
             f(start, len, &chunk)?;
         }
         return Ok(());
     }
+    let produce = &produce;
     std::thread::scope(|scope| {
-        // Capacity 1: at most one chunk waits while one is ranked and one is computed.
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, ScoreChunk)>>(1);
-        // Ranked chunks go back to be refilled: their buffers (page-locked ones, whose
+        // Capacity 1: at most one chunk waits while one is consumed and one is produced.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(usize, usize, T)>>(1);
+        // Consumed chunks go back to be refilled: their buffers (page-locked ones, whose
         // allocation is slow, on a CUDA device) are allocated once per evaluation, at most three.
-        let (back_tx, back_rx) = std::sync::mpsc::channel::<ScoreChunk>();
+        let (back_tx, back_rx) = std::sync::mpsc::channel::<T>();
         let chunks = &chunks;
         scope.spawn(move || {
             for &(start, len) in chunks {
                 let mut chunk = back_rx.try_recv().unwrap_or_default();
-                let item = source
-                    .chunk_scores(start, len, &mut chunk)
-                    .map(|()| (start, len, chunk));
+                let item = produce(start, len, &mut chunk).map(|()| (start, len, chunk));
                 let failed = item.is_err();
                 // A closed channel: `f` stopped on an error of its own.
                 if tx.send(item).is_err() || failed {

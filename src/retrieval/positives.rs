@@ -98,6 +98,40 @@ pub(crate) fn rank_row(
     }
 }
 
+impl PositivesScratch {
+    /// Takes a row ranked elsewhere (on a device, [`super::device_rank`]): the increasing
+    /// `positions` and the `levels` of its positives in a list of `len` items, the query already
+    /// left out. With `drop_first`, the first-ranked item is removed, as [`rank_row`] does: the
+    /// first positive if it is at position 0, and every position moves up one.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn set_ranked(
+        &mut self,
+        positions: &[u32],
+        levels: &[u8],
+        len: usize,
+        num_levels: usize,
+        drop_first: bool,
+    ) {
+        let s = self;
+        let dropped = drop_first && len > 0;
+        let first = usize::from(dropped && positions.first() == Some(&0));
+        s.positions.clear();
+        s.levels.clear();
+        let shift = u32::from(dropped);
+        s.positions
+            .extend(positions[first..].iter().map(|&i| i - shift));
+        s.levels.extend_from_slice(&levels[first..]);
+        s.p = s.positions.len();
+        s.len = len - usize::from(dropped);
+        s.counts.clear();
+        s.counts.resize(num_levels + 1, 0);
+        s.counts[0] = s.len - s.p;
+        for &l in &s.levels {
+            s.counts[l as usize] += 1;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +203,38 @@ mod tests {
                         check(&scores, &levels, skip, drop_first);
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_ranked_elsewhere_reads_as_the_host_ranking_with_the_first_item_dropped() {
+        // The positives of the full ranking, handed over without the drop; the drop applied by
+        // `set_ranked` equals `rank_row`'s, whether the first item is a positive or not.
+        let cases: [(&[f32], &[u8]); 4] = [
+            (&[0.9, 0.1, 0.5, 0.7], &[1, 0, 2, 0]),
+            (&[0.9, 0.1, 0.5, 0.7], &[0, 0, 2, 1]),
+            (&[0.3], &[1]),
+            (&[], &[]),
+        ];
+        for (scores, levels) in cases {
+            let mut full = PositivesScratch::default();
+            rank_row(scores, |j| levels[j], 2, None, false, &mut full);
+            let (positions, lv, len) = {
+                let r = full.ranked();
+                (r.positions.to_vec(), r.levels.to_vec(), r.len)
+            };
+            for drop_first in [false, true] {
+                let mut want = PositivesScratch::default();
+                rank_row(scores, |j| levels[j], 2, None, drop_first, &mut want);
+                let mut got = PositivesScratch::default();
+                got.set_ranked(&positions, &lv, len, 2, drop_first);
+                let (g, w) = (got.ranked(), want.ranked());
+                assert_eq!(
+                    (g.positions, g.levels, g.len),
+                    (w.positions, w.levels, w.len)
+                );
+                assert_eq!(got.counts(), want.counts(), "{scores:?} drop {drop_first}");
             }
         }
     }

@@ -1,14 +1,18 @@
 // Host emulation of the CUDA launch model, for testing the library's kernel sources on a machine
 // without a GPU: the kernels are compiled as plain C++ and each launch runs every (block, thread)
-// of its grid in turn. Only for kernels without shared memory, synchronisation or atomics, whose
-// threads are independent (the order then cannot change a result). Plus the input and output
-// helpers of the harnesses (one per kernel source, driven by that source's unit tests).
+// of its grid in turn. Only for kernels without shared memory or synchronisation, whose threads
+// are independent: the order then cannot change a result, except through integer atomics that
+// hand out slots (`atomicAdd`), which `rw_launch_shuffled` runs in a scrambled order so that a
+// test sees the result does not depend on it. Plus the input and output helpers of the harnesses
+// (one per kernel source, driven by that source's unit tests).
 #pragma once
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 struct rw_dim3 {
@@ -19,6 +23,19 @@ static rw_dim3 blockIdx, threadIdx, blockDim, gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+
+// The CUDA intrinsics the kernels use, on the host. Threads run one at a time, so an atomic
+// addition is a plain one.
+inline unsigned int __float_as_uint(float f) {
+  unsigned int u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  const unsigned int old = *address;
+  *address = old + value;
+  return old;
+}
 
 // Runs `kernel()` for every thread of a grid of `grid` blocks of `block` threads.
 template <typename F>
@@ -81,5 +98,35 @@ void rw_write_doubles(const std::vector<T>& v) {
   for (T x : v) {
     double d = (double)x;
     std::fwrite(&d, sizeof d, 1, stdout);
+  }
+}
+
+// Runs `kernel()` for every thread of the grid, like `rw_launch`, in an order scrambled by `seed`
+// (0: in order): for kernels whose threads take slots from an atomic counter.
+template <typename F>
+void rw_launch_shuffled(rw_dim3 grid, rw_dim3 block, unsigned long long seed, F kernel) {
+  if (seed == 0) {
+    rw_launch(grid, block, kernel);
+    return;
+  }
+  gridDim = grid;
+  blockDim = block;
+  std::vector<std::pair<rw_dim3, rw_dim3>> threads;
+  for (unsigned int bz = 0; bz < grid.z; ++bz)
+    for (unsigned int by = 0; by < grid.y; ++by)
+      for (unsigned int bx = 0; bx < grid.x; ++bx)
+        for (unsigned int tz = 0; tz < block.z; ++tz)
+          for (unsigned int ty = 0; ty < block.y; ++ty)
+            for (unsigned int tx = 0; tx < block.x; ++tx)
+              threads.push_back({rw_dim3{bx, by, bz}, rw_dim3{tx, ty, tz}});
+  unsigned long long state = seed;
+  for (size_t i = threads.size(); i > 1; --i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    std::swap(threads[i - 1], threads[(state >> 33) % i]);
+  }
+  for (const auto& t : threads) {
+    blockIdx = t.first;
+    threadIdx = t.second;
+    kernel();
   }
 }

@@ -1,0 +1,136 @@
+// Each query's positives placed in its full ranking, on a CUDA device, for the evaluation engine
+// (`retrieval::device_rank`, whose module documentation gives the method). Compiled at run time
+// by NVRTC (no include, no host code), and on the host by the emulation test of that module.
+//
+// A chunk of `rows` queries (global indices start..start + rows) against `nr` references:
+// scores: rows x nr, row-major, larger = ranked first; ref: the references' label columns,
+// coarsest first (levels x nr); query: the chunk's queries' labels, coarsest first (rows x
+// levels); offsets: rows + 1 prefix sums of each query's number of positives (counted on the
+// host with the same level rule). A positive is a reference whose level of match is at least
+// min_level (>= 1: the lowest level the evaluation's metrics read; the rest count as negatives,
+// which moves no metric that reads only those levels); the query itself (reference start + row,
+// when same_index) is left out of its list. The ranking is the host engine's: decreasing score,
+// ties by increasing reference index (`retrieval::order`).
+
+struct rw_rank {
+  unsigned int rows;
+  unsigned int nr;
+  unsigned int levels;  // label columns
+  unsigned int min_level;  // a positive's lowest level of match (>= 1)
+  unsigned int start;   // global index of the chunk's first query
+  int same_index;       // reference start + row is query row itself: left out
+};
+
+// The host's `order::descending_key`: unsigned order = decreasing float order, -0.0 ties +0.0.
+__device__ __forceinline__ unsigned int rw_descending_key(float score) {
+  unsigned int bits = __float_as_uint(score);
+  if (bits == 0x80000000u) bits = 0u;  // -0.0 and +0.0 compare equal, so they tie
+  const unsigned int ascending = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return ~ascending;
+}
+
+// The host's `order::rank_key`: ascending order = the ranking (score, then index).
+__device__ __forceinline__ unsigned long long rw_rank_key(float score, unsigned int j) {
+  return ((unsigned long long)rw_descending_key(score) << 32) | (unsigned long long)j;
+}
+
+// The host's `ReferenceLevels::level`: label columns matched from the coarsest, up to the first
+// mismatch.
+__device__ __forceinline__ unsigned int rw_level(const long long* ref, unsigned int nr,
+                                                 const long long* q, unsigned int levels,
+                                                 unsigned int j) {
+  unsigned int level = 0;
+  for (unsigned int c = 0; c < levels; ++c) {
+    if (ref[(size_t)c * nr + j] != q[c]) break;
+    ++level;
+  }
+  return level;
+}
+
+// Thread (row, j): reference j's level for the row's query; a positive's rank key and level are
+// put in one of the row's slots (offsets[row]..offsets[row + 1]), in whatever order the atomic
+// counter hands them out (the next kernel orders them). fill[row] ends at the row's number of
+// positives, which the host compares with its own count.
+extern "C" __global__ void rankwise_rank_gather(const float* scores, const long long* ref,
+                                                const long long* query,
+                                                const unsigned int* offsets, rw_rank p,
+                                                unsigned int* fill, unsigned long long* keys,
+                                                unsigned char* levels_out) {
+  const unsigned int row = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (row >= p.rows || j >= p.nr) return;
+  if (p.same_index && j == p.start + row) return;
+  const unsigned int level = rw_level(ref, p.nr, query + (size_t)row * p.levels, p.levels, j);
+  if (level < p.min_level) return;
+  const unsigned int slot = offsets[row] + atomicAdd(&fill[row], 1u);
+  // More positives than the host counted: the host sees it in fill and errors; no write out of
+  // the row's slots.
+  if (slot >= offsets[row + 1]) return;
+  keys[slot] = rw_rank_key(scores[(size_t)row * p.nr + j], j);
+  levels_out[slot] = (unsigned char)level;
+}
+
+// Thread (row, k): the row's k-th gathered positive goes to its place among the row's positives,
+// the number of them with a smaller key (keys are distinct: they contain the index).
+// O(P^2) per row.
+extern "C" __global__ void rankwise_rank_order(const unsigned int* offsets, rw_rank p,
+                                               const unsigned long long* keys,
+                                               const unsigned char* levels,
+                                               unsigned long long* sorted_keys,
+                                               unsigned char* sorted_levels) {
+  const unsigned int row = blockIdx.x;
+  const unsigned int k = blockIdx.y * blockDim.x + threadIdx.x;
+  if (row >= p.rows) return;
+  const unsigned int begin = offsets[row];
+  const unsigned int n = offsets[row + 1] - begin;
+  if (k >= n) return;
+  const unsigned long long mine = keys[begin + k];
+  unsigned int before = 0;
+  for (unsigned int m = 0; m < n; ++m) before += (unsigned int)(keys[begin + m] < mine);
+  sorted_keys[begin + before] = mine;
+  sorted_levels[begin + before] = levels[begin + k];
+}
+
+// Thread (row, j): a negative j (level below min_level, not the query itself) finds, by binary
+// search among the row's sorted positives, how many positives rank before it (b), and counts in
+// gaps[begin + b] (the negatives between positive b - 1 and positive b). A negative after every
+// positive is not counted (it moves no positive).
+extern "C" __global__ void rankwise_rank_count(const float* scores, const long long* ref,
+                                               const long long* query,
+                                               const unsigned int* offsets, rw_rank p,
+                                               const unsigned long long* sorted_keys,
+                                               unsigned int* gaps) {
+  const unsigned int row = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (row >= p.rows || j >= p.nr) return;
+  if (p.same_index && j == p.start + row) return;
+  if (rw_level(ref, p.nr, query + (size_t)row * p.levels, p.levels, j) >= p.min_level) return;
+  const unsigned int begin = offsets[row];
+  const unsigned int n = offsets[row + 1] - begin;
+  const unsigned long long key = rw_rank_key(scores[(size_t)row * p.nr + j], j);
+  unsigned int lo = 0, hi = n;
+  while (lo < hi) {
+    const unsigned int mid = lo + (hi - lo) / 2;
+    if (sorted_keys[begin + mid] < key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  if (lo < n) atomicAdd(&gaps[begin + lo], 1u);
+}
+
+// Thread row: positive k's position in the row's ranking = the k positives before it + the
+// negatives before it (the gaps up to its own, a running sum).
+extern "C" __global__ void rankwise_rank_positions(const unsigned int* offsets, rw_rank p,
+                                                   const unsigned int* gaps,
+                                                   unsigned int* positions) {
+  const unsigned int row = blockIdx.x * blockDim.x + threadIdx.x;
+  if (row >= p.rows) return;
+  const unsigned int begin = offsets[row];
+  const unsigned int n = offsets[row + 1] - begin;
+  unsigned int negatives = 0;
+  for (unsigned int k = 0; k < n; ++k) {
+    negatives += gaps[begin + k];
+    positions[begin + k] = k + negatives;
+  }
+}

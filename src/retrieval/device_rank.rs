@@ -1,0 +1,541 @@
+//! The evaluation's ranking on a CUDA device: each query's positives placed in its full ranking
+//! by kernels of our own (`device_rank.cu` beside this file), so that only their positions and
+//! levels come back to the host, not the scores.
+//!
+//! **Why.** Every metric reads only the positions and levels of a query's positives and the
+//! length of its list ([`super::positives`]). With the scores on a GPU, the host engine copies
+//! every chunk of them to the host (60,502² scores at SOP scale: 14.6 GB) and radix-sorts each
+//! row on the host's cores: 7.8 s for the fine-level binary metrics on the H200 of 2026-11-26,
+//! where PyTorch's `argsort` and metrics on the card took 0.51 s (12.3 s for every metric).
+//! Here, for each chunk of queries, on the device:
+//!
+//! ```text
+//! gather    thread (query, reference): its level of match; a positive's rank key (the score's
+//!           descending key, then its index) and level go to one of its query's slots
+//! order     thread (query, positive):  its place among its query's positives = how many of
+//!           them have a smaller key
+//! count     thread (query, negative):  binary search among the sorted positives: b of them
+//!           rank before it; gap[b] += 1
+//! positions thread (query):            position of positive k = k + Σ_{b ≤ k} gap[b]
+//! ```
+//!
+//! The rank key is the host's ([`super::order::rank_key`]: decreasing score, ties by increasing
+//! reference index), so the positions are those of the host's full sort and, given the same
+//! scores, every metric is bit-identical to the host engine's. Per query `O(N_r log P + P²)`
+//! work for `P` positives and `O(P)` memory, no sort of the `N_r` scores. A positive is an item
+//! whose level of match is at least the lowest level a planned metric reads: for the fine-level
+//! binary metrics, the fine class alone (SOP: 2–12 positives per query, not a super-class's few
+//! thousand); the items of lower levels count as negatives, which moves no metric that does not
+//! read them. The engine takes this path on CUDA, with [`enabled`], while every chunk's `Σ P²`
+//! is within [`crate::kernels::max_work`] (SOP's super-classes: 1.3 · 10¹⁰ per 512 queries).
+//!
+//! **Switch.** On unless `RANKWISE_DEVICE_RANKING` is `0`, `off` or `false` (or [`set_enabled`]
+//! said otherwise), and with the library's kernels ([`crate::kernels::enabled`]): otherwise the
+//! scores go to the host and are ranked there, for a side-by-side measurement or as a fallback.
+//! The GPU check compares both on the same device scores (exactly) and times both.
+//!
+//! **Tests.** The unit tests compile the kernels with the host's C++ compiler under an emulated
+//! launch grid (`tests/cuda_emulation/rank.cpp`; the kernels whose threads take slots from an
+//! atomic counter run in scrambled orders) and compare positions, levels and counts with the
+//! host's ranking: ties, signed zeros, the query left out, rows without positives and rows of
+//! positives only, every lowest level.
+
+use super::ReferenceLevels;
+use std::collections::HashMap;
+
+static SWITCH: crate::switch::EnvSwitch = crate::switch::EnvSwitch::new("RANKWISE_DEVICE_RANKING");
+
+/// Whether the evaluation ranks on the device when its scores are on a CUDA device (and the
+/// library's kernels are [on](crate::kernels::enabled)).
+pub fn enabled() -> bool {
+    SWITCH.on()
+}
+
+/// Turns the device ranking on or off for the whole process (the GPU check measures both).
+pub fn set_enabled(on: bool) {
+    SWITCH.set(on);
+}
+
+/// The kernels' parameters (`struct rw_rank` of `device_rank.cu`, same layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(crate) struct Params {
+    rows: u32,
+    nr: u32,
+    levels: u32,
+    min_level: u32,
+    start: u32,
+    same_index: i32,
+}
+
+/// Each query's number of positives: references whose level of match is at least `min_level`
+/// (≥ 1), reference `q` left out of query `q`'s list with `same_index`. The kernels' slots.
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(super) fn positive_counts(
+    query_rows: &[Vec<i64>],
+    refs: &ReferenceLevels,
+    min_level: u8,
+    same_index: bool,
+) -> Vec<u32> {
+    // Level ≥ m ⇔ the m coarsest labels agree: one count per distinct m-prefix.
+    let m = usize::from(min_level).min(refs.columns_coarse_first.len());
+    let nr = refs.columns_coarse_first.first().map_or(0, Vec::len);
+    let mut sizes: HashMap<Vec<i64>, u32> = HashMap::new();
+    for j in 0..nr {
+        let key: Vec<i64> = refs.columns_coarse_first[..m]
+            .iter()
+            .map(|c| c[j])
+            .collect();
+        *sizes.entry(key).or_default() += 1;
+    }
+    query_rows
+        .iter()
+        .enumerate()
+        .map(|(q, row)| {
+            let n = sizes.get(&row[..m]).copied().unwrap_or(0);
+            let own = same_index && q < nr && refs.level(row, q) >= min_level;
+            n - u32::from(own)
+        })
+        .collect()
+}
+
+/// Whether the kernels can take every chunk of `chunk_size` queries: each chunk's `Σ P²` (the
+/// ordering's work) within [`crate::kernels::max_work`] and its `Σ P` slots within 32 bits.
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(super) fn fits(counts: &[u32], chunk_size: usize, max_work: usize) -> bool {
+    counts.chunks(chunk_size.max(1)).all(|chunk| {
+        let work: u128 = chunk.iter().map(|&p| u128::from(p) * u128::from(p)).sum();
+        let slots: u64 = chunk.iter().map(|&p| u64::from(p)).sum();
+        work <= max_work as u128 && slots <= u64::from(u32::MAX)
+    })
+}
+
+/// The positives of one chunk's queries, ranked on the device and copied back: query `r`'s are
+/// `offsets[r]..offsets[r + 1]`, positions increasing, with their levels.
+#[derive(Default)]
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(super) struct RankedChunk {
+    offsets: Vec<usize>,
+    positions: Vec<u32>,
+    levels: Vec<u8>,
+}
+
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+impl RankedChunk {
+    /// Query `r`'s positions and levels.
+    pub(super) fn row(&self, r: usize) -> (&[u32], &[u8]) {
+        let range = self.offsets[r]..self.offsets[r + 1];
+        (&self.positions[range.clone()], &self.levels[range])
+    }
+
+    /// Takes the kernels' output for queries with `counts` positives each.
+    fn set(&mut self, counts: &[u32], positions: Vec<u32>, levels: Vec<u8>) {
+        self.offsets.clear();
+        self.offsets.push(0);
+        let mut acc = 0usize;
+        for &p in counts {
+            acc += p as usize;
+            self.offsets.push(acc);
+        }
+        self.positions = positions;
+        self.levels = levels;
+    }
+}
+
+#[cfg(feature = "cuda")]
+pub(super) use cuda::plan;
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::{fits, positive_counts, Params, RankedChunk, ReferenceLevels};
+    use crate::error::{Error, Result};
+    use crate::kernels::{check_matrix, per_entry, per_row, ptx, view};
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{DType, Device, Storage, Tensor};
+
+    const SOURCE: &str = include_str!("device_rank.cu");
+    const MODULE: &str = "rankwise_rank";
+    const OP: &str = "device ranking";
+
+    // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rank`.
+    unsafe impl DeviceRepr for Params {}
+
+    /// Launches of one thread per `(row, column)` have `⌈columns / 256⌉` blocks along y, at most
+    /// 65,535.
+    const MAX_COLUMNS: usize = 65_535 * 256;
+
+    /// One evaluation's labels on the device, each query's number of positives and the
+    /// kernels' fixed parameters.
+    pub(in crate::retrieval) struct Plan {
+        dev: CudaDevice,
+        /// The references' label columns, coarsest first (`levels × N_r`).
+        refs: CudaSlice<i64>,
+        /// The queries' labels, coarsest first (`N_q × levels`).
+        queries: CudaSlice<i64>,
+        counts: Vec<u32>,
+        params: Params,
+    }
+
+    /// The device ranking's plan for an evaluation whose scores are on `device`, or `None` where
+    /// the host ranks: not a CUDA device, the switches off, sizes beyond the kernels' (more than
+    /// 255 label levels, `N_r` beyond the launch grid, a chunk's `Σ P²` beyond
+    /// [`crate::kernels::max_work`]).
+    pub(in crate::retrieval) fn plan(
+        device: &Device,
+        refs: &ReferenceLevels,
+        query_rows: &[Vec<i64>],
+        min_level: u8,
+        same_index: bool,
+        chunk_size: usize,
+    ) -> Result<Option<Plan>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let levels = refs.columns_coarse_first.len();
+        let nr = refs.columns_coarse_first.first().map_or(0, Vec::len);
+        if !(super::enabled() && crate::kernels::enabled())
+            || levels == 0
+            || levels > usize::from(u8::MAX)
+            || min_level == 0
+            || nr == 0
+            || nr > MAX_COLUMNS
+            || query_rows.len() > u32::MAX as usize
+        {
+            return Ok(None);
+        }
+        let counts = positive_counts(query_rows, refs, min_level, same_index);
+        if !fits(&counts, chunk_size, crate::kernels::max_work()) {
+            return Ok(None);
+        }
+        let flat_refs: Vec<i64> = refs.columns_coarse_first.concat();
+        let flat_queries: Vec<i64> = query_rows.concat();
+        Ok(Some(Plan {
+            refs: dev.clone_htod(&flat_refs)?,
+            queries: dev.clone_htod(&flat_queries)?,
+            dev: dev.clone(),
+            counts,
+            params: Params {
+                rows: 0,
+                nr: nr as u32,
+                levels: levels as u32,
+                min_level: u32::from(min_level),
+                start: 0,
+                same_index: i32::from(same_index),
+            },
+        }))
+    }
+
+    impl Plan {
+        /// Ranks the positives of queries `start..start + len` from their scores (`len × N_r`,
+        /// `f32`, on this plan's device) into `out`.
+        pub(in crate::retrieval) fn rank(
+            &self,
+            scores: &Tensor,
+            start: usize,
+            len: usize,
+            out: &mut RankedChunk,
+        ) -> Result<()> {
+            let counts = &self.counts[start..start + len];
+            let mut offsets = Vec::with_capacity(len + 1);
+            offsets.push(0u32);
+            let mut acc = 0u32;
+            for &p in counts {
+                acc += p;
+                offsets.push(acc);
+            }
+            let total = acc as usize;
+            if total == 0 {
+                out.set(counts, Vec::new(), Vec::new());
+                return Ok(());
+            }
+            let widest = counts.iter().copied().max().unwrap_or(0) as usize;
+            let scores = scores.to_dtype(DType::F32)?.contiguous()?;
+            let (storage, layout) = scores.storage_and_layout();
+            let Storage::Cuda(cs) = &*storage else {
+                return Err(Error::invalid(
+                    "device",
+                    "the device ranking's scores are not on a CUDA device",
+                ));
+            };
+            let nr = self.params.nr as usize;
+            check_matrix(OP, layout, len, nr)?;
+            let s = view::<f32>(cs, layout)?;
+            let l = self.params.levels as usize;
+            let queries = self.queries.slice(start * l..(start + len) * l);
+            let p = Params {
+                rows: len as u32,
+                start: start as u32,
+                ..self.params
+            };
+            let dev = &self.dev;
+            let offsets_d = dev.clone_htod(&offsets)?;
+            let mut fill = dev.alloc_zeros::<u32>(len)?;
+            let mut keys = dev.alloc_zeros::<u64>(total)?;
+            let mut levels = dev.alloc_zeros::<u8>(total)?;
+            let mut sorted = dev.alloc_zeros::<u64>(total)?;
+            let mut sorted_levels = dev.alloc_zeros::<u8>(total)?;
+            let mut gaps = dev.alloc_zeros::<u32>(total)?;
+            let mut positions = dev.alloc_zeros::<u32>(total)?;
+            let module = ptx(MODULE, SOURCE)?;
+            let func = |name: &str| dev.get_or_load_custom_func(name, MODULE, module);
+
+            let gather = func("rankwise_rank_gather")?;
+            let mut b = gather.builder();
+            b.arg(&s)
+                .arg(&self.refs)
+                .arg(&queries)
+                .arg(&offsets_d)
+                .arg(&p)
+                .arg(&mut fill)
+                .arg(&mut keys)
+                .arg(&mut levels);
+            // SAFETY: `s` holds `len × N_r` scores, `refs` `levels × N_r` labels, `queries`
+            // `len × levels`, `offsets_d` `len + 1` offsets ending at `total`, `fill` `len`
+            // counters; `keys` and `levels` `total` slots, written only below each row's end.
+            unsafe { b.launch(per_entry(len, nr)) }.w()?;
+
+            let order = func("rankwise_rank_order")?;
+            let mut b = order.builder();
+            b.arg(&offsets_d)
+                .arg(&p)
+                .arg(&keys)
+                .arg(&levels)
+                .arg(&mut sorted)
+                .arg(&mut sorted_levels);
+            // SAFETY: each row's threads read and write within its `offsets` range of `total`.
+            unsafe { b.launch(per_entry(len, widest)) }.w()?;
+
+            let count = func("rankwise_rank_count")?;
+            let mut b = count.builder();
+            b.arg(&s)
+                .arg(&self.refs)
+                .arg(&queries)
+                .arg(&offsets_d)
+                .arg(&p)
+                .arg(&sorted)
+                .arg(&mut gaps);
+            // SAFETY: as the gather; `gaps` has `total` counters, indexed within each row's range.
+            unsafe { b.launch(per_entry(len, nr)) }.w()?;
+
+            let place = func("rankwise_rank_positions")?;
+            let mut b = place.builder();
+            b.arg(&offsets_d).arg(&p).arg(&gaps).arg(&mut positions);
+            // SAFETY: one thread per row, within its range of `total`.
+            unsafe { b.launch(per_row(len)) }.w()?;
+
+            let filled = dev.clone_dtoh(&fill)?;
+            if let Some(r) = (0..len).find(|&r| filled[r] != counts[r]) {
+                return Err(Error::invalid(
+                    "device ranking",
+                    format!(
+                        "query {}: {} positives found on the device, {} counted from the labels",
+                        start + r,
+                        filled[r],
+                        counts[r]
+                    ),
+                ));
+            }
+            out.set(
+                counts,
+                dev.clone_dtoh(&positions)?,
+                dev.clone_dtoh(&sorted_levels)?,
+            );
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::positives::{rank_row, PositivesScratch};
+    use super::*;
+    use crate::hierarchy::Labels;
+
+    /// A chunk ranked by the kernels of `device_rank.cu`, run on the host by the harness
+    /// (blocks of 3 threads; `seed` scrambles the atomic counters' threads, 0 keeps them in
+    /// order): each row's fill count, and the chunk.
+    #[allow(clippy::too_many_arguments)]
+    fn emulate(
+        scores: &[f32],
+        refs: &ReferenceLevels,
+        query_rows: &[Vec<i64>],
+        start: usize,
+        min_level: u8,
+        same_index: bool,
+        seed: u32,
+    ) -> (Vec<u32>, RankedChunk) {
+        let rows = query_rows.len() - start;
+        let all = positive_counts(query_rows, refs, min_level, same_index);
+        let counts = &all[start..];
+        let levels = refs.columns_coarse_first.len();
+        let nr = refs.columns_coarse_first[0].len();
+        assert_eq!(scores.len(), rows * nr);
+        let mut input = Vec::new();
+        for v in [
+            rows as u32,
+            nr as u32,
+            levels as u32,
+            u32::from(min_level),
+            start as u32,
+            u32::from(same_index),
+            seed,
+        ] {
+            input.extend(v.to_le_bytes());
+        }
+        for s in scores {
+            input.extend(s.to_le_bytes());
+        }
+        for c in &refs.columns_coarse_first {
+            for v in c {
+                input.extend(v.to_le_bytes());
+            }
+        }
+        for row in &query_rows[start..] {
+            for v in row {
+                input.extend(v.to_le_bytes());
+            }
+        }
+        let mut acc = 0u32;
+        input.extend(acc.to_le_bytes());
+        for &p in counts {
+            acc += p;
+            input.extend(acc.to_le_bytes());
+        }
+        let out = crate::kernels::emulation::run("rank", &input);
+        let total = acc as usize;
+        assert_eq!(out.len(), rows + 2 * total);
+        let fill: Vec<u32> = out[..rows].iter().map(|&v| v as u32).collect();
+        let positions = out[rows..rows + total].iter().map(|&v| v as u32).collect();
+        let levels = out[rows + total..].iter().map(|&v| v as u8).collect();
+        let mut chunk = RankedChunk::default();
+        chunk.set(counts, positions, levels);
+        (fill, chunk)
+    }
+
+    /// The host engine's ranking of each row, read at levels ≥ `min_level` (lower levels as
+    /// negatives), against the kernels'.
+    fn check(labels: &Labels, scores: &[f32], start: usize, min_level: u8, seed: u32) {
+        let refs = ReferenceLevels::new(labels);
+        let query_rows: Vec<Vec<i64>> = (0..labels.len())
+            .map(|i| labels.row(i).iter().rev().copied().collect())
+            .collect();
+        let nr = labels.len();
+        let num_levels = labels.num_levels();
+        for same_index in [false, true] {
+            let (fill, chunk) = emulate(
+                scores,
+                &refs,
+                &query_rows,
+                start,
+                min_level,
+                same_index,
+                seed,
+            );
+            let counts = positive_counts(&query_rows, &refs, min_level, same_index);
+            for (r, row) in scores.chunks(nr).enumerate() {
+                let q = start + r;
+                let what = format!("query {q}, lowest level {min_level}, same index {same_index}");
+                assert_eq!(fill[r], counts[q], "{what}: fill");
+                let level = |j: usize| {
+                    let l = refs.level(&query_rows[q], j);
+                    if l >= min_level {
+                        l
+                    } else {
+                        0
+                    }
+                };
+                let skip = same_index.then_some(q);
+                for drop_first in [false, true] {
+                    let mut want = PositivesScratch::default();
+                    rank_row(row, level, num_levels, skip, drop_first, &mut want);
+                    let (positions, levels) = chunk.row(r);
+                    let mut got = PositivesScratch::default();
+                    let len = nr - usize::from(same_index);
+                    got.set_ranked(positions, levels, len, num_levels, drop_first);
+                    let (g, w) = (got.ranked(), want.ranked());
+                    assert_eq!(g.positions, w.positions, "{what}, drop {drop_first}");
+                    assert_eq!(g.levels, w.levels, "{what}, drop {drop_first}");
+                    assert_eq!(g.len, w.len, "{what}, drop {drop_first}");
+                    assert_eq!(got.counts(), want.counts(), "{what}, drop {drop_first}");
+                }
+            }
+        }
+    }
+
+    fn lcg(state: &mut u64) -> u32 {
+        *state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (*state >> 33) as u32
+    }
+
+    #[test]
+    fn the_kernels_place_the_positives_where_the_host_sort_does() {
+        // Three label levels (fine, middle, coarse) over 70 references; scores on a coarse grid
+        // (many exact ties, -0.0 beside 0.0), a chunk of queries starting at 5.
+        let n = 70;
+        let labels = Labels::new(
+            (0..n as i64)
+                .map(|i| vec![i / 4, 100 + i / 12, 200 + i / 36])
+                .collect(),
+        )
+        .unwrap();
+        let mut state = 99u64;
+        let start = 5;
+        let scores: Vec<f32> = (0..(n - start) * n)
+            .map(|_| match lcg(&mut state) % 9 {
+                0 => -0.0,
+                1 => 0.0,
+                _ => (lcg(&mut state) % 13) as f32 / 6.0 - 1.0,
+            })
+            .collect();
+        for min_level in 1..=3 {
+            for seed in [0, 7, 1234] {
+                check(&labels, &scores, start, min_level, seed);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_without_positives_rows_of_positives_only_and_distinct_scores() {
+        // One class for the first 6 references (a query among them has only positives but
+        // itself), lone classes for the rest (no positive); continuous scores.
+        let n = 11;
+        let labels = Labels::new(
+            (0..n as i64)
+                .map(|i| {
+                    let c = if i < 6 { 0 } else { i };
+                    vec![c, 1000 + c]
+                })
+                .collect(),
+        )
+        .unwrap();
+        let mut state = 3u64;
+        let scores: Vec<f32> = (0..n * n)
+            .map(|_| lcg(&mut state) as f32 / u32::MAX as f32 - 0.5)
+            .collect();
+        for min_level in 1..=2 {
+            check(&labels, &scores, 0, min_level, 0);
+            check(&labels, &scores, 0, min_level, 5);
+        }
+    }
+
+    #[test]
+    fn counts_and_the_work_bound() {
+        let labels = Labels::new(vec![vec![0, 10], vec![0, 10], vec![1, 10], vec![2, 11]]).unwrap();
+        let refs = ReferenceLevels::new(&labels);
+        let rows: Vec<Vec<i64>> = (0..4)
+            .map(|i| labels.row(i).iter().rev().copied().collect())
+            .collect();
+        assert_eq!(positive_counts(&rows, &refs, 1, false), [3, 3, 3, 1]);
+        assert_eq!(positive_counts(&rows, &refs, 1, true), [2, 2, 2, 0]);
+        assert_eq!(positive_counts(&rows, &refs, 2, true), [1, 1, 0, 0]);
+        // Σ P² per chunk of 2: 8 and 4.
+        assert!(fits(&[2, 2, 2, 0], 2, 8));
+        assert!(!fits(&[2, 2, 2, 0], 2, 7));
+        assert!(fits(&[2, 2, 2, 0], 1, 4));
+        assert_eq!(std::mem::size_of::<Params>(), 24);
+    }
+}
