@@ -3,7 +3,7 @@
 //! levels come back to the host, not the scores.
 //!
 //! **Why.** Every metric reads only the positions and levels of a query's positives and the
-//! length of its list ([`super::positives`]). With the scores on a GPU, the host engine copies
+//! length of its list (`retrieval::positives`). With the scores on a GPU, the host engine copies
 //! every chunk of them to the host (60,502² scores at SOP scale: 14.6 GB) and radix-sorts each
 //! row on the host's cores: 7.8 s for the fine-level binary metrics on the H200 of 2026-11-26,
 //! where PyTorch's `argsort` and metrics on the card took 0.51 s (12.3 s for every metric).
