@@ -70,25 +70,44 @@ extern "C" __global__ void rankwise_rank_gather(const float* scores, const long 
   levels_out[slot] = (unsigned char)level;
 }
 
-// Thread (row, k): the row's k-th gathered positive goes to its place among the row's positives,
-// the number of them with a smaller key (keys are distinct: they contain the index).
-// O(P^2) per row.
-extern "C" __global__ void rankwise_rank_order(const unsigned int* offsets, rw_rank p,
+// One pass of a merge sort of each row's positives by key, from runs of `width` sorted keys
+// (width 1: the gathered order) to runs of 2 width. Thread (row, k): the k-th key, in run
+// r = k / width, goes to its place in the merge of run r with its sibling (r xor 1): its index
+// in its own run plus the number of the sibling's keys that are smaller (binary search; keys
+// are distinct, as they contain the index, so the places are a permutation). ceil(log2 P)
+// passes sort a row of P; a row sorted already (one run) is copied. O(P log P) per pass.
+extern "C" __global__ void rankwise_rank_merge(const unsigned int* offsets, rw_rank p,
+                                               unsigned int width,
                                                const unsigned long long* keys,
                                                const unsigned char* levels,
-                                               unsigned long long* sorted_keys,
-                                               unsigned char* sorted_levels) {
+                                               unsigned long long* merged_keys,
+                                               unsigned char* merged_levels) {
   const unsigned int row = blockIdx.x;
   const unsigned int k = blockIdx.y * blockDim.x + threadIdx.x;
   if (row >= p.rows) return;
   const unsigned int begin = offsets[row];
   const unsigned int n = offsets[row + 1] - begin;
   if (k >= n) return;
+  const unsigned int run = k / width;
+  const unsigned int own_start = run * width;
+  const unsigned int pair_start = (run & ~1u) * width;
+  // The sibling run: the next one for an even run, the previous one for an odd run; empty past
+  // the row's end.
+  const unsigned int sib_start = (run & 1u) ? own_start - width : own_start + width;
+  unsigned int sib_len = 0;
+  if (sib_start < n) sib_len = (n - sib_start < width) ? n - sib_start : width;
   const unsigned long long mine = keys[begin + k];
-  unsigned int before = 0;
-  for (unsigned int m = 0; m < n; ++m) before += (unsigned int)(keys[begin + m] < mine);
-  sorted_keys[begin + before] = mine;
-  sorted_levels[begin + before] = levels[begin + k];
+  unsigned int lo = 0, hi = sib_len;
+  while (lo < hi) {
+    const unsigned int mid = lo + (hi - lo) / 2;
+    if (keys[begin + sib_start + mid] < mine)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const unsigned int place = pair_start + (k - own_start) + lo;
+  merged_keys[begin + place] = mine;
+  merged_levels[begin + place] = levels[begin + k];
 }
 
 // Thread (row, j): a negative j (level below min_level, not the query itself) finds, by binary

@@ -12,8 +12,9 @@
 //! ```text
 //! gather    thread (query, reference): its level of match; a positive's rank key (the score's
 //!           descending key, then its index) and level go to one of its query's slots
-//! order     thread (query, positive):  its place among its query's positives = how many of
-//!           them have a smaller key
+//! merge     thread (query, positive), ⌈log₂ P⌉ passes: a merge sort of each query's positives
+//!           by key; each finds its place in the merge of its run with the sibling run by
+//!           binary search
 //! count     thread (query, negative):  binary search among the sorted positives: b of them
 //!           rank before it; gap[b] += 1
 //! positions thread (query):            position of positive k = k + Σ_{b ≤ k} gap[b]
@@ -21,13 +22,14 @@
 //!
 //! The rank key is the host's ([`super::order::rank_key`]: decreasing score, ties by increasing
 //! reference index), so the positions are those of the host's full sort and, given the same
-//! scores, every metric is bit-identical to the host engine's. Per query `O(N_r log P + P²)`
-//! work for `P` positives and `O(P)` memory, no sort of the `N_r` scores. A positive is an item
+//! scores, every metric is bit-identical to the host engine's. Per query `O(N_r log P +
+//! P log² P)` work for `P` positives and `O(P)` memory, no sort of the `N_r` scores, and no
+//! synchronisation inside a kernel (so that the emulation can run them). A positive is an item
 //! whose level of match is at least the lowest level a planned metric reads: for the fine-level
 //! binary metrics, the fine class alone (SOP: 2–12 positives per query, not a super-class's few
 //! thousand); the items of lower levels count as negatives, which moves no metric that does not
-//! read them. The engine takes this path on CUDA, with [`enabled`], while every chunk's `Σ P²`
-//! is within [`crate::kernels::max_work`] (SOP's super-classes: 1.3 · 10¹⁰ per 512 queries).
+//! read them. The engine takes this path on CUDA, with [`enabled`], for chunks of fewer than
+//! 2³¹ positives (their slots are 32-bit; 26 bytes of device memory each).
 //!
 //! **Switch.** On unless `RANKWISE_DEVICE_RANKING` is `0`, `off` or `false` (or [`set_enabled`]
 //! said otherwise), and with the library's kernels ([`crate::kernels::enabled`]): otherwise the
@@ -100,14 +102,13 @@ pub(super) fn positive_counts(
         .collect()
 }
 
-/// Whether the kernels can take every chunk of `chunk_size` queries: each chunk's `Σ P²` (the
-/// ordering's work) within [`crate::kernels::max_work`] and its `Σ P` slots within 32 bits.
+/// Whether the kernels can take every chunk of `chunk_size` queries: each chunk's `Σ P` slots
+/// below 2³¹ (the kernels' indices and merge widths are 32-bit).
 #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
-pub(super) fn fits(counts: &[u32], chunk_size: usize, max_work: usize) -> bool {
+pub(super) fn fits(counts: &[u32], chunk_size: usize) -> bool {
     counts.chunks(chunk_size.max(1)).all(|chunk| {
-        let work: u128 = chunk.iter().map(|&p| u128::from(p) * u128::from(p)).sum();
         let slots: u64 = chunk.iter().map(|&p| u64::from(p)).sum();
-        work <= max_work as u128 && slots <= u64::from(u32::MAX)
+        slots < 1 << 31
     })
 }
 
@@ -180,8 +181,7 @@ mod cuda {
 
     /// The device ranking's plan for an evaluation whose scores are on `device`, or `None` where
     /// the host ranks: not a CUDA device, the switches off, sizes beyond the kernels' (more than
-    /// 255 label levels, `N_r` beyond the launch grid, a chunk's `Σ P²` beyond
-    /// [`crate::kernels::max_work`]).
+    /// 255 label levels, `N_r` beyond the launch grid, a chunk of 2³¹ positives or more).
     pub(in crate::retrieval) fn plan(
         device: &Device,
         refs: &ReferenceLevels,
@@ -206,7 +206,7 @@ mod cuda {
             return Ok(None);
         }
         let counts = positive_counts(query_rows, refs, min_level, same_index);
-        if !fits(&counts, chunk_size, crate::kernels::max_work()) {
+        if !fits(&counts, chunk_size) {
             return Ok(None);
         }
         let flat_refs: Vec<i64> = refs.columns_coarse_first.concat();
@@ -296,16 +296,36 @@ mod cuda {
             // counters; `keys` and `levels` `total` slots, written only below each row's end.
             unsafe { b.launch(per_entry(len, nr)) }.w()?;
 
-            let order = func("rankwise_rank_order")?;
-            let mut b = order.builder();
-            b.arg(&offsets_d)
-                .arg(&p)
-                .arg(&keys)
-                .arg(&levels)
-                .arg(&mut sorted)
-                .arg(&mut sorted_levels);
-            // SAFETY: each row's threads read and write within its `offsets` range of `total`.
-            unsafe { b.launch(per_entry(len, widest)) }.w()?;
+            // The merge passes, from runs of 1 to one run as wide as the widest row, between
+            // the two pairs of buffers in turn; `in_first`: the keys are in the first pair.
+            let merge = func("rankwise_rank_merge")?;
+            let mut width = 1u32;
+            let mut in_first = true;
+            while (width as usize) < widest {
+                let mut b = merge.builder();
+                b.arg(&offsets_d).arg(&p).arg(&width);
+                if in_first {
+                    b.arg(&keys)
+                        .arg(&levels)
+                        .arg(&mut sorted)
+                        .arg(&mut sorted_levels);
+                } else {
+                    b.arg(&sorted)
+                        .arg(&sorted_levels)
+                        .arg(&mut keys)
+                        .arg(&mut levels);
+                }
+                // SAFETY: each row's threads read and write within its `offsets` range of
+                // `total`, from one pair of buffers into the other.
+                unsafe { b.launch(per_entry(len, widest)) }.w()?;
+                in_first = !in_first;
+                width *= 2;
+            }
+            let (sorted_keys, sorted_levels) = if in_first {
+                (&keys, &levels)
+            } else {
+                (&sorted, &sorted_levels)
+            };
 
             let count = func("rankwise_rank_count")?;
             let mut b = count.builder();
@@ -314,7 +334,7 @@ mod cuda {
                 .arg(&queries)
                 .arg(&offsets_d)
                 .arg(&p)
-                .arg(&sorted)
+                .arg(sorted_keys)
                 .arg(&mut gaps);
             // SAFETY: as the gather; `gaps` has `total` counters, indexed within each row's range.
             unsafe { b.launch(per_entry(len, nr)) }.w()?;
@@ -340,7 +360,7 @@ mod cuda {
             out.set(
                 counts,
                 dev.clone_dtoh(&positions)?,
-                dev.clone_dtoh(&sorted_levels)?,
+                dev.clone_dtoh(sorted_levels)?,
             );
             Ok(())
         }
@@ -532,10 +552,12 @@ mod tests {
         assert_eq!(positive_counts(&rows, &refs, 1, false), [3, 3, 3, 1]);
         assert_eq!(positive_counts(&rows, &refs, 1, true), [2, 2, 2, 0]);
         assert_eq!(positive_counts(&rows, &refs, 2, true), [1, 1, 0, 0]);
-        // Σ P² per chunk of 2: 8 and 4.
-        assert!(fits(&[2, 2, 2, 0], 2, 8));
-        assert!(!fits(&[2, 2, 2, 0], 2, 7));
-        assert!(fits(&[2, 2, 2, 0], 1, 4));
+        // Σ P per chunk below 2³¹.
+        assert!(fits(&[2, 2, 2, 0], 2));
+        let half = 1u32 << 30;
+        assert!(fits(&[half - 1, half], 2));
+        assert!(!fits(&[half, half], 2));
+        assert!(fits(&[half, half], 1));
         assert_eq!(std::mem::size_of::<Params>(), 24);
     }
 }

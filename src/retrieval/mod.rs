@@ -736,7 +736,19 @@ fn score_all<S: ScoreSource + ?Sized>(
                 opts.chunk_size,
                 true,
                 |start, len, ranked: &mut device_rank::RankedChunk| {
-                    ranker.rank(&ops.device_scores(start, len)?, start, len, ranked)
+                    ranker
+                        .rank(&ops.device_scores(start, len)?, start, len, ranked)
+                        .map_err(|e| {
+                            // The way around a failure of the kernels, named where it shows.
+                            Error::invalid(
+                                "device ranking",
+                                format!(
+                                    "queries {start}..{}: {e} (RANKWISE_DEVICE_RANKING=0 ranks \
+                                     on the host instead)",
+                                    start + len
+                                ),
+                            )
+                        })
                 },
                 |start, len, ranked| {
                     per_query[start * m..(start + len) * m]

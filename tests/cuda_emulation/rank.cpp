@@ -47,12 +47,21 @@ int main(int argc, char** argv) {
     rankwise_rank_gather(scores.data(), ref.data(), query.data(), offsets.data(), p, fill.data(),
                          keys.data(), levels.data());
   });
-  rw_launch(rw_dim3{p.rows, (widest + BLOCK - 1) / BLOCK, 1}, block, [&] {
-    rankwise_rank_order(offsets.data(), p, keys.data(), levels.data(), sorted.data(),
-                        sorted_levels.data());
-  });
+  // The merge passes, from runs of 1 to one run as wide as the widest row, between the two
+  // buffers in turn (as `device_rank::Plan::rank` launches them).
+  unsigned long long* src_keys = keys.data();
+  unsigned char* src_levels = levels.data();
+  unsigned long long* dst_keys = sorted.data();
+  unsigned char* dst_levels = sorted_levels.data();
+  for (unsigned int width = 1; width < widest; width *= 2) {
+    rw_launch(rw_dim3{p.rows, (widest + BLOCK - 1) / BLOCK, 1}, block, [&] {
+      rankwise_rank_merge(offsets.data(), p, width, src_keys, src_levels, dst_keys, dst_levels);
+    });
+    std::swap(src_keys, dst_keys);
+    std::swap(src_levels, dst_levels);
+  }
   rw_launch_shuffled(per_entry, block, seed + 1, [&] {
-    rankwise_rank_count(scores.data(), ref.data(), query.data(), offsets.data(), p, sorted.data(),
+    rankwise_rank_count(scores.data(), ref.data(), query.data(), offsets.data(), p, src_keys,
                         gaps.data());
   });
   rw_launch(rw_dim3{(p.rows + BLOCK - 1) / BLOCK, 1, 1}, block, [&] {
@@ -60,6 +69,6 @@ int main(int argc, char** argv) {
   });
   rw_write_doubles(fill);
   rw_write_doubles(positions);
-  rw_write_doubles(sorted_levels);
+  rw_write_doubles(std::vector<unsigned char>(src_levels, src_levels + total));
   return 0;
 }
