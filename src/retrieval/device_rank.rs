@@ -200,6 +200,7 @@ mod cuda {
             || levels > usize::from(u8::MAX)
             || min_level == 0
             || nr == 0
+            || query_rows.is_empty()
             || nr > MAX_COLUMNS
             || query_rows.len() > u32::MAX as usize
         {
