@@ -701,6 +701,64 @@ fn check_metrics(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
         report.push("checks", entry)?;
     }
 
+    // The device's kNN candidates (retrieval::device_rank) against the host's selection on
+    // the same device scores: equal indices and scores. Rows of 20,000 references, long enough
+    // for the sampled threshold (the device path's condition); k = 1000 with DropFirst too.
+    let big = if small { 16_384 } else { 20_000 };
+    let xb =
+        Tensor::from_vec(normal(big * 64, 12), (big, 64), &Device::Cpu)?.to_dtype(DType::F32)?;
+    for (k, self_match) in [
+        (50, SelfMatch::SameIndex),
+        (1000, SelfMatch::SameIndex),
+        (1000, SelfMatch::DropFirst),
+        (20, SelfMatch::None),
+    ] {
+        let run = |on: bool| {
+            retrieval::device_rank::set_enabled(on);
+            let q = xb.narrow(0, 0, big / 4)?;
+            let queries = if self_match == SelfMatch::SameIndex {
+                &xb
+            } else {
+                &q
+            };
+            let r = retrieval::knn_with(
+                queries,
+                &xb,
+                k,
+                self_match,
+                128,
+                Similarity::Cosine,
+                dev,
+                false,
+            );
+            retrieval::device_rank::set_enabled(true);
+            r.map_err(anyhow::Error::from)
+        };
+        let start = Instant::now();
+        let entry = match (run(false), run(true)) {
+            (Ok(h), Ok(g)) => {
+                let same_indices = h.indices == g.indices;
+                let same_scores = h.scores == g.scores;
+                json!({
+                    "kind": "metrics", "name": format!("device kNN = host kNN (top-{k}, {self_match:?})"),
+                    "N": big, "D": 64,
+                    "status": if same_indices && same_scores { "pass" } else { "fail" },
+                    "exact": same_indices && same_scores,
+                    "differing_indices": h.indices.iter().zip(&g.indices).filter(|(a, b)| a != b).count(),
+                    "differing_scores": h.scores.iter().zip(&g.scores).filter(|(a, b)| a != b).count(),
+                    "seconds": round(start.elapsed().as_secs_f64(), 3),
+                })
+            }
+            (h, g) => {
+                json!({"kind": "metrics", "name": format!("device kNN (top-{k}, {self_match:?})"),
+                "status": "error",
+                "error": format!("host: {:?}; device: {:?}", h.err().map(|e| e.to_string()),
+                    g.err().map(|e| e.to_string()))})
+            }
+        };
+        report.push("checks", entry)?;
+    }
+
     let k = 50;
     let run = |device: &Device| {
         retrieval::knn_with(
@@ -1368,11 +1426,13 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
         report.push("benchmarks", entry)?;
     }
     let k = if small { 100 } else { 1000 };
-    for pinned_copies in [true, false] {
+    // (device candidates, page-locked copies of the host's path)
+    for (device_ranking, pinned_copies) in [(true, true), (false, true), (false, false)] {
         if report.over_budget() {
             return Ok(());
         }
         pinned(pinned_copies);
+        retrieval::device_rank::set_enabled(device_ranking);
         let t_start = unix_ms();
         let t0 = Instant::now();
         let result = retrieval::knn_with(
@@ -1387,12 +1447,14 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
         );
         let seconds = round(t0.elapsed().as_secs_f64(), 3);
         pinned(true);
+        retrieval::device_rank::set_enabled(true);
         let entry = match result {
             Ok(r) => json!({"kind": "eval", "name": format!("top-{k} kNN"), "N": n, "D": d,
-                "status": "ok", "pinned_copies": pinned_copies, "seconds": seconds,
-                "unix_start_ms": t_start, "first_neighbours": r.neighbours(0)[..5].to_vec()}),
-            Err(e) => json!({"kind": "eval", "name": "kNN", "pinned_copies": pinned_copies,
-                "status": "error", "error": format!("{e:#}")}),
+                "status": "ok", "device_ranking": device_ranking, "pinned_copies": pinned_copies,
+                "seconds": seconds, "unix_start_ms": t_start,
+                "first_neighbours": r.neighbours(0)[..5].to_vec()}),
+            Err(e) => json!({"kind": "eval", "name": "kNN", "device_ranking": device_ranking,
+                "pinned_copies": pinned_copies, "status": "error", "error": format!("{e:#}")}),
         };
         report.push("benchmarks", entry)?;
     }

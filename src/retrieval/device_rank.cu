@@ -1,6 +1,7 @@
-// Each query's positives placed in its full ranking, on a CUDA device, for the evaluation engine
-// (`retrieval::device_rank`, whose module documentation gives the method). Compiled at run time
-// by NVRTC (no include, no host code), and on the host by the emulation test of that module.
+// Each query's positives placed in its full ranking, on a CUDA device, for the evaluation engine,
+// and each query's top-k candidates, for the kNN (`retrieval::device_rank`, whose module
+// documentation gives the method). Compiled at run time by NVRTC (no include, no host code), and
+// on the host by the emulation tests of that module.
 //
 // A chunk of `rows` queries (global indices start..start + rows) against `nr` references:
 // scores: rows x nr, row-major, larger = ranked first; ref: the references' label columns,
@@ -152,4 +153,31 @@ extern "C" __global__ void rankwise_rank_positions(const unsigned int* offsets, 
     negatives += gaps[begin + k];
     positions[begin + k] = k + negatives;
   }
+}
+
+// The top-k candidates of each query (`retrieval::knn` on a device): thread (row, j) keeps
+// reference j if its score is at least the row's threshold (a sampled estimate, made on the
+// host as the host's kNN makes it), putting its rank key in one of the row's `cap` slots, in
+// whatever order the atomic counter hands them out (the host selects and sorts them). fill[row]
+// ends at the number of references that passed, which may exceed cap: the host then ranks that
+// row from its scores.
+struct rw_knn {
+  unsigned int rows;
+  unsigned int nr;
+  unsigned int cap;    // slots per row
+  unsigned int start;  // global index of the chunk's first query
+  int same_index;      // reference start + row is query row itself: left out
+};
+
+extern "C" __global__ void rankwise_knn_gather(const float* scores, const float* thresholds,
+                                               rw_knn p, unsigned int* fill,
+                                               unsigned long long* keys) {
+  const unsigned int row = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (row >= p.rows || j >= p.nr) return;
+  if (p.same_index && j == p.start + row) return;
+  const float score = scores[(size_t)row * p.nr + j];
+  if (!(score >= thresholds[row])) return;
+  const unsigned int slot = atomicAdd(&fill[row], 1u);
+  if (slot < p.cap) keys[(size_t)row * p.cap + slot] = rw_rank_key(score, j);
 }

@@ -31,6 +31,13 @@
 //! read them. The engine takes this path on CUDA, with [`enabled`], for chunks of fewer than
 //! 2³¹ positives (their slots are 32-bit; 26 bytes of device memory each).
 //!
+//! **The top-k (kNN) too.** [`super::knn_with`] on a CUDA device keeps each query's candidates
+//! on the device: the host's sampled threshold (a strided sample of each row copied to the
+//! host, the same threshold as the host's kNN, about `2k` entries above it), then one thread
+//! per (query, reference) puts the rank key of each score at or above it in one of the row's
+//! `3k + 512` slots; only the slots come back, and the host selects and sorts them (a row with
+//! fewer than `k` candidates or more than its slots is ranked from its scores, as on the host).
+//!
 //! **Switch.** On unless `RANKWISE_DEVICE_RANKING` is `0`, `off` or `false` (or [`set_enabled`]
 //! said otherwise), and with the library's kernels ([`crate::kernels::enabled`]): otherwise the
 //! scores go to the host and are ranked there, for a side-by-side measurement or as a fallback.
@@ -67,6 +74,18 @@ pub(crate) struct Params {
     nr: u32,
     levels: u32,
     min_level: u32,
+    start: u32,
+    same_index: i32,
+}
+
+/// The kNN kernel's parameters (`struct rw_knn` of `device_rank.cu`, same layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(crate) struct KnnParams {
+    rows: u32,
+    nr: u32,
+    cap: u32,
     start: u32,
     same_index: i32,
 }
@@ -144,12 +163,52 @@ impl RankedChunk {
     }
 }
 
+/// The candidates of one chunk's queries for the kNN, kept on the device and copied back: row
+/// `r`'s first `min(fill[r], cap)` slots of `keys[r · cap..]`, in no order; the chunk's scores
+/// stay on the device for the rows whose candidates do not suffice.
+#[derive(Default)]
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(super) struct KnnChunk {
+    fill: Vec<u32>,
+    keys: Vec<u64>,
+    cap: usize,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    scores: Option<candle_core::Tensor>,
+}
+
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+impl KnnChunk {
+    /// Row `r`'s candidates, `None` when more passed than its slots hold.
+    pub(super) fn candidates(&self, r: usize) -> Option<&[u64]> {
+        let fill = self.fill[r] as usize;
+        (fill <= self.cap).then(|| &self.keys[r * self.cap..r * self.cap + fill])
+    }
+
+    /// Row `r`'s scores, copied from the device.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) fn row_scores(&self, r: usize) -> crate::error::Result<Vec<f32>> {
+        let scores = self.scores.as_ref().ok_or_else(|| {
+            crate::error::Error::invalid("kNN", "a candidate chunk without its scores")
+        })?;
+        Ok(scores.narrow(0, r, 1)?.flatten_all()?.to_vec1::<f32>()?)
+    }
+}
+
+/// Slots per row for `take` neighbours: the sampled threshold passes about `2 · take` scores
+/// (plus 16 strides of the sample), so `3 · take + 512` leaves a margin of several standard
+/// deviations.
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+fn knn_slots(take: usize) -> usize {
+    3 * take + 512
+}
+
 #[cfg(feature = "cuda")]
-pub(super) use cuda::plan;
+pub(super) use cuda::{knn_plan, plan};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::{fits, positive_counts, Params, RankedChunk, ReferenceLevels};
+    use super::{fits, knn_slots, positive_counts, KnnChunk, Params, RankedChunk};
+    use super::{KnnParams, ReferenceLevels};
     use crate::error::{Error, Result};
     use crate::kernels::{check_matrix, per_entry, per_row, ptx, view};
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
@@ -162,6 +221,8 @@ mod cuda {
 
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rank`.
     unsafe impl DeviceRepr for Params {}
+    // SAFETY: `KnnParams` is `repr(C)` plain data with the layout of `struct rw_knn`.
+    unsafe impl DeviceRepr for KnnParams {}
 
     /// Launches of one thread per `(row, column)` have `⌈columns / 256⌉` blocks along y, at most
     /// 65,535.
@@ -366,6 +427,110 @@ mod cuda {
             Ok(())
         }
     }
+
+    /// The kNN's candidate selection on `device` for `take` neighbours among `nr` references,
+    /// each row's threshold taken from its entries `0, stride, 2 stride, …`, or `None` where the
+    /// host selects: not a CUDA device, the switches off, sizes beyond the launch grid. (The
+    /// caller asks only for rows long enough for a sampled threshold to pay.)
+    pub(in crate::retrieval) fn knn_plan(
+        device: &Device,
+        nr: usize,
+        take: usize,
+        same_index: bool,
+        stride: usize,
+    ) -> Result<Option<KnnSelector>> {
+        let Device::Cuda(dev) = device else {
+            return Ok(None);
+        };
+        let cap = knn_slots(take);
+        if !(super::enabled() && crate::kernels::enabled())
+            || nr > MAX_COLUMNS
+            || cap > u32::MAX as usize
+            || stride == 0
+        {
+            return Ok(None);
+        }
+        let columns: Vec<u32> = (0..nr).step_by(stride).map(|j| j as u32).collect();
+        let m = columns.len();
+        Ok(Some(KnnSelector {
+            columns: Tensor::from_vec(columns, m, device)?,
+            dev: dev.clone(),
+            nr,
+            cap,
+            same_index,
+        }))
+    }
+
+    /// What [`knn_plan`] prepared: the sample's columns on the device, the sizes.
+    pub(in crate::retrieval) struct KnnSelector {
+        dev: CudaDevice,
+        columns: Tensor,
+        nr: usize,
+        cap: usize,
+        same_index: bool,
+    }
+
+    impl KnnSelector {
+        /// The candidates of queries `start..start + len` from their scores (`len × N_r`, on
+        /// this selector's device) into `out`; `threshold` makes a row's threshold from its
+        /// sample (reordering it).
+        pub(in crate::retrieval) fn candidates(
+            &self,
+            scores: Tensor,
+            start: usize,
+            len: usize,
+            out: &mut KnnChunk,
+            threshold: &(dyn Fn(&mut [f32]) -> f32 + Sync),
+        ) -> Result<()> {
+            use rayon::prelude::*;
+            let scores = scores.to_dtype(DType::F32)?.contiguous()?;
+            // The thresholds: each row's strided sample, on the host, as the host's kNN takes it.
+            let mut sample = scores
+                .index_select(&self.columns, 1)?
+                .flatten_all()?
+                .to_vec1::<f32>()?;
+            let m = self.columns.elem_count();
+            let thresholds: Vec<f32> = sample.par_chunks_mut(m).map(threshold).collect();
+            let dev = &self.dev;
+            let thresholds_d = dev.clone_htod(&thresholds)?;
+            let mut fill = dev.alloc_zeros::<u32>(len)?;
+            let mut keys = dev.alloc_zeros::<u64>(len * self.cap)?;
+            {
+                let (storage, layout) = scores.storage_and_layout();
+                let Storage::Cuda(cs) = &*storage else {
+                    return Err(Error::invalid(
+                        "device",
+                        "the kNN's scores are not on a CUDA device",
+                    ));
+                };
+                check_matrix(OP, layout, len, self.nr)?;
+                let s = view::<f32>(cs, layout)?;
+                let p = KnnParams {
+                    rows: len as u32,
+                    nr: self.nr as u32,
+                    cap: self.cap as u32,
+                    start: start as u32,
+                    same_index: i32::from(self.same_index),
+                };
+                let module = ptx(MODULE, SOURCE)?;
+                let gather = dev.get_or_load_custom_func("rankwise_knn_gather", MODULE, module)?;
+                let mut b = gather.builder();
+                b.arg(&s)
+                    .arg(&thresholds_d)
+                    .arg(&p)
+                    .arg(&mut fill)
+                    .arg(&mut keys);
+                // SAFETY: `s` holds `len × N_r` scores, `thresholds_d` and `fill` `len` values,
+                // `keys` `len × cap` slots, written only below each row's `cap`.
+                unsafe { b.launch(per_entry(len, self.nr)) }.w()?;
+            }
+            out.fill = dev.clone_dtoh(&fill)?;
+            out.keys = dev.clone_dtoh(&keys)?;
+            out.cap = self.cap;
+            out.scores = Some(scores);
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]
@@ -541,6 +706,94 @@ mod tests {
             check(&labels, &scores, 0, min_level, 0);
             check(&labels, &scores, 0, min_level, 5);
         }
+    }
+
+    /// The kNN kernel run on the host by the harness: each row's fill and its slots.
+    fn emulate_knn(
+        scores: &[f32],
+        thresholds: &[f32],
+        nr: usize,
+        cap: usize,
+        start: usize,
+        same_index: bool,
+        seed: u32,
+    ) -> (Vec<u32>, Vec<u64>) {
+        let rows = thresholds.len();
+        let mut input = Vec::new();
+        for v in [
+            rows as u32,
+            nr as u32,
+            cap as u32,
+            start as u32,
+            u32::from(same_index),
+            seed,
+        ] {
+            input.extend(v.to_le_bytes());
+        }
+        for v in scores.iter().chain(thresholds) {
+            input.extend(v.to_le_bytes());
+        }
+        let out = crate::kernels::emulation::run("knn", &input);
+        assert_eq!(out.len(), rows + 2 * rows * cap);
+        let fill = out[..rows].iter().map(|&v| v as u32).collect();
+        let keys = out[rows..]
+            .chunks(2)
+            .map(|h| ((h[0] as u64) << 32) | h[1] as u64)
+            .collect();
+        (fill, keys)
+    }
+
+    #[test]
+    fn the_knn_kernel_keeps_the_scores_at_or_above_the_threshold() {
+        // Scores on a grid with ties and signed zeros; thresholds that pass none, some (on a
+        // tie), all, and more than the slots; the query itself left out or not.
+        let (rows, nr, start) = (5, 40, 3);
+        let mut state = 11u64;
+        let scores: Vec<f32> = (0..rows * nr)
+            .map(|_| match lcg(&mut state) % 8 {
+                0 => -0.0,
+                _ => (lcg(&mut state) % 9) as f32 / 4.0 - 1.0,
+            })
+            .collect();
+        let thresholds = [2.0f32, 0.5, 0.0, f32::NEG_INFINITY, -0.5];
+        for cap in [8, 40] {
+            for same_index in [false, true] {
+                for seed in [0, 3] {
+                    let (fill, keys) =
+                        emulate_knn(&scores, &thresholds, nr, cap, start, same_index, seed);
+                    for r in 0..rows {
+                        let row = &scores[r * nr..(r + 1) * nr];
+                        let mut want: Vec<u64> = (0..nr)
+                            .filter(|&j| !(same_index && j == start + r))
+                            .filter(|&j| row[j] >= thresholds[r])
+                            .map(|j| super::super::order::rank_key(row[j], j as u32))
+                            .collect();
+                        want.sort_unstable();
+                        let what = format!("row {r}, cap {cap}, same index {same_index}");
+                        assert_eq!(fill[r] as usize, want.len(), "{what}");
+                        let chunk = KnnChunk {
+                            fill: fill.clone(),
+                            keys: keys.clone(),
+                            cap,
+                            scores: None,
+                        };
+                        match chunk.candidates(r) {
+                            Some(got) => {
+                                let mut got = got.to_vec();
+                                got.sort_unstable();
+                                assert_eq!(got, want, "{what}");
+                            }
+                            None => assert!(want.len() > cap, "{what}"),
+                        }
+                    }
+                }
+            }
+        }
+        // One row passes all 40 (cap 8 overflows), one none.
+        let (fill, _) = emulate_knn(&scores, &thresholds, nr, 8, start, false, 0);
+        assert_eq!((fill[0], fill[3]), (0, 40));
+        assert_eq!(knn_slots(1000), 3512);
+        assert_eq!(std::mem::size_of::<KnnParams>(), 20);
     }
 
     #[test]
