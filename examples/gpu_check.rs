@@ -1392,9 +1392,9 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
         retrieval::device_rank::set_enabled(true);
         report.push("benchmarks", entry)?;
     }
-    // The device's share of the two evaluations above: the chunk products (512 queries, the
-    // engine's default) and their copies to the host, without the ranking that the engine now
-    // overlaps with them (retrieval::for_each_chunk).
+    // The device's share of the host-ranking evaluations above: the chunk products (512
+    // queries, the engine's default) and their copies to the host, without the ranking that the
+    // engine overlaps with them (retrieval::for_each_chunk).
     if !report.over_budget() {
         let t_start = unix_ms();
         let t0 = Instant::now();

@@ -149,18 +149,26 @@ impl RankedChunk {
         (&self.positions[range.clone()], &self.levels[range])
     }
 
-    /// Takes the kernels' output for queries with `counts` positives each.
-    fn set(&mut self, counts: &[u32], positions: Vec<u32>, levels: Vec<u8>) {
+    /// Takes the kernels' output for queries whose slots start at `offsets` ([`offsets`]).
+    fn set(&mut self, offsets: &[u32], positions: Vec<u32>, levels: Vec<u8>) {
         self.offsets.clear();
-        self.offsets.push(0);
-        let mut acc = 0usize;
-        for &p in counts {
-            acc += p as usize;
-            self.offsets.push(acc);
-        }
+        self.offsets.extend(offsets.iter().map(|&o| o as usize));
         self.positions = positions;
         self.levels = levels;
     }
+}
+
+/// The kernels' slot offsets of queries with `counts` positives each: `counts.len() + 1`
+/// prefix sums, the last one the chunk's number of slots (which [`fits`] keeps below 2³¹).
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+fn offsets(counts: &[u32]) -> Vec<u32> {
+    let mut acc = 0u32;
+    std::iter::once(0)
+        .chain(counts.iter().map(|&p| {
+            acc += p;
+            acc
+        }))
+        .collect()
 }
 
 /// The candidates of one chunk's queries for the kNN, kept on the device and copied back: row
@@ -207,7 +215,7 @@ pub(super) use cuda::{knn_plan, plan};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::{fits, knn_slots, positive_counts, KnnChunk, Params, RankedChunk};
+    use super::{fits, knn_slots, offsets, positive_counts, KnnChunk, Params, RankedChunk};
     use super::{KnnParams, ReferenceLevels};
     use crate::error::{Error, Result};
     use crate::kernels::{check_matrix, per_entry, per_row, ptx, view};
@@ -300,16 +308,10 @@ mod cuda {
             out: &mut RankedChunk,
         ) -> Result<()> {
             let counts = &self.counts[start..start + len];
-            let mut offsets = Vec::with_capacity(len + 1);
-            offsets.push(0u32);
-            let mut acc = 0u32;
-            for &p in counts {
-                acc += p;
-                offsets.push(acc);
-            }
-            let total = acc as usize;
+            let offsets = offsets(counts);
+            let total = offsets[len] as usize;
             if total == 0 {
-                out.set(counts, Vec::new(), Vec::new());
+                out.set(&offsets, Vec::new(), Vec::new());
                 return Ok(());
             }
             let widest = counts.iter().copied().max().unwrap_or(0) as usize;
@@ -420,7 +422,7 @@ mod cuda {
                 ));
             }
             out.set(
-                counts,
+                &offsets,
                 dev.clone_dtoh(&positions)?,
                 dev.clone_dtoh(sorted_levels)?,
             );
@@ -583,20 +585,18 @@ mod tests {
                 input.extend(v.to_le_bytes());
             }
         }
-        let mut acc = 0u32;
-        input.extend(acc.to_le_bytes());
-        for &p in counts {
-            acc += p;
-            input.extend(acc.to_le_bytes());
+        let offsets = offsets(counts);
+        for o in &offsets {
+            input.extend(o.to_le_bytes());
         }
         let out = crate::kernels::emulation::run("rank", &input);
-        let total = acc as usize;
+        let total = offsets[rows] as usize;
         assert_eq!(out.len(), rows + 2 * total);
         let fill: Vec<u32> = out[..rows].iter().map(|&v| v as u32).collect();
         let positions = out[rows..rows + total].iter().map(|&v| v as u32).collect();
         let levels = out[rows + total..].iter().map(|&v| v as u8).collect();
         let mut chunk = RankedChunk::default();
-        chunk.set(counts, positions, levels);
+        chunk.set(&offsets, positions, levels);
         (fill, chunk)
     }
 

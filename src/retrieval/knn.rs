@@ -144,10 +144,8 @@ pub fn knn_with(
                                     keys.clear();
                                     keys.extend_from_slice(candidates);
                                     best_first(keys, take);
-                                    for (o, &key) in keys[take - k..].iter().enumerate() {
-                                        idx_out[o] = key as u32;
-                                        score_out[o] = score_of_key(key);
-                                    }
+                                    let best = &keys[take - k..];
+                                    write_row(best, idx_out, score_out, |_, key| score_of_key(key));
                                 }
                                 // Fewer candidates than `take`, or more than the slots: the
                                 // row's scores, ranked as on the host (rare).
@@ -155,11 +153,8 @@ pub fn knn_with(
                                     let row = chunk.row_scores(r)?;
                                     let skip = same_index.then_some(start + r);
                                     top_keys(&row, skip, take, keys, sample);
-                                    for (o, &key) in keys[take - k..].iter().enumerate() {
-                                        let j = key as u32;
-                                        idx_out[o] = j;
-                                        score_out[o] = row[j as usize];
-                                    }
+                                    let best = &keys[take - k..];
+                                    write_row(best, idx_out, score_out, |j, _| row[j]);
                                 }
                             }
                             Ok(())
@@ -185,11 +180,7 @@ pub fn knn_with(
                      (r, ((idx_out, score_out), row))| {
                         let skip = same_index.then_some(start + r);
                         top_keys(row, skip, take, keys, sample);
-                        for (o, &key) in keys[take - k..].iter().enumerate() {
-                            let j = key as u32;
-                            idx_out[o] = j;
-                            score_out[o] = row[j as usize];
-                        }
+                        write_row(&keys[take - k..], idx_out, score_out, |j, _| row[j]);
                     },
                 );
         })?;
@@ -218,6 +209,21 @@ fn top_keys(
         collect_keys(row, skip, f32::NEG_INFINITY, keys);
     }
     best_first(keys, take);
+}
+
+/// Writes a query's neighbours from their rank keys, best first: each key's reference index
+/// and its score, `score(index, key)`.
+fn write_row(
+    best: &[u64],
+    idx_out: &mut [u32],
+    score_out: &mut [f32],
+    score: impl Fn(usize, u64) -> f32,
+) {
+    for ((&key, i), s) in best.iter().zip(idx_out).zip(score_out) {
+        // The key's low half is the reference index.
+        *i = key as u32;
+        *s = score(key as u32 as usize, key);
+    }
 }
 
 /// Keeps the `take` smallest rank keys (the best references), in increasing order: a partial

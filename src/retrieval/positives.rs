@@ -90,12 +90,7 @@ pub(crate) fn rank_row(
     }
     s.p = p;
     s.len = n;
-    s.counts.clear();
-    s.counts.resize(num_levels + 1, 0);
-    s.counts[0] = n - p;
-    for &l in &s.levels[..p] {
-        s.counts[l as usize] += 1;
-    }
+    s.count_levels(num_levels);
 }
 
 impl PositivesScratch {
@@ -123,11 +118,16 @@ impl PositivesScratch {
         s.levels.extend_from_slice(&levels[first..]);
         s.p = s.positions.len();
         s.len = len - usize::from(dropped);
-        s.counts.clear();
-        s.counts.resize(num_levels + 1, 0);
-        s.counts[0] = s.len - s.p;
-        for &l in &s.levels {
-            s.counts[l as usize] += 1;
+        s.count_levels(num_levels);
+    }
+
+    /// The items of each level of the list: its `p` positives' levels, the rest level 0.
+    fn count_levels(&mut self, num_levels: usize) {
+        self.counts.clear();
+        self.counts.resize(num_levels + 1, 0);
+        self.counts[0] = self.len - self.p;
+        for &l in &self.levels[..self.p] {
+            self.counts[l as usize] += 1;
         }
     }
 }
