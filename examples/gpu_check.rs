@@ -45,7 +45,7 @@ use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
 use rankwise::losses::summed_levels::SummedConfig;
 use rankwise::losses::triplet::{Triplet, TripletMining};
-use rankwise::losses::RankLoss;
+use rankwise::losses::{guard, RankLoss};
 use rankwise::losses::{LossConfig, LossContext};
 use rankwise::models::{
     BackboneConfig, EmbeddingHeadConfig, EmbeddingNet, EmbeddingNetConfig, ParamStore,
@@ -474,10 +474,51 @@ fn loss_run(config: &LossConfig, case: &LossCase, dev: &Device) -> Result<(f64, 
         loss.forward(e.as_tensor(), labels)?;
     }
     let e = embeddings(data, b, d, dtype, dev)?;
-    let value = loss.forward(e.as_tensor(), labels)?;
+    // As a training step runs it: on the device, the input checks' verdicts are added to the
+    // value (`guard::deferred`), which must then still equal the CPU's.
+    let value = guard::deferred(|| loss.forward(e.as_tensor(), labels))?;
     let grads = value.backward()?;
     let g = grads.get(&e).context("no gradient for the embeddings")?;
     Ok((host(&value)?[0], host(g)?))
+}
+
+/// A batch with one bad row (row 5 set to `bad`) through a fresh loss: the error of the
+/// checks made at once (the CPU's), or, with `deferred` (the device, as a training step runs
+/// it), either that error or a value that is not finite, which `guard::explain` turns into
+/// the error. `Ok(value)`: no error and a finite value (a loss that does not normalise, given
+/// a zero row).
+fn guard_run(
+    config: &LossConfig,
+    case: &LossCase,
+    bad: f64,
+    dev: &Device,
+    deferred: bool,
+) -> Result<std::result::Result<f64, String>> {
+    let ctx = LossContext {
+        train_labels: case.labels,
+        dim: case.d,
+        seed: 7,
+        device: dev,
+    };
+    let loss = config.build(&ctx)?;
+    let mut data = case.data.to_vec();
+    data[5 * case.d..6 * case.d].fill(bad);
+    let e = embeddings(&data, case.b, case.d, case.dtype, dev)?;
+    let value = if deferred {
+        guard::deferred(|| loss.forward(e.as_tensor(), case.labels))
+    } else {
+        loss.forward(e.as_tensor(), case.labels)
+    };
+    Ok(match value {
+        Err(err) => Err(err.to_string()),
+        Ok(v) => {
+            let v = host(&v)?[0];
+            match guard::explain(loss.as_ref(), e.as_tensor(), case.labels) {
+                Err(err) if !v.is_finite() => Err(err.to_string()),
+                _ => Ok(v),
+            }
+        }
+    })
 }
 
 /// The families of [`loss_variants`]: the device kernels each goes through (`other`: none of
@@ -579,6 +620,40 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool, families: &[Stri
                     }),
                 };
                 report.push("checks", entry)?;
+                // A NaN row and a zero row: the device's deferred checks (a NaN value, then
+                // the host's check of `explain`) end in the CPU's error, naming the row.
+                if b == batches[0] && dtype == DType::F32 {
+                    for bad in [f64::NAN, 0.0] {
+                        let start = Instant::now();
+                        let cpu = guard_run(&config, &case, bad, &Device::Cpu, false);
+                        let gpu = guard_run(&config, &case, bad, dev, true);
+                        let entry = match (cpu, gpu) {
+                            (Ok(cpu), Ok(gpu)) => {
+                                let same = match (&cpu, &gpu) {
+                                    (Err(a), Err(b)) => a == b,
+                                    // No error on either: a zero row where nothing normalises.
+                                    (Ok(a), Ok(b)) => a.is_finite() && b.is_finite() && bad == 0.0,
+                                    _ => false,
+                                };
+                                json!({
+                                    "kind": "loss-guard", "name": name, "family": family(&name),
+                                    "B": b, "bad_row": format!("{bad}"),
+                                    "status": if same { "pass" } else { "fail" },
+                                    "cpu": format!("{cpu:?}"), "device": format!("{gpu:?}"),
+                                    "seconds": round(start.elapsed().as_secs_f64(), 3),
+                                })
+                            }
+                            (cpu, gpu) => json!({
+                                "kind": "loss-guard", "name": name, "family": family(&name),
+                                "B": b, "bad_row": format!("{bad}"), "status": "error",
+                                "error": format!("cpu: {:?}; device: {:?}",
+                                    cpu.err().map(|e| e.to_string()),
+                                    gpu.err().map(|e| e.to_string())),
+                            }),
+                        };
+                        report.push("checks", entry)?;
+                    }
+                }
             }
         }
     }
@@ -1240,7 +1315,8 @@ fn time_loss(name: &str, b: usize, dev: &Device, reps: usize) -> Result<(f64, f6
         let emb = Var::from_tensor(&host_data.to_device(dev)?)?;
         dev.synchronize()?;
         let t0 = Instant::now();
-        let l = loss.forward(emb.as_tensor(), &labels)?;
+        // As a training step runs it: the input checks decided on the device.
+        let l = guard::deferred(|| loss.forward(emb.as_tensor(), &labels))?;
         let grads = l.backward()?;
         let g = grads.get(&emb).context("no gradient")?;
         // Reading a value back waits for the device.

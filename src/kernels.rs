@@ -9,7 +9,8 @@
 //! The optimizers' updates are kernels of the same kind (`src/train/optim/device.cu`: each
 //! parameter and its state in place, a few launches instead of a dozen candle operations per
 //! parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)
-//! and the models' ReLU (`src/models/layers/relu.cu`), and the evaluation's ranking
+//! and the models' ReLU (`src/models/layers/relu.cu`), the verdicts of the losses' input checks
+//! (`src/losses/guard/device.cu`: no read back per step), and the evaluation's ranking
 //! (`src/retrieval/device_rank.cu`, its own switch too). The sources are compiled by
 //! NVRTC when first used (one PTX module per source and process, loaded once per device by
 //! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`

@@ -208,6 +208,81 @@ mod tests {
         }
     }
 
+    /// Every kind under `guard::deferred` with the CPU standing for a device: a good batch's
+    /// value and gradient bit for bit as with the checks made at once; a batch with a NaN row
+    /// (or, for the losses that normalise, a zero row) either fails at once with the error of
+    /// the checks made at once (a host engine's own check) or gives a value that is not
+    /// finite, which `guard::explain` turns into that same error.
+    #[test]
+    fn every_kind_defers_its_checks_without_changing_a_good_value() {
+        use crate::losses::guard::{self, tests::with_cpu_deferring};
+        use candle_core::DType;
+        let labels = labels();
+        let device = Device::Cpu;
+        let good = Tensor::randn(0f64, 1.0, (12, 8), &device).unwrap();
+        let with_row = |v: f64| {
+            let mut rows = good.to_vec2::<f64>().unwrap();
+            rows[5] = vec![v; 8];
+            Tensor::new(rows, &device).unwrap()
+        };
+        for config in every_kind() {
+            let name = config.name();
+            // Each run on a fresh loss (RaMBO's memory then holds the same batches).
+            let run = |x: &Tensor, deferred: bool| {
+                let loss = config.build(&ctx(&labels, &device)).unwrap();
+                let var = candle_core::Var::from_tensor(x).unwrap();
+                let value = if deferred {
+                    with_cpu_deferring(|| {
+                        guard::deferred(|| loss.forward(var.as_tensor(), &labels))
+                    })
+                } else {
+                    loss.forward(var.as_tensor(), &labels)
+                };
+                (loss, var, value)
+            };
+            let (_, var, at_once) = run(&good, false);
+            let (_, dvar, deferred) = run(&good, true);
+            let (at_once, deferred) = (at_once.unwrap(), deferred.unwrap());
+            let bits = |t: &Tensor| {
+                t.flatten_all()
+                    .unwrap()
+                    .to_dtype(DType::F64)
+                    .unwrap()
+                    .to_vec1::<f64>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(bits(&at_once), bits(&deferred), "{name}");
+            let g = at_once.backward().unwrap();
+            let dg = deferred.backward().unwrap();
+            assert_eq!(
+                bits(g.get(var.as_tensor()).unwrap()),
+                bits(dg.get(dvar.as_tensor()).unwrap()),
+                "{name}"
+            );
+            for bad in [f64::NAN, 0.0] {
+                let x = with_row(bad);
+                let Err(want) = run(&x, false).2 else {
+                    // A zero row is fine for a loss that does not normalise.
+                    assert_eq!(bad, 0.0, "{name}: a NaN row passed");
+                    continue;
+                };
+                let (loss, _, got) = run(&x, true);
+                let got = match got {
+                    Err(e) => e,
+                    Ok(v) => {
+                        let v = v.to_dtype(DType::F64).unwrap().to_scalar::<f64>().unwrap();
+                        assert!(!v.is_finite(), "{name}: row of {bad} gave {v}");
+                        guard::explain(loss.as_ref(), &x, &labels).unwrap_err()
+                    }
+                };
+                assert_eq!(got.to_string(), want.to_string(), "{name}, row of {bad}");
+            }
+        }
+    }
+
     /// The recipe surface of the losses that are their own recipe: only the hyperparameters
     /// (the engine, chunking and normalisation stay out), under the keys the recipes use. A
     /// change here changes every run's cache key.

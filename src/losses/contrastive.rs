@@ -128,14 +128,24 @@ impl Contrastive {
             let cost = (cost * mask)?;
             match self.reduction {
                 PairReduction::AvgNonZero => mean_nonzero(&cost),
-                PairReduction::Mean => {
-                    let pairs = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
-                    Ok((cost.sum_all()? / pairs.max(1.0))?)
-                }
+                PairReduction::Mean => mean_over_pairs(&cost, mask, mask.device().is_cpu()),
             }
         };
         Ok((term(pos_cost, &pos)? + term(neg_cost, &neg)?)?)
     }
+}
+
+/// `Σ cost / max(1, #pairs of mask)`. Off the host the count stays on the device: reading it
+/// would wait for the device.
+fn mean_over_pairs(cost: &Tensor, mask: &Tensor, on_host: bool) -> Result<Tensor> {
+    if on_host {
+        let pairs = mask.to_dtype(DType::F64)?.sum_all()?.to_scalar::<f64>()?;
+        return Ok((cost.sum_all()? / pairs.max(1.0))?);
+    }
+    let pairs = mask.to_dtype(DType::F64)?.sum_all()?.maximum(1.0)?;
+    Ok(cost
+        .sum_all()?
+        .broadcast_div(&pairs.to_dtype(cost.dtype())?)?)
 }
 
 /// The cost of one pair and its derivative with respect to the cosine similarity `s`
@@ -445,6 +455,39 @@ mod tests {
                     assert!((v - w).abs() < 1e-12, "{loss:?}: {v} vs {w}");
                     assert!(max_abs_diff(&g, &h) < 1e-12, "{loss:?}");
                 }
+            }
+        }
+    }
+
+    /// The mean over pairs as a device computes it (the count never read back) equals the
+    /// host's, with pairs and without (then 0, not NaN), in f32 and f64.
+    #[test]
+    fn the_device_mean_over_pairs_is_the_hosts() {
+        for dtype in [DType::F32, DType::F64] {
+            let cost = Tensor::new(&[[0.5f64, 0.0, 0.25], [0.0, 1.5, 0.0]], &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            for mask in [[[1.0f64, 0.0, 1.0], [0.0, 1.0, 1.0]], [[0.0; 3]; 2]] {
+                let mask = Tensor::new(&mask, &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let cost = (&cost * &mask).unwrap();
+                let value = |on_host| {
+                    mean_over_pairs(&cost, &mask, on_host)
+                        .unwrap()
+                        .to_dtype(DType::F64)
+                        .unwrap()
+                        .to_scalar::<f64>()
+                        .unwrap()
+                };
+                let (host, device) = (value(true), value(false));
+                assert!(
+                    (host - device).abs() <= 1e-7 * host.abs(),
+                    "{host} vs {device}"
+                );
+                assert!(device.is_finite());
             }
         }
     }

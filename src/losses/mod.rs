@@ -15,6 +15,7 @@ pub mod config;
 pub mod contrastive;
 pub mod csl;
 pub mod fastap;
+pub mod guard;
 pub mod happier;
 pub mod norm_softmax;
 pub mod pairwise_rows;
@@ -119,29 +120,23 @@ impl<T: RankLoss + ?Sized> RankLoss for &T {
 /// L2-normalises the rows of `rows` (`B × D`), differentiably — the normalisation of every
 /// loss. Errors on a row of zero or non-finite norm, naming `field` and the row, instead of
 /// producing NaN (PyTorch's `F.normalize` would silently return a zero vector, making every
-/// similarity 0). Models use [`crate::models::layers::l2_normalize`] instead, which clamps the
-/// norm like `F.normalize`, because a forward pass must not fail.
+/// similarity 0); inside [`guard::deferred`], off the CPU, that check makes the loss value NaN
+/// instead of waiting for the device. Models use [`crate::models::layers::l2_normalize`]
+/// instead, which clamps the norm like `F.normalize`, because a forward pass must not fail.
 pub fn l2_normalize(rows: &Tensor, field: &str) -> Result<Tensor> {
     let norms = rows.sqr()?.sum_keepdim(1)?.sqrt()?;
-    let values = norms
-        .to_dtype(DType::F64)?
-        .flatten_all()?
-        .to_vec1::<f64>()?;
-    if let Some(row) = values.iter().position(|&n| n <= 0.0 || !n.is_finite()) {
-        return Err(Error::invalid(
-            field,
-            format!("row {row} has zero norm and cannot be L2-normalised"),
-        ));
-    }
+    guard::valid_norms(rows, &norms, field)?;
     Ok(rows.broadcast_div(&norms)?)
 }
 
-/// Checks that `embeddings` is a finite `B × D` float matrix with one label row per item.
+/// Checks that `embeddings` is a finite `B × D` float matrix with one label row per item
+/// (inside [`guard::deferred`], off the CPU, the finiteness makes the loss value NaN instead
+/// of waiting for the device).
 ///
 /// Shared by every loss so that bad input fails with the same clear message instead of a NaN
 /// loss several steps later.
 pub fn check_batch(embeddings: &Tensor, labels: &Labels) -> Result<()> {
-    let (b, _) = crate::retrieval::check_embeddings(embeddings, "embeddings")?;
+    let (b, _) = guard::finite_rows(embeddings, "embeddings")?;
     if b != labels.len() {
         return Err(Error::Shape(format!(
             "{b} embeddings but {} label rows",

@@ -223,15 +223,9 @@ fn tensor_from_f64(
     Ok(t.to_device(device)?)
 }
 
-/// Errors on a row whose norm cannot divide (the message of [`crate::losses::l2_normalize`]).
+/// Errors on a row whose norm cannot divide (the check of [`crate::losses::l2_normalize`]).
 fn check_norms(norms: &[f64]) -> Result<()> {
-    match norms.iter().position(|&n| n <= 0.0 || !n.is_finite()) {
-        Some(row) => Err(Error::invalid(
-            "embeddings",
-            format!("row {row} has zero norm and cannot be L2-normalised"),
-        )),
-        None => Ok(()),
-    }
+    crate::losses::guard::norms_error(norms, "embeddings").map_or(Ok(()), Err)
 }
 
 /// `êᵢ = xᵢ/‖xᵢ‖` of the row-major `b × d` values `x` in one pass over the rows: `Ê` as a CPU

@@ -260,22 +260,11 @@ fn plan(opts: &EvalOptions, num_levels: usize) -> Vec<MetricSpec> {
 /// Checks an embedding matrix: 2-D, float, finite (shared by the engine and every loss).
 /// `what` names it in errors; returns `(N, D)`.
 pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
-    let dims = x.dims();
-    if dims.len() != 2 {
-        return Err(Error::Shape(format!(
-            "{what} must be an N × D matrix, got shape {dims:?}"
-        )));
-    }
-    if !x.dtype().is_float() {
-        return Err(Error::invalid(
-            what,
-            format!("expected float embeddings, got {:?}", x.dtype()),
-        ));
-    }
+    let dims = check_matrix_shape(x, what)?;
     // A row sum propagates NaN and infinity (a max would silently skip NaN); f64 avoids
     // overflowing on large but finite values.
     use crate::cpu::host_sums::{host_f64, sum_abs, vectorised, with_host_values, HostValues};
-    let d = dims[1].max(1);
+    let d = dims.1.max(1);
     let borrowed = with_host_values(x, |v| {
         vectorised(
             #[inline(always)]
@@ -303,6 +292,23 @@ pub fn check_embeddings(x: &Tensor, what: &str) -> Result<(usize, usize)> {
         return Err(Error::invalid(
             what,
             format!("row {row} contains NaN or infinity"),
+        ));
+    }
+    Ok(dims)
+}
+
+/// The part of [`check_embeddings`] that reads no value: 2-D and float. Returns `(N, D)`.
+pub(crate) fn check_matrix_shape(x: &Tensor, what: &str) -> Result<(usize, usize)> {
+    let dims = x.dims();
+    if dims.len() != 2 {
+        return Err(Error::Shape(format!(
+            "{what} must be an N × D matrix, got shape {dims:?}"
+        )));
+    }
+    if !x.dtype().is_float() {
+        return Err(Error::invalid(
+            what,
+            format!("expected float embeddings, got {:?}", x.dtype()),
         ));
     }
     Ok((dims[0], dims[1]))
