@@ -10,7 +10,8 @@
 //! parameter and its state in place, a few launches instead of a dozen candle operations per
 //! parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)
 //! and the models' ReLU (`src/models/layers/relu.cu`), the verdicts of the losses' input checks
-//! (`src/losses/guard/device.cu`: no read back per step), and the evaluation's ranking
+//! (`src/losses/guard/device.cu`: no read back per step), the losses' L2 normalisation and its
+//! gradient (`src/losses/normalize/device.cu`), and the evaluation's ranking
 //! (`src/retrieval/device_rank.cu`, its own switch too). The sources are compiled by
 //! NVRTC when first used (one PTX module per source and process, loaded once per device by
 //! candle), so the build needs no CUDA compiler beyond candle's; `scripts/build_cuda.sh`

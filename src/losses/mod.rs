@@ -18,6 +18,7 @@ pub mod fastap;
 pub mod guard;
 pub mod happier;
 pub mod norm_softmax;
+mod normalize;
 pub mod pairwise_rows;
 pub mod rambo;
 pub mod roadmap;
@@ -126,6 +127,10 @@ impl<T: RankLoss + ?Sized> RankLoss for &T {
 pub fn l2_normalize(rows: &Tensor, field: &str) -> Result<Tensor> {
     let norms = rows.sqr()?.sum_keepdim(1)?.sqrt()?;
     guard::valid_norms(rows, &norms, field)?;
+    // On a CUDA device, the division and its whole gradient by a kernel each.
+    if let Some(unit) = normalize::unit_rows(rows, &norms)? {
+        return Ok(unit);
+    }
     Ok(rows.broadcast_div(&norms)?)
 }
 
