@@ -84,15 +84,15 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{
     check_elementwise, check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx,
-    view, Float,
+    run_into_new, view, Float,
 };
 
 #[cfg(feature = "cuda")]
 mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaView, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
     };
-    use candle_core::cuda_backend::CudaDType;
+    use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
     use candle_core::{CudaStorage, Layout};
     use std::sync::Mutex;
 
@@ -231,6 +231,72 @@ mod cuda {
     /// keeps one loaded module per device.
     pub(crate) fn instance<T: Float>(name: &str) -> String {
         format!("{name}_{}", T::SUFFIX)
+    }
+
+    /// The kernel `kernel` of `module` (compiled from `source`) for `T`, launched on the
+    /// contiguous storages `inputs` as `kernel(inputs…, out, scalars…)` on
+    /// [`per_row`]`(threads)` threads, `out` a new buffer of `len` values, wrapped.
+    fn launch_into_new<T: Float>(
+        dev: &CudaDevice,
+        (module, source): (&'static str, &'static str),
+        kernel: &str,
+        inputs: &[(&CudaStorage, &Layout)],
+        len: usize,
+        scalars: &[u64],
+        threads: usize,
+    ) -> candle_core::Result<CudaStorage> {
+        let f =
+            dev.get_or_load_custom_func(&instance::<T>(kernel), module, ptx(module, source)?)?;
+        let views = inputs
+            .iter()
+            .map(|(s, l)| view::<T>(s, l))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        // SAFETY: the callers' kernels write every value of `out` before anything reads it.
+        let mut out: CudaSlice<T> = unsafe { dev.alloc::<T>(len)? };
+        let mut l = f.builder();
+        for x in &views {
+            l.arg(x);
+        }
+        l.arg(&mut out);
+        for v in scalars {
+            l.arg(v);
+        }
+        // SAFETY: the callers check that the inputs and `out` hold what the kernel reads and
+        // writes for these scalars and threads.
+        unsafe { l.launch(per_row(threads)) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+
+    /// [`launch_into_new`] on contiguous f32 or f64 storages of one dtype (`op` names the
+    /// caller in errors).
+    pub(crate) fn run_into_new(
+        op: &str,
+        code: (&'static str, &'static str),
+        kernel: &str,
+        inputs: &[(&CudaStorage, &Layout)],
+        len: usize,
+        scalars: &[u64],
+        threads: usize,
+    ) -> candle_core::Result<CudaStorage> {
+        use candle_core::backend::BackendStorage;
+        let first = inputs
+            .first()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{op}: no operand")))?
+            .0;
+        let dtype = first.dtype();
+        if inputs.iter().any(|(s, _)| s.dtype() != dtype) {
+            return Err(candle_core::Error::Msg(format!("{op}: dtypes mixed")));
+        }
+        let dev = first.device();
+        match dtype {
+            candle_core::DType::F32 => {
+                launch_into_new::<f32>(dev, code, kernel, inputs, len, scalars, threads)
+            }
+            candle_core::DType::F64 => {
+                launch_into_new::<f64>(dev, code, kernel, inputs, len, scalars, threads)
+            }
+            d => Err(dtype_error(op, d)),
+        }
     }
 }
 

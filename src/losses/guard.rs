@@ -113,19 +113,28 @@ pub fn deferred(f: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
 /// `Ok` when every check passes (the value was not finite for another reason). A loss with
 /// state (RaMBO's score memory) takes this batch in once more; the caller is stopping anyway.
 pub fn explain(loss: &dyn RankLoss, embeddings: &Tensor, labels: &Labels) -> Result<()> {
+    if !off_cpu(embeddings) {
+        // On the CPU the checks were made at once: nothing was deferred.
+        return Ok(());
+    }
     let outer = PENDING.with(|p| p.borrow_mut().take());
     let result = loss.forward(&embeddings.detach(), labels).map(drop);
     PENDING.with(|p| *p.borrow_mut() = outer);
     result
 }
 
+/// Whether `x` is off the CPU (in tests, also the CPU standing for a device).
+fn off_cpu(x: &Tensor) -> bool {
+    #[cfg(test)]
+    if CPU_DEFERS.with(|c| c.get()) {
+        return true;
+    }
+    !x.device().is_cpu()
+}
+
 /// Whether a check of `x` is deferred: inside [`deferred`], and `x` off the CPU.
 fn defers(x: &Tensor) -> bool {
-    #[cfg(test)]
-    let off_cpu = !x.device().is_cpu() || CPU_DEFERS.with(|c| c.get());
-    #[cfg(not(test))]
-    let off_cpu = !x.device().is_cpu();
-    off_cpu && PENDING.with(|p| p.borrow().is_some())
+    off_cpu(x) && PENDING.with(|p| p.borrow().is_some())
 }
 
 /// Which condition a verdict checks.

@@ -40,13 +40,8 @@ pub(crate) fn unit_rows(rows: &Tensor, norms: &Tensor) -> Result<Option<Tensor>>
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::Float;
-    use crate::kernels::{check_matrix, dtype_error, instance, not_on_cpu, per_row, ptx, view};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
-    use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::Tensor;
-    use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Shape};
+    use crate::kernels::{check_matrix, not_on_cpu, run_into_new};
+    use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor};
 
     const SOURCE: &str = include_str!("normalize/device.cu");
     const MODULE: &str = "rankwise_normalize";
@@ -72,35 +67,7 @@ mod cuda {
         Ok((rows, d))
     }
 
-    fn launch<T: Float>(
-        dev: &CudaDevice,
-        kernel: &str,
-        inputs: &[(&CudaStorage, &Layout)],
-        rows: usize,
-        d: usize,
-        threads: usize,
-    ) -> candle_core::Result<CudaSlice<T>> {
-        let f =
-            dev.get_or_load_custom_func(&instance::<T>(kernel), MODULE, ptx(MODULE, SOURCE)?)?;
-        let views = inputs
-            .iter()
-            .map(|(s, l)| view::<T>(s, l))
-            .collect::<candle_core::Result<Vec<_>>>()?;
-        // SAFETY: every value is written by the kernel before anything reads it.
-        let mut out = unsafe { dev.alloc::<T>(rows * d)? };
-        let (r, c) = (rows as u64, d as u64);
-        let mut l = f.builder();
-        for v in &views {
-            l.arg(v);
-        }
-        l.arg(&mut out).arg(&r).arg(&c);
-        // SAFETY: the matrices hold `rows × d` contiguous values and the norms `rows` (checked
-        // by the callers); the kernels touch those indices only.
-        unsafe { l.launch(per_row(threads)) }.w()?;
-        Ok(out)
-    }
-
-    /// Runs `kernel` over f32 or f64 storages (`inputs`, the first of which fixes the dtype).
+    /// `kernel(inputs…, out, rows, d)` on `threads` threads into a new `rows × d` matrix.
     fn run(
         op: &str,
         kernel: &str,
@@ -109,27 +76,23 @@ mod cuda {
         d: usize,
         threads: usize,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let dtype = inputs[0].0.dtype();
-        if inputs.iter().any(|(s, _)| s.dtype() != dtype) {
-            return Err(candle_core::Error::Msg(format!("{op}: dtypes mixed")));
-        }
         if rows * d > u32::MAX as usize {
             return Err(candle_core::Error::Msg(format!(
                 "{op}: {rows} × {d} values, more than the kernels' 32-bit launch grid"
             )));
         }
-        let dev = inputs[0].0.device().clone();
-        let out = match dtype {
-            DType::F32 => CudaStorage::wrap_cuda_slice(
-                launch::<f32>(&dev, kernel, inputs, rows, d, threads)?,
-                dev,
-            ),
-            DType::F64 => CudaStorage::wrap_cuda_slice(
-                launch::<f64>(&dev, kernel, inputs, rows, d, threads)?,
-                dev,
-            ),
-            other => return Err(dtype_error(op, other)),
-        };
+        let scalars = [rows as u64, d as u64];
+        // The kernels read the matrices' `rows × d` values and the norms' `rows` (checked by
+        // the callers) and write every value of the output.
+        let out = run_into_new(
+            op,
+            (MODULE, SOURCE),
+            kernel,
+            inputs,
+            rows * d,
+            &scalars,
+            threads,
+        )?;
         Ok((out, Shape::from((rows, d))))
     }
 

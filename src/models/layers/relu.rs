@@ -60,13 +60,8 @@ pub(super) fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::{check_elementwise, dtype_error, instance, per_row, ptx, view, Float};
-    use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
-    use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
-    };
+    use crate::kernels::{check_elementwise, run_into_new};
+    use candle_core::{CpuStorage, CudaStorage, CustomOp1, CustomOp2, Layout, Shape, Tensor};
 
     const SOURCE: &str = include_str!("relu.cu");
     const MODULE: &str = "rankwise_relu";
@@ -77,57 +72,18 @@ mod cuda {
         ))
     }
 
-    /// `kernel(inputs…, out, n)` over `n` values; the output is a new buffer.
-    fn launch<T: Float>(
-        dev: &CudaDevice,
-        kernel: &str,
-        inputs: &[CudaView<T>],
-        n: usize,
-    ) -> candle_core::Result<CudaSlice<T>> {
-        let f =
-            dev.get_or_load_custom_func(&instance::<T>(kernel), MODULE, ptx(MODULE, SOURCE)?)?;
-        // SAFETY: every value is written by the kernel before anything reads it.
-        let mut out = unsafe { dev.alloc::<T>(n)? };
-        let count = n as u64;
-        let mut l = f.builder();
-        for x in inputs {
-            l.arg(x);
-        }
-        l.arg(&mut out).arg(&count);
-        // SAFETY: the inputs and the output hold `n` values each; the kernels touch indices
-        // below `n` only.
-        unsafe { l.launch(per_row(n)) }.w()?;
-        Ok(out)
-    }
-
-    /// Runs `kernel` on same-dtype contiguous storages, wrapping its output.
+    /// `kernel(inputs…, out, n)` over the `n` values of same-dtype contiguous storages, one
+    /// thread per value, into a new buffer.
     fn run(
         name: &str,
         kernel: &str,
         inputs: &[(&CudaStorage, &Layout)],
     ) -> candle_core::Result<(CudaStorage, Shape)> {
-        let (first, first_l) = inputs[0];
-        let n = first_l.shape().elem_count();
-        let dtype = check_elementwise(name, n, inputs)?;
-        let dev = first.device().clone();
-        let out = match dtype {
-            DType::F32 => {
-                let views = inputs
-                    .iter()
-                    .map(|(s, l)| view::<f32>(s, l))
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                CudaStorage::wrap_cuda_slice(launch::<f32>(&dev, kernel, &views, n)?, dev)
-            }
-            DType::F64 => {
-                let views = inputs
-                    .iter()
-                    .map(|(s, l)| view::<f64>(s, l))
-                    .collect::<candle_core::Result<Vec<_>>>()?;
-                CudaStorage::wrap_cuda_slice(launch::<f64>(&dev, kernel, &views, n)?, dev)
-            }
-            d => return Err(dtype_error(name, d)),
-        };
-        Ok((out, first_l.shape().clone()))
+        let shape = inputs[0].1.shape().clone();
+        let n = shape.elem_count();
+        check_elementwise(name, n, inputs)?;
+        let out = run_into_new(name, (MODULE, SOURCE), kernel, inputs, n, &[n as u64], n)?;
+        Ok((out, shape))
     }
 
     /// `∂y` where `y > 0`, else 0: the gradient through a ReLU from its output.
