@@ -5,7 +5,7 @@
 //! PyTorch anchors and writes everything into one output folder.
 //!
 //! ```text
-//! gpu_check --device cuda --out OUT [--budget-s 300] [--only correctness,losses,eval,train]
+//! gpu_check --device cuda --out OUT [--budget-s 300] [--only correctness,losses,eval,train,pipeline]
 //!           [--families smooth_rank,rambo] [--models small_cnn,resnet18,resnet50] [--cap 16384]
 //!           [--losses happier,smooth-ap,roadmap,triplet-semihard,fastap,rambo,contrastive]
 //!           [--start-batch 256]
@@ -33,7 +33,7 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rankwise::losses::cluster::ClusterLoss;
-use rankwise::losses::contrastive::Contrastive;
+use rankwise::losses::contrastive::{Contrastive, PairReduction};
 use rankwise::losses::csl::{Csl, CslConfig};
 use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
@@ -114,7 +114,7 @@ fn parse_args() -> Result<Args> {
             "-h" | "--help" => {
                 println!(
                     "gpu_check [--device cuda|cpu] [--out DIR] [--budget-s S] [--cap B] \
-                     [--only correctness,losses,eval,train] [--families smooth_rank,...] \
+                     [--only correctness,losses,eval,train,pipeline] [--families smooth_rank,...] \
                      [--models small_cnn,resnet18,resnet50] [--losses happier,...] \
                      [--start-batch B] [--small]"
                 );
@@ -207,6 +207,7 @@ fn backend() -> Value {
            "device_kernels": rankwise::kernels::enabled(),
            "kernel_max_work": rankwise::kernels::max_work(),
            "pinned_copies": rankwise::retrieval::pinned::enabled(),
+           "pinned_uploads": rankwise::data::staging::enabled(),
            "device_ranking": rankwise::retrieval::device_rank::enabled(),
            "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
@@ -360,6 +361,19 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
     v.push((
         "contrastive".into(),
         LossConfig::Contrastive(Contrastive::default()),
+    ));
+    // The device kernels' other metric and reduction (pml's default: normalised Euclidean
+    // distance, margins 0 and 1; the mean over all pairs of a kind).
+    v.push((
+        "contrastive euclidean (pml default)".into(),
+        LossConfig::Contrastive(Contrastive::pml_default()),
+    ));
+    v.push((
+        "contrastive mean over all pairs".into(),
+        LossConfig::Contrastive(Contrastive {
+            reduction: PairReduction::Mean,
+            ..Contrastive::default()
+        }),
     ));
     for (mining, name) in [
         (
@@ -1727,6 +1741,163 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
     Ok(())
 }
 
+/// The image pipeline onto the device (`--only pipeline`): a synthetic SOP dataset in its real
+/// on-disk format, decoded and augmented by the loader (ImageNet training transform, 224 × 224)
+/// and put on the device by the loader's thread, from page-locked buffers
+/// (`rankwise::data::staging`) and, switched off, from pageable memory. A check that the batches
+/// on the device are the CPU's bit for bit both ways; then, both ways, the loader alone
+/// (batches streamed onto the device, images/s) and training through it (ResNet-50, batch 256,
+/// forward + backward + Adam: what a run on real data does; `--small`: the small CNN, batch 4),
+/// beside the `train` entries whose batch stays on the device.
+fn pipeline(report: &mut Report, dev: &Device, small: bool, scratch: &Path) -> Result<()> {
+    use rankwise::data::loaders::sop;
+    use rankwise::data::pipeline::{LoaderConfig, Transform};
+    use rankwise::data::synthetic_on_disk::{write_dataset, OnDiskSpec, SyntheticKind};
+    use rankwise::data::{staging, ImageSource, OnDiskSource, View};
+    let (model_name, batch, steps, classes, per_class, image_size) = if small {
+        ("small_cnn", 4, 2, 4, 4, 48)
+    } else {
+        ("resnet50", 256, 5, 64, 8, 256)
+    };
+    let t_start = unix_ms();
+    let root = scratch.join("pipeline_sop");
+    let spec = OnDiskSpec {
+        train_classes: classes,
+        train_images_per_class: per_class,
+        test_classes: 2,
+        test_images_per_class: 2,
+        super_classes: 2,
+        image_size,
+        seed: 0,
+    };
+    let source = (|| -> Result<OnDiskSource> {
+        write_dataset(SyntheticKind::Sop, &root, &spec)?;
+        let data = sop::load(&root)?;
+        let loader = LoaderConfig {
+            prefetch: 2,
+            ..LoaderConfig::default()
+        };
+        Ok(OnDiskSource::new(
+            "synthetic SOP train",
+            data.train,
+            Transform::retrieval_train(),
+            Transform::retrieval_test(),
+            loader,
+        )?)
+    })();
+    let source = match source {
+        Ok(s) => s,
+        Err(e) => {
+            let entry = json!({"kind": "pipeline", "name": "synthetic SOP dataset",
+                "status": "error", "error": format!("{e:#}"), "unix_start_ms": t_start});
+            return report.push("checks", entry);
+        }
+    };
+    let n = source.labels().len();
+    // `steps + 1` batches (the first untimed), items spread over the dataset.
+    let batches: Vec<Vec<usize>> = (0..=steps)
+        .map(|s| (0..batch).map(|i| (s * batch + i) * 7 % n).collect())
+        .collect();
+    let view = View::Train { epoch: 0 };
+    let was = staging::enabled();
+    for pinned in [true, false] {
+        staging::set_enabled(pinned);
+        // The check: the first two batches on the device equal the CPU's, bit for bit.
+        let t0 = unix_ms();
+        let result = (|| -> Result<Value> {
+            let mut differing = Vec::new();
+            for (k, b) in source.stream(batches[..2].to_vec(), view, dev)?.enumerate() {
+                let b = b?;
+                let got: Vec<u32> = b
+                    .images
+                    .to_device(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect();
+                let want: Vec<u32> = source
+                    .batch(&batches[k], view, &Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?
+                    .into_iter()
+                    .map(f32::to_bits)
+                    .collect();
+                if got != want || b.indices != batches[k] {
+                    differing.push(k);
+                }
+            }
+            Ok(
+                json!({"kind": "pipeline", "name": "batches on the device = the CPU's",
+                "pinned_uploads": pinned, "batches": 2, "batch": batch,
+                "differing_batches": differing,
+                "status": if differing.is_empty() { "pass" } else { "fail" }}),
+            )
+        })();
+        let mut entry = result.unwrap_or_else(|e| {
+            json!({"kind": "pipeline", "name": "batches on the device = the CPU's",
+                "pinned_uploads": pinned, "status": "error", "error": format!("{e:#}")})
+        });
+        entry["unix_start_ms"] = json!(t0);
+        report.push("checks", entry)?;
+        if report.over_budget() {
+            break;
+        }
+        // The timings: the loader alone, then training through it.
+        let t0 = unix_ms();
+        let result = (|| -> Result<Value> {
+            let t = Instant::now();
+            for b in source.stream(batches.clone(), view, dev)? {
+                b?;
+            }
+            dev.synchronize()?;
+            let loader_secs = t.elapsed().as_secs_f64();
+            let config = model_config(model_name, false)?;
+            let params = ParamStore::new(0);
+            let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
+            let adam = Algorithm::Adam(AdamConfig::default());
+            let mut opt = optimizer(&params, adam, 1e-4)?;
+            let labels =
+                Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
+            let loss = Contrastive::default();
+            let forward_fn = |x: &Tensor| model.forward_t(x, true);
+            let mut timed = None;
+            let mut last = 0.0;
+            for (k, b) in source.stream(batches.clone(), view, dev)?.enumerate() {
+                let x = b?.images;
+                let (l, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
+                opt.step(&g)?;
+                last = l;
+                if k == 0 {
+                    dev.synchronize()?;
+                    timed = Some(Instant::now());
+                }
+            }
+            dev.synchronize()?;
+            let secs = timed.map_or(0.0, |t| t.elapsed().as_secs_f64());
+            Ok(
+                json!({"kind": "train-pipeline", "model": model_name, "size": 224,
+                "batch": batch, "steps": steps, "pinned_uploads": pinned, "status": "ok",
+                "loader_images_per_s": round(((steps + 1) * batch) as f64 / loader_secs, 2),
+                "images_per_s": round((steps * batch) as f64 / secs, 2),
+                "s_per_step": round(secs / steps as f64, 4),
+                "last_loss": last}),
+            )
+        })();
+        let mut entry = result.unwrap_or_else(|e| {
+            json!({"kind": "train-pipeline", "model": model_name, "batch": batch,
+                "pinned_uploads": pinned, "status": "error", "error": format!("{e:#}")})
+        });
+        entry["unix_start_ms"] = json!(t0);
+        report.push("benchmarks", entry)?;
+        if report.over_budget() {
+            break;
+        }
+    }
+    staging::set_enabled(was);
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     rankwise::cpu::alloc::tune_allocator();
@@ -1758,6 +1929,9 @@ fn main() -> Result<()> {
     }
     if wants("losses") {
         bench_losses(&mut report, &device, &args)?;
+    }
+    if wants("pipeline") {
+        pipeline(&mut report, &device, args.small, &scratch)?;
     }
     let _ = std::fs::remove_dir_all(&scratch);
     let count = |status: &str| {

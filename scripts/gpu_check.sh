@@ -15,7 +15,8 @@
 #      fits, SOP-scale evaluation, ResNet-18/50 training throughput (through cuDNN when the
 #      binaries have the `cudnn` feature, then ResNet-50 once more without it, `train-candle`;
 #      the losses with device kernels once more without them, `losses-host`, and the cubic
-#      kernels beyond their default bound, B = 8192 and 16,384, `losses-large`);
+#      kernels beyond their default bound, B = 8192 and 16,384, `losses-large`; ResNet-50
+#      trained through the image pipeline from a synthetic SOP dataset on disk, `pipeline`);
 #   3. the PyTorch anchors on the same GPU (benches/losses_vs_torch.py, train_throughput_vs_torch.py,
 #      eval_topk_torch.py) into OUT_DIR/torch_*.jsonl;
 #   4. every configs/paper recipe's first steps and one evaluation on a synthetic dataset in the
@@ -136,6 +137,10 @@ fi
 # then ResNet-50 through candle's ops (RANKWISE_CUDNN=0), the path before models::cudnn.
 run train && gc 70 --only train
 run train-candle && RANKWISE_CUDNN=0 gc 40 --only train --models resnet50
+# Training through the image pipeline (a synthetic SOP dataset on disk, the loader putting each
+# batch on the device from page-locked buffers, then from pageable memory), and the check that
+# the batches on the device are the CPU's.
+run pipeline && gc 60 --only pipeline
 # Each loss with kernels of its own in a process of its own; the costliest first.
 kernel_losses=(happier smooth-ap roadmap triplet-semihard fastap rambo rambo-memory)
 run losses && loss_groups 150 "${kernel_losses[@]}" \

@@ -5,7 +5,9 @@
 //! cores doing the per-row work, the gradient copied back), a kernel of its own computes the
 //! same quantities on the device: `src/losses/smooth_rank/device.cu` (Smooth-AP, ROADMAP,
 //! HAPPIER), `src/losses/triplet/device.cu` (the triplet minings), `src/losses/rambo/device.cu`
-//! (RaMBO's ranks and blackbox gradient) and `src/losses/fastap/device.cu` (FastAP's histograms).
+//! (RaMBO's ranks and blackbox gradient), `src/losses/fastap/device.cu` (FastAP's histograms)
+//! and `src/losses/contrastive/device.cu` (the contrastive loss's pairs, also ROADMAP's
+//! calibration term).
 //! The optimizers' updates are kernels of the same kind (`src/train/optim/device.cu`: each
 //! parameter and its state in place, a few launches instead of a dozen candle operations per
 //! parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)

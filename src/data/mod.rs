@@ -12,6 +12,7 @@ pub mod pipeline;
 pub mod shapes;
 pub mod source;
 pub mod splits;
+pub mod staging;
 pub mod synthetic_on_disk;
 
 pub use dataset::{ImageSettings, InputNorm, TransformPreset};

@@ -36,6 +36,7 @@
 //! `(seed, epoch, dataset index)` ([`sample_rng`]), so a batch's content does not depend on the
 //! number of threads or on scheduling, and any epoch can be replayed.
 
+use crate::data::staging::Staging;
 use crate::error::{Error, Result};
 use candle_core::{Device, Tensor};
 use image::RgbImage;
@@ -696,6 +697,21 @@ pub fn load_batch(
     epoch: u64,
     device: &Device,
 ) -> Result<Tensor> {
+    let mut staging = Staging::default();
+    load_batch_staged(paths, indices, transform, seed, epoch, device, &mut staging)
+}
+
+/// [`load_batch`], the batch assembled where `staging` says (a [`BatchLoader`]'s page-locked
+/// buffers when bound for a CUDA device).
+fn load_batch_staged(
+    paths: &[PathBuf],
+    indices: &[usize],
+    transform: &Transform,
+    seed: u64,
+    epoch: u64,
+    device: &Device,
+    staging: &mut Staging,
+) -> Result<Tensor> {
     if indices.is_empty() {
         return Err(Error::invalid(
             "indices",
@@ -723,15 +739,11 @@ pub fn load_batch(
             ),
         ));
     }
-    let mut data = Vec::with_capacity(indices.len() * 3 * (h * w) as usize);
-    for (s, _) in samples {
-        data.extend_from_slice(&s);
-    }
-    Ok(Tensor::from_vec(
-        data,
+    staging.tensor(
+        samples.iter().map(|(s, _)| &s[..]),
         (indices.len(), 3, h as usize, w as usize),
         device,
-    )?)
+    )
 }
 
 /// Settings of a [`BatchLoader`].
@@ -770,6 +782,10 @@ pub struct Batch {
 /// (a bounded channel). Iterate it to get the batches in order; dropping it stops the work.
 ///
 /// After an error (an undecodable file), the iterator yields that error and ends.
+///
+/// Batches for a CUDA device are put there by the worker thread, from page-locked buffers
+/// ([`crate::data::staging`]): the copy is queued on the device's stream, and the consumer gets
+/// a tensor already on the device.
 pub struct BatchLoader {
     rx: Option<Receiver<Result<Batch>>>,
     worker: Option<JoinHandle<()>>,
@@ -802,9 +818,24 @@ impl BatchLoader {
         let worker = std::thread::Builder::new()
             .name("rankwise-prefetch".into())
             .spawn(move || {
+                let mut staging = match Staging::for_device(&device, config.prefetch) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
                 for indices in batches {
                     let images = pool.install(|| {
-                        load_batch(&paths, &indices, &transform, config.seed, epoch, &device)
+                        load_batch_staged(
+                            &paths,
+                            &indices,
+                            &transform,
+                            config.seed,
+                            epoch,
+                            &device,
+                            &mut staging,
+                        )
                     });
                     let failed = images.is_err();
                     let item = images.map(|images| Batch { indices, images });

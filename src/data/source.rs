@@ -293,8 +293,10 @@ impl ImageSource for OnDiskSource {
         )
     }
 
-    /// Decodes the batches on the loader's own threads, `prefetch` batches ahead. Batches are
-    /// built on the CPU by the loader and moved to `device` by the consumer.
+    /// Decodes the batches on the loader's own threads, `prefetch` batches ahead, and puts
+    /// them on `device` there (for a CUDA device from page-locked buffers, the copy queued on
+    /// its stream: [`crate::data::staging`]), so that the consumer, the trainer's step, never
+    /// waits for a copy.
     fn stream(
         &self,
         batches: Vec<Vec<usize>>,
@@ -308,9 +310,8 @@ impl ImageSource for OnDiskSource {
             self.transform(view).clone(),
             Self::epoch(view),
             self.loader,
-            Device::Cpu,
+            device.clone(),
         )?;
-        let device = device.clone();
         let mut seen = 0usize;
         let mut done = false;
         Ok(Box::new(std::iter::from_fn(move || {
@@ -318,12 +319,7 @@ impl ImageSource for OnDiskSource {
                 return None;
             }
             let item = match loader.next() {
-                Some(item) => item.and_then(|b| {
-                    Ok(Batch {
-                        images: b.images.to_device(&device)?,
-                        indices: b.indices,
-                    })
-                }),
+                Some(item) => item,
                 // The loader thread ended without sending every batch (it panicked).
                 None => Err(Error::invalid(
                     "loader",

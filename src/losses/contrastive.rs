@@ -24,6 +24,8 @@ use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+mod device;
+
 /// How the per-pair costs of one kind (positive or negative) are averaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PairReduction {
@@ -199,8 +201,14 @@ impl RankLoss for Contrastive {
         check_batch(embeddings, labels)?;
         LossRecipe::validate(self)?;
         let b = labels.len();
-        // On a device, the formula's `B × B` tensors (tested equal to the row engine); not for
-        // the Euclidean distance, whose plain gradient at a duplicate pair is not torch's.
+        // On CUDA, the pairs reduced by kernels of their own (`device`: both metrics and
+        // reductions, tested equal to the row engine).
+        if device::applies(self, embeddings) {
+            return device::forward(self, embeddings, labels);
+        }
+        // With the kernels off, on a device, the formula's `B × B` tensors (tested equal to the
+        // row engine); not for the Euclidean distance, whose plain gradient at a duplicate pair
+        // is not torch's.
         if self.metric == PairMetric::Cosine
             && crate::losses::plain_on_device(embeddings, self.query_chunk, b * b)
         {

@@ -25,8 +25,8 @@
 //! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
 //! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
 //! [`MAX_EASY_BATCH`]; beyond, the row engine.
-//! Cosine similarity only, as for the contrastive loss's device path (the Euclidean distance's
-//! gradient at a duplicate pair would not be torch's).
+//! Cosine similarity only (the Euclidean distance's gradient at a duplicate pair would not be
+//! torch's through autograd).
 //!
 //! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
 //! launch grid (`tests/cuda_emulation/triplet.cpp`) and check the value and the embeddings'
