@@ -17,8 +17,8 @@
 //!
 //! `O(B)` work per query for the histograms, `O(L)` per pair for the gradient, `O(B · L)`
 //! scratch memory. The gradient is linear in the incoming one (both gradients are), so it is
-//! attached to the graph of `s` as `Σ s ⊙ J − detach(…)` and autograd carries it through the
-//! product and the normalisation.
+//! attached to the graph of `s` by one op whose backward pass is `∂s = J ∂L` (`crate::attach`),
+//! and autograd carries it through the product and the normalisation.
 //!
 //! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
 //! launch grid (`tests/cuda_emulation/fastap.cpp`) and compare it with the row engine: through
@@ -91,15 +91,21 @@ fn params(loss: &FastAp, bins: &Bins, b: usize, valid: usize) -> Params {
 }
 
 /// The loss from the kernels' per-query FastAP (`B`, `f64`) and `∂L/∂s` (`B × B`, `f64`),
-/// attached to the graph of `s`.
+/// attached to the graph of `s` by one op (`crate::attach`) whose backward pass is
+/// `∂s = J ∂L`.
 #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
 fn assemble(s: &Tensor, fastap: &Tensor, jac: &Tensor, valid: usize) -> Result<Tensor> {
     let value = fastap
         .sum_all()?
         .affine(-1.0 / valid as f64, 1.0)?
         .to_dtype(s.dtype())?;
-    let lin = (s * jac.to_dtype(s.dtype())?)?.sum_all()?;
-    Ok((value + (&lin - lin.detach())?)?)
+    let jac = jac.clone();
+    crate::attach::attach(s, &value, move |s, _, grad| {
+        Ok(Some(
+            jac.to_dtype(s.dtype())?
+                .broadcast_mul(&grad.reshape((1, 1))?)?,
+        ))
+    })
 }
 
 /// FastAP on the device (see the module documentation).

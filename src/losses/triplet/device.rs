@@ -19,8 +19,8 @@
 //!
 //! — the module documentation's mean non-zero cost, with the row engine's minings (semi-hard:
 //! `0 < x_an − x_ap ≤ m`). The counts carry no gradient (the mining is piecewise constant), so
-//! the loss is attached to the graph of `x` as `L + Σ x ⊙ J − detach(Σ x ⊙ J)`, `J = ∂L/∂x`:
-//! its value is `L`, its gradient `J`, and autograd takes it through `x = −Ê Êᵀ` and the
+//! the loss is attached to the graph of `x` by one op (`crate::attach`) whose value is `L` and
+//! whose backward pass is `∂x = J ∂L`, `J = ∂L/∂x`, and autograd takes it through `x = −Ê Êᵀ` and the
 //! normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
 //! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
 //! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
@@ -78,15 +78,18 @@ fn distances(embeddings: &Tensor) -> Result<Tensor> {
 }
 
 /// The loss from the kernels' outputs (`counts`, `partial`: `B × B` `f64`, see the module
-/// documentation), attached to the graph of `x`.
+/// documentation), attached to the graph of `x` by one op (`crate::attach`) whose backward pass
+/// is `∂x = J ∂L`.
 pub(crate) fn assemble(x: &Tensor, counts: &Tensor, partial: &Tensor) -> Result<Tensor> {
     let active = counts.relu()?.sum_all()?;
     // K = 0 leaves every count and cost at 0: dividing by max(K, 1) gives L = 0, J = 0.
     let denom = active.maximum(1.0)?;
     let value = partial.sum_all()?.div(&denom)?.to_dtype(x.dtype())?;
-    let jac = counts.broadcast_div(&denom)?.to_dtype(x.dtype())?;
-    let lin = (x * jac)?.sum_all()?;
-    Ok((value + (&lin - lin.detach())?)?)
+    let counts = counts.clone();
+    crate::attach::attach(x, &value, move |x, _, grad| {
+        let jac = counts.broadcast_div(&denom)?.to_dtype(x.dtype())?;
+        Ok(Some(jac.broadcast_mul(&grad.reshape((1, 1))?)?))
+    })
 }
 
 /// The triplet loss with the mining on the device (see the module documentation).
