@@ -562,6 +562,26 @@ def growth(name):
     return 8.0 if name in CUBE_TENSORS else 4.5
 
 
+def op_floor(dev, ops=2000, rounds=5):
+    """The time of one elementwise operation on a 1-value tensor, out of place (as rankwise's
+    candle ops allocate their output), median of `rounds` runs of `ops` chained operations:
+    the floor under which a loss at a small batch, launch-bound, cannot go per operation."""
+    x = torch.zeros(1, device=dev)
+    for _ in range(50):
+        x = x * 1.0
+    per = []
+    for _ in range(rounds):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(ops):
+            x = x * 1.0
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        per.append((time.perf_counter() - t) / ops * 1e6)
+    return sorted(per)[len(per) // 2]
+
+
 def max_batch(args, dev, emit):
     """For each loss, B = start, 2 start, ... up to --cap until the first out-of-memory error,
     within --budget-s seconds per loss: before each B the time of the previous one is
@@ -748,6 +768,7 @@ def main():
             out.flush()
 
     if args.max_batch:
+        emit({"impl": "torch", "kind": "op_floor", "device": str(dev), "us_per_op": round(op_floor(dev), 3)})
         max_batch(args, dev, emit)
         return 0
     if dev.type == "cuda":

@@ -1441,8 +1441,38 @@ fn time_loss(name: &str, b: usize, dev: &Device, reps: usize) -> Result<(f64, f6
     Ok((median(times), value, reps))
 }
 
+/// The time of one candle operation on a 1-value tensor (an affine map, out of place), median
+/// of 5 runs of 2000 chained ones, in µs: the floor per operation of a launch-bound loss step
+/// (losses_vs_torch.py measures PyTorch's beside it). A loss's time at B = 256 over this floor
+/// says how many operations' worth it spends.
+fn op_floor(dev: &Device) -> Result<f64> {
+    let ops = 2000;
+    let mut x = Tensor::zeros(1, DType::F32, dev)?;
+    for _ in 0..50 {
+        x = x.affine(1.0, 0.0)?;
+    }
+    let mut per = Vec::new();
+    for _ in 0..5 {
+        dev.synchronize()?;
+        let t = Instant::now();
+        for _ in 0..ops {
+            x = x.affine(1.0, 0.0)?;
+        }
+        dev.synchronize()?;
+        per.push(t.elapsed().as_secs_f64() / ops as f64 * 1e6);
+    }
+    Ok(median(per))
+}
+
 fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
     let (small, cap) = (args.small, args.cap);
+    if args.losses.is_empty() || args.losses.iter().any(|l| l == "op-floor") {
+        let entry = match op_floor(dev) {
+            Ok(us) => json!({"kind": "op_floor", "status": "ok", "us_per_op": round(us, 3)}),
+            Err(e) => json!({"kind": "op_floor", "status": "error", "error": format!("{e:#}")}),
+        };
+        report.push("benchmarks", entry)?;
+    }
     // The costliest first: each loss gets an equal share of what is left, so a cheap loss
     // reaching the cap early leaves its time to the ones after it.
     let names = [

@@ -144,7 +144,7 @@ run pipeline && gc 60 --only pipeline
 # Each loss with kernels of its own in a process of its own; the costliest first.
 kernel_losses=(happier smooth-ap roadmap triplet-semihard fastap rambo rambo-memory)
 run losses && loss_groups 150 "${kernel_losses[@]}" \
-  contrastive,nsm,csl,triplet-semihard-plain,fastap-plain,contrastive-plain
+  contrastive,nsm,csl,triplet-semihard-plain,fastap-plain,contrastive-plain,op-floor
 # The same losses once more with the kernels off (RANKWISE_DEVICE_KERNELS=0: the host pass;
 # FastAP's plain tensor formulation), for the side-by-side at B = 256 and 4096.
 run losses-host && RANKWISE_DEVICE_KERNELS=0 gc 70 --only losses --losses "$(IFS=,; echo "${kernel_losses[*]}")" --cap 4096
