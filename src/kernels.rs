@@ -9,8 +9,8 @@
 //! and `src/losses/contrastive/device.cu` (the contrastive loss's pairs, also ROADMAP's
 //! calibration term).
 //! The optimizers' updates are kernels of the same kind (`src/train/optim/device.cu`: each
-//! parameter and its state in place, a few launches instead of a dozen candle operations per
-//! parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)
+//! parameter and its state in place, one launch for a whole group's Adam step and one or two
+//! per parameter for SGD, instead of a dozen candle operations per parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)
 //! and the models' ReLU (`src/models/layers/relu.cu`), the verdicts of the losses' input checks
 //! (`src/losses/guard/device.cu`: no read back per step), the losses' L2 normalisation and its
 //! gradient (`src/losses/normalize/device.cu`), and the evaluation's ranking

@@ -279,6 +279,8 @@ impl Optimizer {
     /// `grads`.
     pub fn step(&mut self, grads: &GradStore) -> Result<()> {
         for group in self.groups.iter_mut().filter(|g| g.enabled) {
+            // The group's Adam updates on a device, made by one launch after the loop.
+            let mut on_device = Vec::new();
             for p in &mut group.params {
                 let Some(grad) = grads.get(p.var.as_tensor()) else {
                     continue;
@@ -287,13 +289,10 @@ impl Optimizer {
                 let theta = p.var.as_detached_tensor();
                 p.state.step += 1;
                 if device::applies(&theta) && theta.elem_count() > 0 {
-                    // In place, a few kernels per parameter (`device`): same values.
+                    // In place, by kernels (`device`): same values.
                     match group.algorithm {
-                        Algorithm::Adam(c) => {
-                            device::adam_step(&theta, &grad, &mut p.state, group.lr, &c, false)?
-                        }
-                        Algorithm::AdamW(c) => {
-                            device::adam_step(&theta, &grad, &mut p.state, group.lr, &c, true)?
+                        Algorithm::Adam(_) | Algorithm::AdamW(_) => {
+                            on_device.push((theta, grad, &mut p.state))
                         }
                         Algorithm::Sgd(c) => {
                             device::sgd_step(&theta, &grad, &mut p.state, group.lr, &c)?
@@ -311,6 +310,12 @@ impl Optimizer {
                     Algorithm::Sgd(c) => sgd_update(&theta, &grad, &mut p.state, group.lr, &c)?,
                 };
                 p.var.set(&new)?;
+            }
+            if let (false, Algorithm::Adam(c) | Algorithm::AdamW(c)) =
+                (on_device.is_empty(), group.algorithm)
+            {
+                let decoupled = matches!(group.algorithm, Algorithm::AdamW(_));
+                device::adam_step_many(on_device, group.lr, &c, decoupled)?;
             }
         }
         Ok(())

@@ -1,5 +1,7 @@
 // Runs the kernels of src/train/optim/device.cu on the host, in the order in which
-// `train::optim::device` launches them, for the unit tests of that module.
+// `train::optim::device` launches them, for the unit tests of that module. Adam's multi-tensor
+// kernel gets the n values as three tensors (the device's table of addresses and blocks of
+// `chunk` values, in a scrambled order).
 //
 // usage: optim INPUT   (stdout: theta, then the two buffers after the update, as doubles)
 // INPUT: u32 kind (0 Adam, 1 SGD), u32 f32 (0/1), u64 n; theta, the gradient and the two
@@ -41,9 +43,26 @@ static void run(rw_input& in, unsigned int kind, unsigned long long n) {
     rw_adam p = take_params<rw_adam>(in);
     in.finish();
     if (p.n != n) std::exit(3);
-    rw_launch(GRID, BLOCK, [&] { rw_adam_m<T>(b0.data(), g.data(), theta.data(), p); });
-    rw_launch(GRID, BLOCK, [&] { rw_adam_v<T>(b1.data(), g.data(), theta.data(), p); });
-    rw_launch(GRID, BLOCK, [&] { rw_adam_theta<T>(theta.data(), b0.data(), b1.data(), p); });
+    // Three tensors of about n / 3 values; blocks of 4 values, one more than a block's
+    // threads, so that a thread takes two strides and blocks end inside and past a tensor.
+    const unsigned long long chunk = 4, third = n / 3;
+    const unsigned long long starts[3] = {0, third, 2 * third}, ends[3] = {third, 2 * third, n};
+    std::vector<rw_adam_tensor> tensors;
+    std::vector<rw_adam_block> blocks;
+    for (int k = 0; k < 3; ++k) {
+      rw_adam_tensor e;
+      const unsigned long long at = starts[k];
+      e.theta = (unsigned long long)(theta.data() + at);
+      e.g = (unsigned long long)(g.data() + at);
+      e.m = (unsigned long long)(b0.data() + at);
+      e.v = (unsigned long long)(b1.data() + at);
+      e.p = p;
+      e.p.n = ends[k] - at;
+      for (unsigned long long s = 0; s < e.p.n; s += chunk) blocks.push_back({(unsigned long long)k, s});
+      tensors.push_back(e);
+    }
+    rw_launch_shuffled(rw_dim3{(unsigned int)blocks.size(), 1, 1}, BLOCK, 5,
+                       [&] { rw_adam_many<T>(tensors.data(), blocks.data(), chunk); });
   } else {
     rw_sgd p = take_params<rw_sgd>(in);
     in.finish();

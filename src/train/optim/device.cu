@@ -1,6 +1,7 @@
-// The optimizers' updates (`train::optim`) on a CUDA device, in place: Adam / AdamW as three
-// kernels (first moment, second moment, parameter) and SGD as two (momentum buffer, parameter),
-// one thread per element (grid-stride). The module documentation of `device.rs` beside this
+// The optimizers' updates (`train::optim`) on a CUDA device, in place: Adam / AdamW as one
+// kernel for every parameter tensor of a group (first moment, second moment and parameter of
+// each value in turn, the tensors' addresses in a table), SGD as two per tensor (momentum
+// buffer, parameter), one thread per element (grid-stride). The module documentation of `device.rs` beside this
 // file says why. Compiled at run time by NVRTC (no include, no host code), and on the host by
 // the emulation test of that module.
 //
@@ -71,34 +72,47 @@ __device__ __forceinline__ T rw_adam_grad(const T* g, const T* theta, unsigned l
   return p.coupled ? rw_add(g[i], rw_affine(theta[i], p.wd, 0.0)) : g[i];
 }
 
-// m <- lerp(m, g, 1 - beta1) (PyTorch's lerp: start + w (end - start) for w < 0.5).
+// Value i of one Adam update, from the old theta, m and v:
+//   m <- lerp(m, g, 1 - beta1) (PyTorch's lerp: start + w (end - start) for w < 0.5),
+//   v <- v * beta2 + (g * (1 - beta2)) * g,
+//   theta <- theta' + (m / (sqrt(v) / sqrt(bc2) + eps)) * (-lr / bc1), theta' = theta (1 - lr wd)
+//   for AdamW, with the new m and v.
 template <typename T>
-__device__ void rw_adam_m(T* m, const T* g, const T* theta, rw_adam p) {
-  for (unsigned long long i = rw_first(); i < p.n; i += rw_stride()) {
-    const T gi = rw_adam_grad(g, theta, i, p);
-    const T part = rw_affine(rw_sub(gi, m[i]), p.lerp_mul, 0.0);
-    m[i] = p.lerp_hi ? rw_sub(gi, part) : rw_add(m[i], part);
-  }
+__device__ __forceinline__ void rw_adam_value(T* theta, const T* g, T* m, T* v,
+                                              unsigned long long i, const rw_adam& p) {
+  const T gi = rw_adam_grad(g, theta, i, p);
+  const T part = rw_affine(rw_sub(gi, m[i]), p.lerp_mul, 0.0);
+  const T mi = p.lerp_hi ? rw_sub(gi, part) : rw_add(m[i], part);
+  const T vi =
+      rw_add(rw_affine(v[i], p.beta2, 0.0), rw_mul(rw_affine(gi, p.one_minus_beta2, 0.0), gi));
+  const T t = p.decoupled ? rw_affine(theta[i], p.shrink, 0.0) : theta[i];
+  const T denom = rw_affine(rw_affine(rw_sqrt(vi), p.inv_bc2_sqrt, 0.0), 1.0, p.eps);
+  m[i] = mi;
+  v[i] = vi;
+  theta[i] = rw_add(t, rw_affine(rw_div(mi, denom), p.neg_step, 0.0));
 }
 
-// v <- v * beta2 + (g * (1 - beta2)) * g.
-template <typename T>
-__device__ void rw_adam_v(T* v, const T* g, const T* theta, rw_adam p) {
-  for (unsigned long long i = rw_first(); i < p.n; i += rw_stride()) {
-    const T gi = rw_adam_grad(g, theta, i, p);
-    v[i] = rw_add(rw_affine(v[i], p.beta2, 0.0), rw_mul(rw_affine(gi, p.one_minus_beta2, 0.0), gi));
-  }
-}
+// One parameter tensor of a group's update: the device addresses of its value, gradient and
+// two moments, and its constants (p.n: its length).
+struct rw_adam_tensor {
+  unsigned long long theta, g, m, v;
+  rw_adam p;
+};
 
-// theta <- theta' + (m / (sqrt(v) / sqrt(bc2) + eps)) * (-lr / bc1), theta' = theta (1 - lr wd)
-// for AdamW; m and v already updated.
+// A block's share of the update: values start .. start + chunk of tensor `tensor`.
+struct rw_adam_block {
+  unsigned long long tensor, start;
+};
+
+// Block b updates its share of the table's tensors, its threads striding over it.
 template <typename T>
-__device__ void rw_adam_theta(T* theta, const T* m, const T* v, rw_adam p) {
-  for (unsigned long long i = rw_first(); i < p.n; i += rw_stride()) {
-    const T t = p.decoupled ? rw_affine(theta[i], p.shrink, 0.0) : theta[i];
-    const T denom = rw_affine(rw_affine(rw_sqrt(v[i]), p.inv_bc2_sqrt, 0.0), 1.0, p.eps);
-    theta[i] = rw_add(t, rw_affine(rw_div(m[i], denom), p.neg_step, 0.0));
-  }
+__device__ void rw_adam_many(const rw_adam_tensor* tensors, const rw_adam_block* blocks,
+                             unsigned long long chunk) {
+  const rw_adam_block b = blocks[blockIdx.x];
+  const rw_adam_tensor& e = tensors[b.tensor];
+  const unsigned long long end = b.start + chunk < e.p.n ? b.start + chunk : e.p.n;
+  for (unsigned long long i = b.start + threadIdx.x; i < end; i += blockDim.x)
+    rw_adam_value<T>((T*)e.theta, (const T*)e.g, (T*)e.m, (T*)e.v, i, e.p);
 }
 
 // SGD's gradient: with weight decay g + theta * wd.
@@ -132,17 +146,9 @@ __device__ void rw_sgd_theta(T* theta, const T* g, const T* b, rw_sgd p) {
 }
 
 #define RW_OPTIM_KERNELS(T, SUFFIX)                                                          \
-  extern "C" __global__ void rankwise_adam_m_##SUFFIX(T* m, const T* g, const T* theta,      \
-                                                      rw_adam p) {                           \
-    rw_adam_m<T>(m, g, theta, p);                                                            \
-  }                                                                                          \
-  extern "C" __global__ void rankwise_adam_v_##SUFFIX(T* v, const T* g, const T* theta,      \
-                                                      rw_adam p) {                           \
-    rw_adam_v<T>(v, g, theta, p);                                                            \
-  }                                                                                          \
-  extern "C" __global__ void rankwise_adam_theta_##SUFFIX(T* theta, const T* m, const T* v,  \
-                                                          rw_adam p) {                       \
-    rw_adam_theta<T>(theta, m, v, p);                                                        \
+  extern "C" __global__ void rankwise_adam_many_##SUFFIX(                                   \
+      const rw_adam_tensor* tensors, const rw_adam_block* blocks, unsigned long long chunk) {  \
+    rw_adam_many<T>(tensors, blocks, chunk);                                                 \
   }                                                                                          \
   extern "C" __global__ void rankwise_sgd_buf_##SUFFIX(T* b, const T* g, const T* theta,     \
                                                        rw_sgd p) {                           \

@@ -7,9 +7,11 @@
 //! corrections, the division, the weight decay, the copy into the variable — and each is a
 //! kernel launch, a fresh allocation and a host-side dispatch. A ResNet-50 has 161 parameter
 //! tensors, so about 2,400 of them per step; the small CNN's whole step is a few milliseconds
-//! in PyTorch, about what a few hundred such dispatches cost. Here an update is three launches
-//! for Adam / AdamW (first moment, second moment, parameter) and one or two for SGD (momentum
-//! buffer, parameter), with no allocation after the first step:
+//! in PyTorch, about what a few hundred such dispatches cost. Here an Adam / AdamW step is one
+//! launch for all the parameters of a group (each value's first moment, second moment and
+//! parameter in turn; the tensors' addresses and constants in a table uploaded with it, as
+//! PyTorch's multi-tensor `foreach` updates), and an SGD update one or two launches per
+//! parameter (momentum buffer, parameter), with no allocation of state after the first step:
 //!
 //! ```text
 //! Adam:  g' = g + λθ (coupled decay)      m ← lerp(m, g', 1 − β₁)      v ← β₂v + ((1 − β₂)g') g'
@@ -104,6 +106,30 @@ pub(crate) fn adam_params(
     }
 }
 
+/// `struct rw_adam`'s bytes as the kernels read them (`repr(C)`, little-endian): the
+/// multi-tensor kernel's table and the emulation tests.
+#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
+pub(crate) fn adam_params_bytes(p: &AdamParams) -> Vec<u8> {
+    let mut b = Vec::with_capacity(88);
+    b.extend(p.n.to_le_bytes());
+    for x in [
+        p.wd,
+        p.lerp_mul,
+        p.beta2,
+        p.one_minus_beta2,
+        p.shrink,
+        p.inv_bc2_sqrt,
+        p.eps,
+        p.neg_step,
+    ] {
+        b.extend(x.to_le_bytes());
+    }
+    for x in [p.coupled, p.decoupled, p.lerp_hi, p.pad] {
+        b.extend(x.to_le_bytes());
+    }
+    b
+}
+
 /// SGD's constants for an `n`-element parameter; `first`: its momentum buffer is not yet set.
 #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
 pub(crate) fn sgd_params(n: usize, c: &SgdConfig, lr: f64, first: bool) -> SgdParams {
@@ -131,26 +157,38 @@ fn state_buffer(slot: &mut Option<Tensor>, theta: &Tensor) -> Result<Tensor> {
     })
 }
 
-/// One Adam / AdamW update of `theta` in place (its state advanced, `state.step` already
-/// counting this update).
+/// One Adam / AdamW update of every `(θ, gradient, state)` of `params` in place (each state
+/// advanced, its `step` already counting this update): one launch per dtype among them.
 #[cfg(feature = "cuda")]
-pub(super) fn adam_step(
-    theta: &Tensor,
-    grad: &Tensor,
-    state: &mut ParamState,
+pub(super) fn adam_step_many(
+    params: Vec<(Tensor, Tensor, &mut ParamState)>,
     lr: f64,
     c: &AdamConfig,
     decoupled: bool,
 ) -> Result<()> {
-    let grad = grad.contiguous()?;
-    let m = state_buffer(&mut state.exp_avg, theta)?;
-    let v = state_buffer(&mut state.exp_avg_sq, theta)?;
-    let p = adam_params(theta.elem_count(), c, lr, state.step, decoupled);
-    m.inplace_op3(&grad, theta, &cuda::Update::AdamM(p))?;
-    v.inplace_op3(&grad, theta, &cuda::Update::AdamV(p))?;
-    theta.inplace_op3(&m, &v, &cuda::Update::AdamTheta(p))?;
-    state.exp_avg = Some(m);
-    state.exp_avg_sq = Some(v);
+    let mut by_dtype: Vec<(candle_core::DType, Vec<cuda::AdamTensor>)> = Vec::new();
+    for (theta, grad, state) in params {
+        let grad = grad.contiguous()?;
+        let m = state_buffer(&mut state.exp_avg, &theta)?;
+        let v = state_buffer(&mut state.exp_avg_sq, &theta)?;
+        let p = adam_params(theta.elem_count(), c, lr, state.step, decoupled);
+        state.exp_avg = Some(m.clone());
+        state.exp_avg_sq = Some(v.clone());
+        let item = cuda::AdamTensor {
+            theta,
+            grad,
+            m,
+            v,
+            p,
+        };
+        match by_dtype.iter_mut().find(|(d, _)| *d == item.theta.dtype()) {
+            Some((_, items)) => items.push(item),
+            None => by_dtype.push((item.theta.dtype(), vec![item])),
+        }
+    }
+    for (_, items) in by_dtype {
+        cuda::adam_many(&items)?;
+    }
     Ok(())
 }
 
@@ -178,10 +216,8 @@ pub(super) fn sgd_step(
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(super) fn adam_step(
-    _: &Tensor,
-    _: &Tensor,
-    _: &mut ParamState,
+pub(super) fn adam_step_many(
+    _: Vec<(Tensor, Tensor, &mut ParamState)>,
     _: f64,
     _: &AdamConfig,
     _: bool,
@@ -211,9 +247,11 @@ mod cuda {
     use super::{AdamParams, SgdParams};
     use crate::kernels::{check_elementwise, dtype_error, instance, per_row, ptx, view, Float};
     use candle_core::backend::BackendStorage;
-    use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout};
+    use candle_core::cuda_backend::cudarc::driver::{
+        DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Storage, Tensor};
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_optim";
@@ -222,14 +260,125 @@ mod cuda {
     unsafe impl DeviceRepr for AdamParams {}
     unsafe impl DeviceRepr for SgdParams {}
 
-    /// One kernel of an update: the destination is written in place, the two sources read.
+    /// One parameter of a multi-tensor Adam update: its value, gradient and moments (contiguous,
+    /// of one dtype, on one CUDA device) and its constants.
+    pub(super) struct AdamTensor {
+        pub(super) theta: Tensor,
+        pub(super) grad: Tensor,
+        pub(super) m: Tensor,
+        pub(super) v: Tensor,
+        pub(super) p: AdamParams,
+    }
+
+    /// Values per block of the multi-tensor kernel (256 threads, 64 values each).
+    const CHUNK: u64 = 1 << 14;
+
+    /// The device address of the first value of the contiguous CUDA tensor `t` of type `T`,
+    /// and its device.
+    fn address<T: Float>(t: &Tensor, what: &str) -> candle_core::Result<(u64, CudaDevice)> {
+        let (storage, layout) = t.storage_and_layout();
+        let Storage::Cuda(s) = &*storage else {
+            return Err(candle_core::Error::Msg(format!(
+                "adam: the {what} is not on a CUDA device"
+            )));
+        };
+        if !layout.is_contiguous() {
+            return Err(candle_core::Error::Msg(format!(
+                "adam: the {what} is not contiguous"
+            )));
+        }
+        let dev = s.device().clone();
+        let stream = dev.cuda_stream();
+        let view = s.as_cuda_slice::<T>()?.slice(layout.start_offset()..);
+        let (ptr, _record) = view.device_ptr(&stream);
+        Ok((ptr, dev))
+    }
+
+    /// One launch of `rankwise_adam_many` over `items` (one dtype, one device): the table of
+    /// `struct rw_adam_tensor` and the blocks' `(tensor, start)` uploaded with it. The kernel
+    /// writes the values, moments through their addresses: the tensors are kept alive by the
+    /// optimizer (θ, m, v) and the gradient store, and freed, when they are, in stream order.
+    pub(super) fn adam_many(items: &[AdamTensor]) -> crate::error::Result<()> {
+        let Some(first) = items.first() else {
+            return Ok(());
+        };
+        match first.theta.dtype() {
+            DType::F32 => launch_many::<f32>(items),
+            DType::F64 => launch_many::<f64>(items),
+            d => Err(dtype_error("adam", d).into()),
+        }
+    }
+
+    fn launch_many<T: Float>(items: &[AdamTensor]) -> crate::error::Result<()> {
+        let mut table: Vec<u8> = Vec::with_capacity(items.len() * 120);
+        let mut blocks: Vec<u64> = Vec::new();
+        let mut device = None;
+        for (k, it) in items.iter().enumerate() {
+            let n = it.p.n;
+            for (t, what) in [
+                (&it.theta, "parameter"),
+                (&it.grad, "gradient"),
+                (&it.m, "first moment"),
+                (&it.v, "second moment"),
+            ] {
+                if t.dtype() != first_dtype(items) || t.elem_count() as u64 != n {
+                    return Err(candle_core::Error::Msg(format!(
+                        "adam: the {what} of tensor {k} is {:?} {:?}, expected {n} {:?} values",
+                        t.dtype(),
+                        t.dims(),
+                        first_dtype(items)
+                    ))
+                    .into());
+                }
+                let (ptr, dev) = address::<T>(t, what)?;
+                table.extend(ptr.to_le_bytes());
+                device.get_or_insert(dev);
+            }
+            table.extend(super::adam_params_bytes(&it.p));
+            let mut start = 0;
+            while start < n {
+                blocks.extend([k as u64, start]);
+                start += CHUNK;
+            }
+        }
+        let (Some(dev), false) = (device, blocks.is_empty()) else {
+            return Ok(());
+        };
+        let count = blocks.len() / 2;
+        if count > i32::MAX as usize {
+            return Err(candle_core::Error::Msg(format!(
+                "adam: {count} blocks, more than one launch's grid"
+            ))
+            .into());
+        }
+        let table = dev.clone_htod(&table)?;
+        let blocks = dev.clone_htod(&blocks)?;
+        let f = dev.get_or_load_custom_func(
+            &instance::<T>("rankwise_adam_many"),
+            MODULE,
+            ptx(MODULE, SOURCE)?,
+        )?;
+        let chunk = CHUNK;
+        let mut l = f.builder();
+        l.arg(&table).arg(&blocks).arg(&chunk);
+        let cfg = LaunchConfig {
+            grid_dim: (count as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the table holds, for each tensor, four addresses of `p.n` contiguous values
+        // of `T` (checked above) and its constants; each block reads one entry of `blocks`,
+        // whose tensor index and start lie within the table and the tensor.
+        unsafe { l.launch(cfg) }.w()?;
+        Ok(())
+    }
+
+    fn first_dtype(items: &[AdamTensor]) -> DType {
+        items.first().map_or(DType::F32, |i| i.theta.dtype())
+    }
+
+    /// One kernel of an SGD update: the destination is written in place, the two sources read.
     pub(super) enum Update {
-        /// `m` ← (g, θ).
-        AdamM(AdamParams),
-        /// `v` ← (g, θ).
-        AdamV(AdamParams),
-        /// `θ` ← (m, v).
-        AdamTheta(AdamParams),
         /// `b` ← (g, θ).
         SgdBuf(SgdParams),
         /// `θ` ← (g, b).
@@ -239,9 +388,6 @@ mod cuda {
     impl Update {
         fn kernel(&self) -> &'static str {
             match self {
-                Update::AdamM(_) => "rankwise_adam_m",
-                Update::AdamV(_) => "rankwise_adam_v",
-                Update::AdamTheta(_) => "rankwise_adam_theta",
                 Update::SgdBuf(_) => "rankwise_sgd_buf",
                 Update::SgdTheta(_) => "rankwise_sgd_theta",
             }
@@ -249,7 +395,6 @@ mod cuda {
 
         fn n(&self) -> u64 {
             match self {
-                Update::AdamM(p) | Update::AdamV(p) | Update::AdamTheta(p) => p.n,
                 Update::SgdBuf(p) | Update::SgdTheta(p) => p.n,
             }
         }
@@ -273,7 +418,6 @@ mod cuda {
             let mut l = f.builder();
             l.arg(&mut out).arg(&a).arg(&b);
             match self {
-                Update::AdamM(p) | Update::AdamV(p) | Update::AdamTheta(p) => l.arg(p),
                 Update::SgdBuf(p) | Update::SgdTheta(p) => l.arg(p),
             };
             // SAFETY: the destination and both sources hold `n` contiguous values (checked by
@@ -370,25 +514,8 @@ mod tests {
         Sgd(SgdParams),
     }
 
-    /// The struct's bytes as the kernel reads them (`repr(C)`, little-endian).
     fn adam_bytes(p: &AdamParams) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend(p.n.to_le_bytes());
-        for x in [
-            p.wd,
-            p.lerp_mul,
-            p.beta2,
-            p.one_minus_beta2,
-            p.shrink,
-            p.inv_bc2_sqrt,
-            p.eps,
-            p.neg_step,
-        ] {
-            b.extend(x.to_le_bytes());
-        }
-        for x in [p.coupled, p.decoupled, p.lerp_hi, p.pad] {
-            b.extend(x.to_le_bytes());
-        }
+        let b = adam_params_bytes(p);
         assert_eq!(b.len(), std::mem::size_of::<AdamParams>());
         b
     }
