@@ -20,8 +20,10 @@ static void run(rw_input& in, unsigned int q, unsigned int n, unsigned int nl, P
   std::vector<double> rel = in.take<double>((size_t)q * (nl + 1));
   std::vector<double> pieces = in.take<double>(6 * RW_SLOT_LEN);
   in.finish();
-  std::vector<double> rank(qn), hrank(qn), own(qn);
-  std::vector<T> jac(qn), values(q);
+  // NaN everywhere first: the device allocates these without zeroing them, so every value the
+  // kernels leave unwritten would show.
+  std::vector<double> rank(qn, NAN), hrank(qn, NAN), own(qn, NAN);
+  std::vector<T> jac(qn, (T)NAN), values(q, (T)NAN);
   const rw_dim3 rows{q, (n + BLOCK - 1) / BLOCK, 1}, block{BLOCK, 1, 1};
   rw_launch(rows, block, [&] {
     pass1(scores.data(), levels.data(), rel.data(), pieces.data(), q, n, nl, rank.data(),

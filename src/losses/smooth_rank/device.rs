@@ -220,11 +220,14 @@ mod cuda {
             let levels = dev.clone_htod(&p.levels)?;
             let rel = dev.clone_htod(&p.relevance)?;
             let pieces = dev.clone_htod(&p.pieces)?;
-            let mut rank = dev.alloc_zeros::<f64>(q * n)?;
-            let mut hrank = dev.alloc_zeros::<f64>(q * n)?;
-            let mut own = dev.alloc_zeros::<f64>(q * n)?;
+            // SAFETY (the four allocations, not zeroed: a launch each saved): pass 1 writes
+            // every (query, item) of rank, H-rank and G, pass 2 every value of the Jacobian,
+            // the values kernel every query's AP (the emulation test fills them with NaN first).
+            let mut rank = unsafe { dev.alloc::<f64>(q * n)? };
+            let mut hrank = unsafe { dev.alloc::<f64>(q * n)? };
+            let mut own = unsafe { dev.alloc::<f64>(q * n)? };
             let jac_len = if self.need_grad { q * n } else { 0 };
-            let mut out = dev.alloc_zeros::<T>(jac_len + q)?;
+            let mut out = unsafe { dev.alloc::<T>(jac_len + q)? };
             let rows = per_entry(q, n);
             let pass1 = func("pass1")?;
             let mut b = pass1.builder();
