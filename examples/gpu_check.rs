@@ -997,8 +997,9 @@ fn per_param_errors(a: &PerParam, b: &PerParam) -> (f64, Vec<(String, f64)>) {
     (worst, errs)
 }
 
-/// One parameter's values and optimizer state after `steps` updates on `dev` (the gradients are
-/// those of `Σ θ ⊙ c`: `c` exactly, drawn anew for each step).
+/// The values and optimizer state of three parameters (`n`, 7 and 16,384 values: one group's
+/// Adam step is one launch over blocks of 16,384 values of each tensor) after `steps` updates
+/// on `dev` (the gradients are those of `Σ θ ⊙ c`: `c` exactly, drawn anew for each step).
 fn optimizer_run(
     algorithm: Algorithm,
     dtype: DType,
@@ -1006,23 +1007,45 @@ fn optimizer_run(
     steps: usize,
     dev: &Device,
 ) -> Result<PerParam> {
-    let theta = Tensor::from_vec(normal(n, 21), n, &Device::Cpu)?
-        .to_dtype(dtype)?
-        .to_device(dev)?;
-    let theta = Var::from_tensor(&theta)?;
+    let sizes = [("w", n), ("b", 7), ("c", 16_384)];
+    let thetas = sizes
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, len))| {
+            let t = Tensor::from_vec(normal(len, 21 + k as u64), len, &Device::Cpu)?
+                .to_dtype(dtype)?
+                .to_device(dev)?;
+            Ok(Var::from_tensor(&t)?)
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut opt = Optimizer::new(vec![ParamGroup {
         name: "p".into(),
         algorithm,
         lr: 1e-2,
-        params: vec![("w".into(), theta.clone())],
+        params: sizes
+            .iter()
+            .zip(&thetas)
+            .map(|(&(name, _), v)| (name.to_owned(), v.clone()))
+            .collect(),
     }])?;
     for step in 0..steps {
-        let c = Tensor::from_vec(normal(n, 30 + step as u64), n, &Device::Cpu)?
+        let mut total = Tensor::zeros((), dtype, dev)?;
+        for (k, (&(_, len), theta)) in sizes.iter().zip(&thetas).enumerate() {
+            let c = Tensor::from_vec(
+                normal(len, 30 + 10 * step as u64 + k as u64),
+                len,
+                &Device::Cpu,
+            )?
             .to_dtype(dtype)?
             .to_device(dev)?;
-        opt.step(&(theta.as_tensor() * c)?.sum_all()?.backward()?)?;
+            total = (total + (theta.as_tensor() * c)?.sum_all()?)?;
+        }
+        opt.step(&total.backward()?)?;
     }
-    let mut out = vec![("w".to_owned(), host(theta.as_tensor())?)];
+    let mut out = Vec::new();
+    for (&(name, _), theta) in sizes.iter().zip(&thetas) {
+        out.push((name.to_owned(), host(theta.as_tensor())?));
+    }
     for (name, t) in opt.state_tensors()? {
         out.push((name, host(&t)?));
     }
@@ -1030,8 +1053,9 @@ fn optimizer_run(
 }
 
 /// The optimizers' updates on the device (in place, by the kernels of `train::optim::device`)
-/// against the CPU's tensor formulation: three steps of every algorithm and option on one
-/// parameter of 100,003 values (not a multiple of the launch's blocks), f32 and f64. The
+/// against the CPU's tensor formulation: three steps of every algorithm and option on three
+/// parameters of 100,003, 7 and 16,384 values (one group; not all multiples of the blocks),
+/// f32 and f64. The
 /// arithmetic is the same operation by operation, so the values are expected equal
 /// (`exact`), the status being the usual tolerance.
 fn check_optimizers(report: &mut Report, dev: &Device) -> Result<()> {
