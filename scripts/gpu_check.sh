@@ -77,6 +77,14 @@ nproc >> "$out/device.txt"
 cat .gpu/BUILD_INFO >> "$out/device.txt" 2>/dev/null || echo "binaries: no .gpu/BUILD_INFO" >> "$out/device.txt"
 "$py" -c 'import torch; print("torch", torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))' >> "$out/device.txt" 2>&1
 cat "$out/device.txt" >&2
+# A binary that cannot start (a library missing from LD_LIBRARY_PATH: cuDNN, cuBLAS…) would fail
+# every step in the same way: say which library, once, at the top of the log.
+for b in gpu_check rankwise; do
+  if ! "$scratch/bin/$b" --help > /dev/null 2>> "$log"; then
+    step "$b does not start; its missing libraries:"
+    ldd "$scratch/bin/$b" 2>&1 | grep -i "not found" | tee -a "$log" >&2
+  fi
+done
 
 # Device memory sampler: unix ms and MiB used, every 100 ms.
 "$py" -u - "$scratch/memory.csv" <<'EOF' &
