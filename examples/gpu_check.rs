@@ -1705,6 +1705,47 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
 /// Training throughput (images/s of forward + backward + Adam step), as
 /// `examples/train_throughput.rs` measures it on the CPU and `train_throughput_vs_torch.py` on
 /// the same GPU.
+/// The training benchmarks' network and step: the model `name` with seeded weights, Adam at
+/// 1e-4, and the contrastive loss over classes of 4 consecutive images (as the PyTorch anchor,
+/// `benches/train_throughput_vs_torch.py`).
+struct TrainBench {
+    model: EmbeddingNet,
+    opt: Optimizer,
+    labels: Labels,
+    loss: Contrastive,
+}
+
+impl TrainBench {
+    fn new(name: &str, batch: usize, dev: &Device) -> Result<Self> {
+        let params = ParamStore::new(0);
+        let model = EmbeddingNet::new(
+            &model_config(name, false)?,
+            params.var_builder(DType::F32, dev),
+        )?;
+        let opt = optimizer(&params, Algorithm::Adam(AdamConfig::default()), 1e-4)?;
+        let labels = Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
+        Ok(TrainBench {
+            model,
+            opt,
+            labels,
+            loss: Contrastive::default(),
+        })
+    }
+
+    /// The loss value and gradients of the batch `x` (training mode).
+    fn gradients(&self, x: &Tensor) -> Result<(f64, candle_core::backprop::GradStore)> {
+        let forward = |x: &Tensor| self.model.forward_t(x, true);
+        Ok(direct_gradients(&forward, x, &self.labels, &self.loss)?)
+    }
+
+    /// One training step on `x`: its loss value.
+    fn step(&mut self, x: &Tensor) -> Result<f64> {
+        let (l, g) = self.gradients(x)?;
+        self.opt.step(&g)?;
+        Ok(l)
+    }
+}
+
 fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]) -> Result<()> {
     for name in models {
         let name = name.as_str();
@@ -1718,11 +1759,7 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
         }
         let t_start = unix_ms();
         let result = (|| -> Result<Value> {
-            let config = model_config(name, false)?;
-            let params = ParamStore::new(0);
-            let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
-            let adam = Algorithm::Adam(AdamConfig::default());
-            let mut opt = optimizer(&params, adam, 1e-4)?;
+            let mut bench = TrainBench::new(name, batch, dev)?;
             let x = Tensor::from_vec(
                 normal(batch * 3 * size * size, 4)
                     .into_iter()
@@ -1732,21 +1769,12 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
                 &Device::Cpu,
             )?
             .to_device(dev)?;
-            let labels =
-                Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
-            let loss = Contrastive::default();
-            let forward_fn = |x: &Tensor| model.forward_t(x, true);
-            let mut step = || -> Result<f64> {
-                let (l, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
-                opt.step(&g)?;
-                Ok(l)
-            };
-            step()?;
+            bench.step(&x)?;
             dev.synchronize()?;
             let t0 = Instant::now();
             let mut last = 0.0;
             for _ in 0..steps {
-                last = step()?;
+                last = bench.step(&x)?;
             }
             dev.synchronize()?;
             let secs = t0.elapsed().as_secs_f64();
@@ -1754,19 +1782,23 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
             // the whole step.
             let t1 = Instant::now();
             for _ in 0..steps {
-                let _ = model.forward_t(&x, true)?.sum_all()?.to_vec0::<f32>()?;
+                let _ = bench
+                    .model
+                    .forward_t(&x, true)?
+                    .sum_all()?
+                    .to_vec0::<f32>()?;
             }
             let forward = t1.elapsed().as_secs_f64();
             // The optimizer's step alone, on one step's gradients: by the in-place kernels
             // (`train::optim::device`, the default) and, for the side-by-side, by the tensor
             // formulation (the kernels' switch off for these steps only).
-            let (_, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
+            let (_, g) = bench.gradients(&x)?;
             let mut time_opt = |kernels: bool| -> Result<f64> {
                 let was = rankwise::kernels::enabled();
                 rankwise::kernels::set_enabled(kernels);
                 dev.synchronize()?;
                 let t = Instant::now();
-                let stepped = (0..steps).try_for_each(|_| opt.step(&g));
+                let stepped = (0..steps).try_for_each(|_| bench.opt.step(&g));
                 dev.synchronize()?;
                 rankwise::kernels::set_enabled(was);
                 stepped?;
@@ -1862,22 +1894,12 @@ fn pipeline(report: &mut Report, dev: &Device, small: bool, scratch: &Path) -> R
             let mut differing = Vec::new();
             for (k, b) in source.stream(batches[..2].to_vec(), view, dev)?.enumerate() {
                 let b = b?;
-                let got: Vec<u32> = b
-                    .images
-                    .to_device(&Device::Cpu)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?
-                    .into_iter()
-                    .map(f32::to_bits)
-                    .collect();
-                let want: Vec<u32> = source
-                    .batch(&batches[k], view, &Device::Cpu)?
-                    .flatten_all()?
-                    .to_vec1::<f32>()?
-                    .into_iter()
-                    .map(f32::to_bits)
-                    .collect();
-                if got != want || b.indices != batches[k] {
+                let bits = |t: &Tensor| -> Result<Vec<u32>> {
+                    let v = t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+                    Ok(v.into_iter().map(f32::to_bits).collect())
+                };
+                let want = source.batch(&batches[k], view, &Device::Cpu)?;
+                if bits(&b.images)? != bits(&want)? || b.indices != batches[k] {
                     differing.push(k);
                 }
             }
@@ -1906,22 +1928,11 @@ fn pipeline(report: &mut Report, dev: &Device, small: bool, scratch: &Path) -> R
             }
             dev.synchronize()?;
             let loader_secs = t.elapsed().as_secs_f64();
-            let config = model_config(model_name, false)?;
-            let params = ParamStore::new(0);
-            let model = EmbeddingNet::new(&config, params.var_builder(DType::F32, dev))?;
-            let adam = Algorithm::Adam(AdamConfig::default());
-            let mut opt = optimizer(&params, adam, 1e-4)?;
-            let labels =
-                Labels::from_fine(&(0..batch).map(|i| (i / 4) as i64).collect::<Vec<_>>())?;
-            let loss = Contrastive::default();
-            let forward_fn = |x: &Tensor| model.forward_t(x, true);
+            let mut bench = TrainBench::new(model_name, batch, dev)?;
             let mut timed = None;
             let mut last = 0.0;
             for (k, b) in source.stream(batches.clone(), view, dev)?.enumerate() {
-                let x = b?.images;
-                let (l, g) = direct_gradients(&forward_fn, &x, &labels, &loss)?;
-                opt.step(&g)?;
-                last = l;
+                last = bench.step(&b?.images)?;
                 if k == 0 {
                     dev.synchronize()?;
                     timed = Some(Instant::now());

@@ -5,9 +5,9 @@
 //! outside the graph and their gradient is written out in closed form: the row-loss engine
 //! (losses::pairwise_rows), the smooth-rank APs and the device kernels' losses (their Jacobian
 //! times the incoming gradient: one launch, where `value + Σ x ⊙ J − detach(…)` took eight), the
-//! device convolution (models::conv) and BatchNorm's normalisation (models::layers). Each then needs the same thing: an op whose forward pass returns the
-//! precomputed value — a copy, so that it runs on every device — and whose backward pass calls
-//! the closed form. [`attach`] and [`attach2`] are that op, for one and for two differentiable
+//! device convolution (models::conv) and BatchNorm's normalisation (models::layers). Each then
+//! needs the same thing: an op whose forward pass returns the precomputed value — a copy, so
+//! that it runs on every device — and whose backward pass calls the closed form. [`attach`] and [`attach2`] are that op, for one and for two differentiable
 //! inputs.
 
 use crate::error::Result;

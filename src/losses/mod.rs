@@ -232,9 +232,9 @@ pub(crate) fn plain_on_device(x: &Tensor, query_chunk: Option<usize>, largest: u
 /// FastAP's `B × B × 11` histogram up to B ≈ 7,000, a `B × B` matrix up to B ≈ 23,000).
 pub(crate) const PLAIN_ON_DEVICE_MAX: usize = 1 << 29;
 
-/// The value and the gradient of `loss` at the `B × D` f64 matrix `x` (a zero gradient where the
-/// value does not depend on `x`): for the tests that a loss's fast path equals its plain
-/// formulation.
+/// The value and the gradient of `loss` at the `B × D` matrix `x` (`f64`, or `f32` read as
+/// `f64`; a zero gradient where the value does not depend on `x`): for the tests that a loss's
+/// fast path equals its plain formulation.
 #[cfg(test)]
 pub(crate) fn value_and_grad(
     loss: impl Fn(&Tensor) -> Result<Tensor>,
@@ -243,10 +243,14 @@ pub(crate) fn value_and_grad(
     let var = Var::from_tensor(x).unwrap();
     let value = loss(var.as_tensor()).unwrap();
     let grad = match value.backward().unwrap().get(&var) {
-        Some(g) => g.to_vec2::<f64>().unwrap(),
-        None => x.zeros_like().unwrap().to_vec2::<f64>().unwrap(),
+        Some(g) => g.clone(),
+        None => x.zeros_like().unwrap(),
     };
-    (value.to_scalar::<f64>().unwrap(), grad)
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    (
+        f64s(&value).to_scalar::<f64>().unwrap(),
+        f64s(&grad).to_vec2::<f64>().unwrap(),
+    )
 }
 
 /// The largest absolute difference of two gradients of the same shape.

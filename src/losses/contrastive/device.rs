@@ -58,7 +58,6 @@ struct Params {
 }
 
 impl Params {
-    #[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
     fn of(loss: &Contrastive) -> Params {
         Params {
             pos_margin: loss.pos_margin,
@@ -332,8 +331,8 @@ mod cuda {
 mod tests {
     use super::*;
     use crate::losses::contrastive::pair_cost;
-    use crate::losses::RankLoss;
-    use candle_core::{DType, Device, Var};
+    use crate::losses::{value_and_grad, RankLoss};
+    use candle_core::{DType, Device};
 
     /// What the harness returns: the loss, the two divisors, `∂L/∂S`.
     struct Emulated {
@@ -525,35 +524,19 @@ mod tests {
             };
             assert_eq!(Params::of(&loss), p);
             for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-5)] {
-                let var = Var::from_tensor(
-                    &Tensor::from_vec(e.clone(), (b, d), &Device::Cpu)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap(),
-                )
-                .unwrap();
-                let grad = |l: &Tensor| -> Vec<f64> {
-                    l.backward()
-                        .unwrap()
-                        .get(var.as_tensor())
-                        .unwrap()
-                        .to_dtype(DType::F64)
-                        .unwrap()
-                        .flatten_all()
-                        .unwrap()
-                        .to_vec1()
-                        .unwrap()
-                };
-                let row = loss.forward(var.as_tensor(), &labels).unwrap();
-                let row_value = row
-                    .to_dtype(DType::F64)
+                let x = Tensor::from_vec(e.clone(), (b, d), &Device::Cpu)
                     .unwrap()
-                    .to_scalar::<f64>()
+                    .to_dtype(dtype)
                     .unwrap();
-                let row_grad = grad(&row);
-                let x = l2_normalize(var.as_tensor(), "embeddings").unwrap();
-                let s = x.matmul(&x.t().unwrap()).unwrap();
-                let sv: Vec<f64> = s
+                let (row_value, row_grad) =
+                    value_and_grad(|x: &Tensor| loss.forward(x, &labels), &x);
+                // The kernels' ∂L/∂S at these embeddings, then through autograd from S.
+                let similarities = |x: &Tensor| -> Result<Tensor> {
+                    let n = l2_normalize(x, "embeddings")?;
+                    Ok(n.matmul(&n.t()?)?)
+                };
+                let sv: Vec<f64> = similarities(&x)
+                    .unwrap()
                     .to_dtype(DType::F64)
                     .unwrap()
                     .flatten_all()
@@ -565,7 +548,8 @@ mod tests {
                     .unwrap()
                     .to_dtype(dtype)
                     .unwrap();
-                let kernel_grad = grad(&(&s * &ds).unwrap().sum_all().unwrap());
+                let (_, kernel_grad) =
+                    value_and_grad(|x: &Tensor| Ok((similarities(x)? * &ds)?.sum_all()?), &x);
                 let what = format!("{p:?} {dtype:?}");
                 assert!(
                     (got.loss - row_value).abs() <= tol * (1.0 + row_value.abs()),
@@ -573,7 +557,12 @@ mod tests {
                     got.loss
                 );
                 assert!(row_value > 0.0, "{what}");
-                for (i, (k, r)) in kernel_grad.iter().zip(&row_grad).enumerate() {
+                for (i, (k, r)) in kernel_grad
+                    .iter()
+                    .flatten()
+                    .zip(row_grad.iter().flatten())
+                    .enumerate()
+                {
                     assert!(
                         (k - r).abs() <= tol * (1.0 + r.abs()),
                         "{what} grad[{i}]: {k} vs {r}"

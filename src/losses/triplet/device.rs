@@ -20,8 +20,8 @@
 //! — the module documentation's mean non-zero cost, with the row engine's minings (semi-hard:
 //! `0 < x_an − x_ap ≤ m`). The counts carry no gradient (the mining is piecewise constant), so
 //! the loss is attached to the graph of `x` by one op (`crate::attach`) whose value is `L` and
-//! whose backward pass is `∂x = J ∂L`, `J = ∂L/∂x`, and autograd takes it through `x = −Ê Êᵀ` and the
-//! normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
+//! whose backward pass is `∂x = J ∂L`, `J = ∂L/∂x`, and autograd takes it through
+//! `x = −Ê Êᵀ` and the normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
 //! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
 //! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
 //! [`MAX_EASY_BATCH`]; beyond, the row engine.

@@ -158,7 +158,8 @@ fn state_buffer(slot: &mut Option<Tensor>, theta: &Tensor) -> Result<Tensor> {
 }
 
 /// One Adam / AdamW update of every `(θ, gradient, state)` of `params` in place (each state
-/// advanced, its `step` already counting this update): one launch per dtype among them.
+/// advanced, its `step` already counting this update): one launch per dtype and device among
+/// them (the kernel's table holds addresses on one device, of one type).
 #[cfg(feature = "cuda")]
 pub(super) fn adam_step_many(
     params: Vec<(Tensor, Tensor, &mut ParamState)>,
@@ -166,7 +167,7 @@ pub(super) fn adam_step_many(
     c: &AdamConfig,
     decoupled: bool,
 ) -> Result<()> {
-    let mut by_dtype: Vec<(candle_core::DType, Vec<cuda::AdamTensor>)> = Vec::new();
+    let mut groups: Vec<Vec<cuda::AdamTensor>> = Vec::new();
     for (theta, grad, state) in params {
         let grad = grad.contiguous()?;
         let m = state_buffer(&mut state.exp_avg, &theta)?;
@@ -181,12 +182,16 @@ pub(super) fn adam_step_many(
             v,
             p,
         };
-        match by_dtype.iter_mut().find(|(d, _)| *d == item.theta.dtype()) {
-            Some((_, items)) => items.push(item),
-            None => by_dtype.push((item.theta.dtype(), vec![item])),
+        let same = |g: &&mut Vec<cuda::AdamTensor>| {
+            let t = &g[0].theta;
+            t.dtype() == item.theta.dtype() && t.device().same_device(item.theta.device())
+        };
+        match groups.iter_mut().find(same) {
+            Some(items) => items.push(item),
+            None => groups.push(vec![item]),
         }
     }
-    for (_, items) in by_dtype {
+    for items in groups {
         cuda::adam_many(&items)?;
     }
     Ok(())
@@ -250,7 +255,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{
         DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
     };
-    use candle_core::cuda_backend::{CudaDevice, WrapErr};
+    use candle_core::cuda_backend::WrapErr;
     use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Storage, Tensor};
 
     const SOURCE: &str = include_str!("device.cu");
@@ -273,9 +278,8 @@ mod cuda {
     /// Values per block of the multi-tensor kernel (256 threads, 64 values each).
     const CHUNK: u64 = 1 << 14;
 
-    /// The device address of the first value of the contiguous CUDA tensor `t` of type `T`,
-    /// and its device.
-    fn address<T: Float>(t: &Tensor, what: &str) -> candle_core::Result<(u64, CudaDevice)> {
+    /// The device address of the first value of the contiguous CUDA tensor `t` of type `T`.
+    fn address<T: Float>(t: &Tensor, what: &str) -> candle_core::Result<u64> {
         let (storage, layout) = t.storage_and_layout();
         let Storage::Cuda(s) = &*storage else {
             return Err(candle_core::Error::Msg(format!(
@@ -287,14 +291,14 @@ mod cuda {
                 "adam: the {what} is not contiguous"
             )));
         }
-        let dev = s.device().clone();
-        let stream = dev.cuda_stream();
+        let stream = s.device().cuda_stream();
         let view = s.as_cuda_slice::<T>()?.slice(layout.start_offset()..);
         let (ptr, _record) = view.device_ptr(&stream);
-        Ok((ptr, dev))
+        Ok(ptr)
     }
 
-    /// One launch of `rankwise_adam_many` over `items` (one dtype, one device): the table of
+    /// One launch of `rankwise_adam_many` over `items` (one dtype, one device, at least one
+    /// item): the table of
     /// `struct rw_adam_tensor` and the blocks' `(tensor, start)` uploaded with it. The kernel
     /// writes the values, moments through their addresses: the tensors are kept alive by the
     /// optimizer (θ, m, v) and the gradient store, and freed, when they are, in stream order.
@@ -302,17 +306,17 @@ mod cuda {
         let Some(first) = items.first() else {
             return Ok(());
         };
-        match first.theta.dtype() {
-            DType::F32 => launch_many::<f32>(items),
-            DType::F64 => launch_many::<f64>(items),
+        let dtype = first.theta.dtype();
+        match dtype {
+            DType::F32 => launch_many::<f32>(items, dtype),
+            DType::F64 => launch_many::<f64>(items, dtype),
             d => Err(dtype_error("adam", d).into()),
         }
     }
 
-    fn launch_many<T: Float>(items: &[AdamTensor]) -> crate::error::Result<()> {
+    fn launch_many<T: Float>(items: &[AdamTensor], dtype: DType) -> crate::error::Result<()> {
         let mut table: Vec<u8> = Vec::with_capacity(items.len() * 120);
         let mut blocks: Vec<u64> = Vec::new();
-        let mut device = None;
         for (k, it) in items.iter().enumerate() {
             let n = it.p.n;
             for (t, what) in [
@@ -321,18 +325,15 @@ mod cuda {
                 (&it.m, "first moment"),
                 (&it.v, "second moment"),
             ] {
-                if t.dtype() != first_dtype(items) || t.elem_count() as u64 != n {
+                if t.dtype() != dtype || t.elem_count() as u64 != n {
                     return Err(candle_core::Error::Msg(format!(
-                        "adam: the {what} of tensor {k} is {:?} {:?}, expected {n} {:?} values",
+                        "adam: the {what} of tensor {k} is {:?} {:?}, expected {n} {dtype:?} values",
                         t.dtype(),
                         t.dims(),
-                        first_dtype(items)
                     ))
                     .into());
                 }
-                let (ptr, dev) = address::<T>(t, what)?;
-                table.extend(ptr.to_le_bytes());
-                device.get_or_insert(dev);
+                table.extend(address::<T>(t, what)?.to_le_bytes());
             }
             table.extend(super::adam_params_bytes(&it.p));
             let mut start = 0;
@@ -341,9 +342,10 @@ mod cuda {
                 start += CHUNK;
             }
         }
-        let (Some(dev), false) = (device, blocks.is_empty()) else {
+        if blocks.is_empty() {
             return Ok(());
-        };
+        }
+        let dev = items[0].theta.device().as_cuda_device()?;
         let count = blocks.len() / 2;
         if count > i32::MAX as usize {
             return Err(candle_core::Error::Msg(format!(
@@ -371,10 +373,6 @@ mod cuda {
         // whose tensor index and start lie within the table and the tensor.
         unsafe { l.launch(cfg) }.w()?;
         Ok(())
-    }
-
-    fn first_dtype(items: &[AdamTensor]) -> DType {
-        items.first().map_or(DType::F32, |i| i.theta.dtype())
     }
 
     /// One kernel of an SGD update: the destination is written in place, the two sources read.
