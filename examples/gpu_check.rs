@@ -395,6 +395,14 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
         "norm_softmax".into(),
         LossConfig::NormSoftmax(NormSoftmaxConfig::default()),
     ));
+    // ArcFace: the margin's logits go to the device cross-entropy at scale 1.
+    v.push((
+        "norm_softmax arcface margin=0.5".into(),
+        LossConfig::NormSoftmax(NormSoftmaxConfig {
+            margin: 0.5,
+            ..NormSoftmaxConfig::default()
+        }),
+    ));
     v.push(("csl".into(), LossConfig::Csl(CslConfig::default())));
     v.push((
         "summed(triplet)".into(),
