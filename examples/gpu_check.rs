@@ -15,8 +15,8 @@
 //! The report, `OUT/gpu_check.json`, is rewritten atomically after every item, so a run cut
 //! short by its time budget (or killed) still leaves every finished check. Each check has a
 //! `status`: `pass` (within its tolerance), `fail` (outside it: the numbers are in the entry) or
-//! `error` (it did not run: the message says why). `correctness` is the four parts `metrics`,
-//! `models`, `resume` and `loss-checks`, which `--only` also takes one by one; `--families`
+//! `error` (it did not run: the message says why). `correctness` is the five parts `threads`,
+//! `metrics`, `models`, `resume` and `loss-checks`, which `--only` also takes one by one; `--families`
 //! keeps the loss checks of the given families (the device kernels they run through:
 //! `smooth_rank`, `triplet`, `rambo`, `fastap`, and `other`), so that a script can run each
 //! family in a process of its own: a kernel that faults leaves its CUDA context unusable for the
@@ -678,6 +678,93 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool, families: &[Stri
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// A way of computing values on the device and reading them back to the host.
+type ReadBack<'a> = Box<dyn Fn() -> Result<Vec<f32>> + 'a>;
+
+/// `y ← y a / √n`, 8 times: a chain of matrix products that keeps the device busy for a while.
+fn product_chain(a: &Tensor) -> Result<Tensor> {
+    let scale = 1.0 / (a.dim(0)? as f64).sqrt();
+    let mut y = a.clone();
+    for _ in 0..8 {
+        y = (y.matmul(a)? * scale)?;
+    }
+    Ok(y)
+}
+
+/// Work queued by one thread and read by another with no synchronisation between them, as the
+/// loader's uploads (`data::staging`) and the evaluation's chunks (`retrieval`) do: the device
+/// is opened on one stream that every thread queues on (`rankwise::device`), so the reader
+/// must see the finished values. Three ways: a worker's products read by this thread, this
+/// thread's products read by a worker, and a worker's upload of 64 MB read here; each against
+/// the same values computed with a synchronisation (bit for bit: the same kernels).
+fn check_threads(report: &mut Report, dev: &Device) -> Result<()> {
+    let n = 1024;
+    let host: Vec<f32> = normal(n * n, 41).into_iter().map(|v| v as f32).collect();
+    let a = Tensor::from_vec(host.clone(), (n, n), &Device::Cpu)?.to_device(dev)?;
+    let reference = {
+        let y = product_chain(&a)?;
+        dev.synchronize()?;
+        y.flatten_all()?.to_vec1::<f32>()?
+    };
+    let big: Vec<f32> = (0..16 << 20).map(|i| (i % 8191) as f32).collect();
+    let cases: [(&str, ReadBack<'_>, &[f32]); 3] = [
+        (
+            "products queued by a worker, read here",
+            Box::new(|| {
+                let y = std::thread::scope(|s| s.spawn(|| product_chain(&a)).join())
+                    .map_err(|_| anyhow::anyhow!("the worker panicked"))??;
+                Ok(y.flatten_all()?.to_vec1::<f32>()?)
+            }),
+            &reference,
+        ),
+        (
+            "products queued here, read by a worker",
+            Box::new(|| {
+                let y = product_chain(&a)?;
+                std::thread::scope(|s| s.spawn(|| y.flatten_all()?.to_vec1::<f32>()).join())
+                    .map_err(|_| anyhow::anyhow!("the worker panicked"))?
+                    .map_err(Into::into)
+            }),
+            &reference,
+        ),
+        (
+            "64 MB uploaded by a worker, read here",
+            Box::new(|| {
+                let t = std::thread::scope(|s| {
+                    s.spawn(|| Tensor::from_slice(&big[..], big.len(), dev))
+                        .join()
+                })
+                .map_err(|_| anyhow::anyhow!("the worker panicked"))??;
+                Ok(t.to_vec1::<f32>()?)
+            }),
+            &big,
+        ),
+    ];
+    for (name, run, want) in cases {
+        let start = Instant::now();
+        let entry = match run() {
+            Ok(got) => {
+                let differing = got
+                    .iter()
+                    .zip(want)
+                    .filter(|(g, w)| g.to_bits() != w.to_bits())
+                    .count()
+                    + got.len().abs_diff(want.len());
+                json!({
+                    "kind": "threads", "name": name,
+                    "status": if differing == 0 { "pass" } else { "fail" },
+                    "values": want.len(), "differing_values": differing,
+                    "seconds": round(start.elapsed().as_secs_f64(), 3),
+                })
+            }
+            Err(e) => json!({"kind": "threads", "name": name, "status": "error",
+                "error": format!("{e:#}")}),
+        };
+        report.push("checks", entry)?;
     }
     Ok(())
 }
@@ -1982,6 +2069,9 @@ fn main() -> Result<()> {
     let scratch = std::env::temp_dir().join(format!("gpu_check_{}", std::process::id()));
     std::fs::create_dir_all(&scratch)?;
     // The few large checks first; the many loss checks stop at the budget.
+    if check("threads") {
+        check_threads(&mut report, &device)?;
+    }
     if check("metrics") {
         check_metrics(&mut report, &device, args.small)?;
     }

@@ -135,7 +135,7 @@ run() { [[ "$skip" != *" $1 "* ]]; }
 # The comparisons with the CPU in full f32: without TF32, which cuDNN (and cuBLAS where allowed)
 # would otherwise use for f32 convolutions on this GPU, as PyTorch does by default.
 if run correctness; then
-  NVIDIA_TF32_OVERRIDE=0 gc 90 --only metrics,models,resume
+  NVIDIA_TF32_OVERRIDE=0 gc 90 --only threads,metrics,models,resume
   # The loss checks by family of device kernels, each in a process of its own (see loss_groups).
   for family in smooth_rank triplet rambo fastap other; do
     NVIDIA_TF32_OVERRIDE=0 gc 15 --only loss-checks --families "$family"

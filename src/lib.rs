@@ -27,6 +27,7 @@
 pub(crate) mod attach;
 pub mod cpu;
 pub mod data;
+pub mod device;
 pub mod error;
 pub mod experiments;
 pub mod fewshot;

@@ -656,9 +656,9 @@ fn relevance(args: &EvalArgs) -> Result<Relevance> {
 fn parse_device(name: &str) -> Result<Device> {
     match name {
         "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::new_cuda(0)?),
+        "cuda" => Ok(rankwise::device::open_cuda(0)?),
         other => match other.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(i)) => Ok(Device::new_cuda(i)?),
+            Some(Ok(i)) => Ok(rankwise::device::open_cuda(i)?),
             _ => bail!("--device: '{other}' is not cpu, cuda or cuda:N"),
         },
     }

@@ -11,7 +11,9 @@
 //! candle's stream: a DMA at the bus's full speed, queued behind the step in flight, which no
 //! thread waits for. The tensor reaches the trainer already on the device, ordered on the
 //! stream before any kernel that reads it (PyTorch's `pin_memory=True` with
-//! `non_blocking=True`).
+//! `non_blocking=True`): [`crate::device::open_cuda`] opens the device on one stream that
+//! every thread queues on (on candle's per-thread default streams, the worker's copy would not
+//! be ordered with the trainer's kernels at all).
 //!
 //! A buffer is written again only after its copy is done: each copy records an event, and a
 //! buffer's next batch waits for it. The buffers circulate in order, one more than the

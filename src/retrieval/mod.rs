@@ -873,7 +873,9 @@ pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
 /// The chunks of `n` queries (`chunk_size`, at least 1, per chunk), each made by
 /// `produce(start, len, chunk)` and handed to `consume(start, len, chunk)` in query order;
 /// stops at the first error. With `overlap`, `produce` runs on a thread of its own, one chunk
-/// ahead of `consume`, and the chunks' buffers circulate between the two (at most three).
+/// ahead of `consume`, and the chunks' buffers circulate between the two (at most three). On a
+/// CUDA device both threads queue on the device's one stream ([`crate::device::open_cuda`]), so
+/// the product reads embeddings the caller's work has finished writing.
 fn pipeline<T: Default + Send>(
     n: usize,
     chunk_size: usize,

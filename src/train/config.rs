@@ -20,11 +20,11 @@ pub enum DeviceChoice {
     /// The CPU.
     #[default]
     Cpu,
-    /// The first CUDA GPU; an error if the crate was built without the `cuda` feature or no GPU
-    /// is usable.
+    /// The first CUDA GPU ([`crate::device::open_cuda`]); an error if the crate was built
+    /// without the `cuda` feature or no GPU is usable.
     Cuda,
-    /// `Device::cuda_if_available(0)`: the first GPU if the crate has the `cuda` feature and a GPU
-    /// is usable, the CPU otherwise.
+    /// [`crate::device::cuda_if_available`]`(0)`: the first GPU if the crate has the `cuda`
+    /// feature and a GPU is usable, the CPU otherwise.
     Auto,
 }
 
@@ -42,7 +42,6 @@ impl DeviceChoice {
         }
     }
 
-    /// The candle device.
     /// Whether this build can run on the device at all: `cuda` needs a build with the `cuda`
     /// feature. Cheap (opens nothing), so a run can say so before it reads any data or makes
     /// any folder; whether a GPU is there is only known when [`DeviceChoice::device`] opens it.
@@ -59,21 +58,10 @@ impl DeviceChoice {
     pub fn device(self) -> Result<Device> {
         match self {
             DeviceChoice::Cpu => Ok(Device::Cpu),
-            DeviceChoice::Auto => Ok(Device::cuda_if_available(0)?),
-            DeviceChoice::Cuda => cuda_device(),
+            DeviceChoice::Auto => crate::device::cuda_if_available(0),
+            DeviceChoice::Cuda => crate::device::open_cuda(0),
         }
     }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_device() -> Result<Device> {
-    Device::new_cuda(0)
-        .map_err(|e| Error::invalid("device", format!("cannot use CUDA device 0: {e}")))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device() -> Result<Device> {
-    Err(no_cuda())
 }
 
 #[cfg(not(feature = "cuda"))]
