@@ -197,7 +197,8 @@ impl Report {
 /// Which kernels an entry ran through: the models' cuDNN path (feature `cudnn`, switched off by
 /// `RANKWISE_CUDNN=0`), the smooth-rank losses' device kernels (switched off by
 /// `RANKWISE_DEVICE_KERNELS=0`; they apply only on CUDA, up to their size bound) and whether
-/// TF32 was forbidden (`NVIDIA_TF32_OVERRIDE=0`).
+/// TF32 was forbidden (`NVIDIA_TF32_OVERRIDE=0`), and whether the device's memory pool keeps
+/// its freed memory (`RANKWISE_POOL_RETAIN=0`: CUDA's default, released at every sync).
 fn backend() -> Value {
     #[cfg(feature = "cudnn")]
     let cudnn = rankwise::models::cudnn::enabled();
@@ -209,6 +210,7 @@ fn backend() -> Value {
            "pinned_copies": rankwise::retrieval::pinned::enabled(),
            "pinned_uploads": rankwise::data::staging::enabled(),
            "device_ranking": rankwise::retrieval::device_rank::enabled(),
+           "pool_retention": rankwise::device::pool_retention(),
            "nvidia_tf32_override": std::env::var("NVIDIA_TF32_OVERRIDE").ok()})
 }
 
@@ -1901,6 +1903,22 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
             };
             let optimizer_kernels = time_opt(true)?;
             let optimizer_tensor_ops = time_opt(false)?;
+            // The same steps with the memory pool handing its freed memory back at every
+            // synchronisation (CUDA's default; each step reads its loss value), for the
+            // side-by-side with the pool that keeps it (`rankwise::device`).
+            let released = if rankwise::device::pool_retention() && dev.is_cuda() {
+                rankwise::device::set_pool_retention(dev, false)?;
+                dev.synchronize()?;
+                let t = Instant::now();
+                let stepped = (0..steps).try_for_each(|_| bench.step(&x).map(|_| ()));
+                dev.synchronize()?;
+                let secs = t.elapsed().as_secs_f64();
+                rankwise::device::set_pool_retention(dev, true)?;
+                stepped?;
+                json!(round(secs / steps as f64, 4))
+            } else {
+                Value::Null
+            };
             Ok(
                 json!({"kind": "train", "model": name, "size": size, "batch": batch,
                 "steps": steps, "status": "ok",
@@ -1909,6 +1927,7 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
                 "forward_s_per_step": round(forward / steps as f64, 4),
                 "optimizer_s_per_step": round(optimizer_kernels, 5),
                 "optimizer_tensor_ops_s_per_step": round(optimizer_tensor_ops, 5),
+                "s_per_step_pool_released_at_sync": released,
                 "last_loss": last}),
             )
         })();
