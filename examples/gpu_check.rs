@@ -1643,6 +1643,9 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
                 _ => 2,
             };
             let t_start = unix_ms();
+            // The pool keeps freed memory (`rankwise::device`): the smaller batches' must not
+            // count against the next one's fit.
+            rankwise::device::release_pool(dev)?;
             match time_loss(name, b, dev, reps) {
                 Ok((s, v, reps)) => report.push(
                     "benchmarks",
@@ -2104,15 +2107,18 @@ fn main() -> Result<()> {
         check_losses(&mut report, &device, args.small, &args.families)?;
     }
     if wants("eval") {
+        rankwise::device::release_pool(&device)?;
         bench_eval(&mut report, &device, args.small)?;
     }
     if wants("train") {
+        rankwise::device::release_pool(&device)?;
         bench_train(&mut report, &device, args.small, &args.models)?;
     }
     if wants("losses") {
         bench_losses(&mut report, &device, &args)?;
     }
     if wants("pipeline") {
+        rankwise::device::release_pool(&device)?;
         pipeline(&mut report, &device, args.small, &scratch)?;
     }
     let _ = std::fs::remove_dir_all(&scratch);

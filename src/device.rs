@@ -102,6 +102,32 @@ pub fn set_pool_retention(device: &Device, retain: bool) -> Result<()> {
     Ok(())
 }
 
+/// Hands the freed memory that `device`'s pool keeps back to the driver, once its queued work is
+/// done: between phases of different sizes (the GPU check's search for the largest batch that
+/// fits must not find the memory held by a smaller one's freed tensors). Nothing to do on the
+/// CPU.
+pub fn release_pool(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        use candle_core::cuda_backend::WrapErr;
+        let ctx = dev.cuda_stream().context().clone();
+        if !ctx.has_async_alloc() {
+            return Ok(());
+        }
+        // A free is complete only once the work queued before it is.
+        device.synchronize()?;
+        ctx.bind_to_thread().w()?;
+        // SAFETY: the context's own device and its current pool.
+        unsafe {
+            let pool = result::device::get_mem_pool(ctx.cu_device()).w()?;
+            result::mem_pool::trim_to(pool, 0).w()?;
+        }
+    }
+    let _ = device;
+    Ok(())
+}
+
 /// CUDA device `ordinal` ([`open_cuda`]) in a build with the `cuda` feature and a usable GPU,
 /// the CPU otherwise.
 pub fn cuda_if_available(ordinal: usize) -> Result<Device> {
@@ -125,7 +151,8 @@ mod tests {
             "{err}"
         );
         assert!(cuda_if_available(0).unwrap().is_cpu());
-        // On the CPU there is no pool to set.
+        // On the CPU there is no pool to set or release.
         set_pool_retention(&Device::Cpu, false).unwrap();
+        release_pool(&Device::Cpu).unwrap();
     }
 }
