@@ -5,8 +5,10 @@
 // the host by the emulation test of that module.
 //
 // x is the B x B matrix of distance-like values (x = -s for cosine similarities), cls the dense
-// fine class of each item. Outputs (B x B doubles, zero-initialised by the caller): counts and
-// partial sums. Every comparison and cost is in double, as the host's row engine computes them.
+// fine class of each item. The minings' outputs (B x B doubles, zero-initialised by the caller):
+// counts and partial sums. Then their reduction to the loss (each anchor's row, the total) and
+// the gradient with respect to x. Every comparison, cost and sum is in double, as the host's row
+// engine computes them.
 
 // Whether the triplet (x_p, x_n) is mined and costs something: mining 0 = all, 1 = semi-hard.
 __device__ __forceinline__ bool rw_triplet_active(double xp, double xn, double margin,
@@ -82,6 +84,58 @@ __device__ void rw_triplet_easy(const T* x, const unsigned int* cls, unsigned in
   }
 }
 
+// One thread per anchor a (grid-stride): its active triplets (the positive counts of its row)
+// and the sum of their costs, into rows[2 a], rows[2 a + 1].
+__device__ void rw_triplet_rows(const double* counts, const double* partial, unsigned int b,
+                                double* rows) {
+  const unsigned long long first = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long a = first; a < b; a += stride) {
+    const unsigned long long row = a * b;
+    double active = 0.0, cost = 0.0;
+    for (unsigned int j = 0; j < b; ++j) {
+      const double k = counts[row + j];
+      if (k > 0.0) active += k;
+      cost += partial[row + j];
+    }
+    rows[2 * a] = active;
+    rows[2 * a + 1] = cost;
+  }
+}
+
+// One thread: the anchors' rows summed in order; K the active triplets, the loss their mean
+// cost (0 when K = 0: every cost is then 0 and the divisor max(K, 1)). Writes the loss and the
+// divisor, which the gradient reads.
+template <typename T>
+__device__ void rw_triplet_total(const double* rows, unsigned int b, T* loss, double* divisor) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double active = 0.0, cost = 0.0;
+  for (unsigned int a = 0; a < b; ++a) {
+    active += rows[2 * a];
+    cost += rows[2 * a + 1];
+  }
+  const double d = active > 1.0 ? active : 1.0;
+  *loss = (T)(cost / d);
+  *divisor = d;
+}
+
+// One thread per entry (a, j) (block x: the anchor; its threads and block y: the item):
+// dx_aj = g (k+_aj - k-_aj) / max(K, 1), g the loss's incoming gradient read on the device.
+template <typename T>
+__device__ void rw_triplet_grad(const double* counts, const double* divisor, const T* g, T* dx,
+                                unsigned int b) {
+  const unsigned int a = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (a >= b || j >= b) return;
+  const unsigned long long at = (unsigned long long)a * b + j;
+  dx[at] = (T)((double)g[0] * (counts[at] / divisor[0]));
+}
+
+extern "C" __global__ void rankwise_triplet_rows(const double* counts, const double* partial,
+                                                 unsigned int b, double* rows) {
+  rw_triplet_rows(counts, partial, b, rows);
+}
+
 #define RW_TRIPLET_KERNELS(T, SUFFIX)                                                          \
   extern "C" __global__ void rankwise_triplet_pairs_##SUFFIX(                                  \
       const T* x, const unsigned int* cls, unsigned int b, double margin, int mining,          \
@@ -92,6 +146,14 @@ __device__ void rw_triplet_easy(const T* x, const unsigned int* cls, unsigned in
       const T* x, const unsigned int* cls, unsigned int b, double margin, double* counts,      \
       double* partial) {                                                                       \
     rw_triplet_easy<T>(x, cls, b, margin, counts, partial);                                    \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_triplet_total_##SUFFIX(const double* rows, unsigned int b, \
+                                                            T* loss, double* divisor) {        \
+    rw_triplet_total<T>(rows, b, loss, divisor);                                               \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_triplet_grad_##SUFFIX(                                   \
+      const double* counts, const double* divisor, const T* g, T* dx, unsigned int b) {       \
+    rw_triplet_grad<T>(counts, divisor, g, dx, b);                                             \
   }
 
 RW_TRIPLET_KERNELS(float, f32)

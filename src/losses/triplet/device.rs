@@ -18,9 +18,11 @@
 //! ```
 //!
 //! — the module documentation's mean non-zero cost, with the row engine's minings (semi-hard:
-//! `0 < x_an − x_ap ≤ m`). The counts carry no gradient (the mining is piecewise constant), so
-//! the loss is attached to the graph of `x` by one op (`crate::attach`) whose value is `L` and
-//! whose backward pass is `∂x = J ∂L`, `J = ∂L/∂x`, and autograd takes it through
+//! `0 < x_an − x_ap ≤ m`). Two more kernels reduce them (each anchor's row, then one thread
+//! totals the rows in order into `L` and the divisor `max(K, 1)`), and the backward pass is one
+//! kernel writing `∂x = g (k⁺ − k⁻) / max(K, 1)` from the counts and the divisor that the op
+//! keeps on the device (the counts carry no gradient: the mining is piecewise constant), instead
+//! of a dozen candle operations for the reduction and the Jacobian; autograd takes `∂x` through
 //! `x = −Ê Êᵀ` and the normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
 //! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
 //! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
@@ -29,8 +31,8 @@
 //! torch's through autograd).
 //!
 //! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
-//! launch grid (`tests/cuda_emulation/triplet.cpp`) and check the value and the embeddings'
-//! gradient of the assembled kernel outputs against the row engine for the three minings; the
+//! launch grid (`tests/cuda_emulation/triplet.cpp`) and check the kernels' value and `∂x`,
+//! taken through autograd to the embeddings, against the row engine for the three minings; the
 //! GPU check compares every triplet loss on CUDA with the CPU.
 
 use super::{Triplet, TripletMining};
@@ -77,46 +79,22 @@ fn distances(embeddings: &Tensor) -> Result<Tensor> {
     PairMetric::Cosine.distance_matrix(&e.matmul(&e.t()?)?)
 }
 
-/// The loss from the kernels' outputs (`counts`, `partial`: `B × B` `f64`, see the module
-/// documentation), attached to the graph of `x` by one op (`crate::attach`) whose backward pass
-/// is `∂x = J ∂L`.
-pub(crate) fn assemble(x: &Tensor, counts: &Tensor, partial: &Tensor) -> Result<Tensor> {
-    let active = counts.relu()?.sum_all()?;
-    // K = 0 leaves every count and cost at 0: dividing by max(K, 1) gives L = 0, J = 0.
-    let denom = active.maximum(1.0)?;
-    let value = partial.sum_all()?.div(&denom)?.to_dtype(x.dtype())?;
-    let counts = counts.clone();
-    crate::attach::attach(x, &value, move |x, _, grad| {
-        let jac = counts.broadcast_div(&denom)?.to_dtype(x.dtype())?;
-        Ok(Some(jac.broadcast_mul(&grad.reshape((1, 1))?)?))
-    })
-}
-
 /// The triplet loss with the mining on the device (see the module documentation).
 pub(super) fn forward(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
     super::check_candidates(labels)?;
     let x = distances(embeddings)?;
     let ids = dense_fine_ids(labels);
-    let (counts, partial) = mine(&x, ids, loss.margin, loss.mining)?;
-    assemble(&x, &counts, &partial)
+    mined_cost(&x, ids, loss.margin, loss.mining)
 }
 
 #[cfg(feature = "cuda")]
-fn mine(x: &Tensor, ids: Vec<u32>, margin: f64, mining: TripletMining) -> Result<(Tensor, Tensor)> {
-    let b = ids.len();
-    let op = cuda::Mine {
-        ids,
-        margin,
-        mining: mining_code(mining),
-    };
-    let out = x.detach().contiguous()?.apply_op1_no_bwd(&op)?;
-    let counts = out.narrow(0, 0, b * b)?.reshape((b, b))?;
-    let partial = out.narrow(0, b * b, b * b)?.reshape((b, b))?;
-    Ok((counts, partial))
+fn mined_cost(x: &Tensor, ids: Vec<u32>, margin: f64, mining: TripletMining) -> Result<Tensor> {
+    let op = cuda::MinedCost::new(ids, margin, mining_code(mining));
+    Ok(x.contiguous()?.apply_op1(op)?)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn mine(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<(Tensor, Tensor)> {
+fn mined_cost(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<Tensor> {
     Err(crate::error::Error::invalid(
         "device",
         "the triplet mining kernels need a build with the `cuda` feature",
@@ -131,32 +109,64 @@ mod cuda {
     use candle_core::backend::BackendStorage;
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
+    use candle_core::{
+        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
+    };
+    use std::sync::{Arc, Mutex};
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_triplet";
 
-    /// `(x) → [counts | partial]`, `2 B²` `f64` values.
-    pub(super) struct Mine {
-        pub(super) ids: Vec<u32>,
-        pub(super) margin: f64,
-        pub(super) mining: u32,
+    /// What the forward pass leaves on the device for the backward pass: the counts `k⁺ − k⁻`
+    /// (`B × B`) and the divisor `max(K, 1)`.
+    #[derive(Clone)]
+    struct Saved {
+        counts: Arc<CudaSlice<f64>>,
+        divisor: Arc<CudaSlice<f64>>,
     }
 
-    impl Mine {
+    /// `x → L` (a scalar): the mining, its reduction; its backward pass is [`MinedCostGrad`].
+    pub(super) struct MinedCost {
+        ids: Vec<u32>,
+        margin: f64,
+        mining: u32,
+        saved: Mutex<Option<Saved>>,
+    }
+
+    /// `(x, g) → ∂L/∂x`, from the forward pass's counts and divisor.
+    struct MinedCostGrad {
+        saved: Saved,
+    }
+
+    fn poisoned() -> candle_core::Error {
+        candle_core::Error::Msg("the triplet loss's lock is poisoned".into())
+    }
+
+    impl MinedCost {
+        pub(super) fn new(ids: Vec<u32>, margin: f64, mining: u32) -> MinedCost {
+            MinedCost {
+                ids,
+                margin,
+                mining,
+                saved: Mutex::new(None),
+            }
+        }
+
         fn launch<T: Float>(
             &self,
             dev: &CudaDevice,
             x: &CudaView<T>,
-        ) -> candle_core::Result<CudaSlice<f64>> {
+        ) -> candle_core::Result<CudaSlice<T>> {
             let b = self.ids.len();
             let nb = b as u32;
+            let module = || ptx(MODULE, SOURCE);
             let cls = dev.clone_htod(&self.ids)?;
-            let mut out = dev.alloc_zeros::<f64>(2 * b * b)?;
-            let (mut counts, mut partial) = out.split_at_mut(b * b);
+            // The minings write only the entries they count (and no diagonal): zeros first.
+            let mut counts = dev.alloc_zeros::<f64>(b * b)?;
+            let mut partial = dev.alloc_zeros::<f64>(b * b)?;
             if self.mining == 2 {
                 let name = instance::<T>("rankwise_triplet_easy");
-                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
                 let mut l = f.builder();
                 l.arg(x)
                     .arg(&cls)
@@ -164,12 +174,11 @@ mod cuda {
                     .arg(&self.margin)
                     .arg(&mut counts)
                     .arg(&mut partial);
-                let cfg = per_row(b);
                 // SAFETY: `x`, `counts` and `partial` hold `B × B` values, `cls` `B`.
-                unsafe { l.launch(cfg) }.w()?;
+                unsafe { l.launch(per_row(b)) }.w()?;
             } else {
                 let name = instance::<T>("rankwise_triplet_pairs");
-                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
                 let mining = self.mining as i32;
                 let mut l = f.builder();
                 l.arg(x)
@@ -179,15 +188,34 @@ mod cuda {
                     .arg(&mining)
                     .arg(&mut counts)
                     .arg(&mut partial);
-                let cfg = per_entry(b, b);
                 // SAFETY: as above.
-                unsafe { l.launch(cfg) }.w()?;
+                unsafe { l.launch(per_entry(b, b)) }.w()?;
             }
-            Ok(out)
+            // SAFETY (the three allocations): the row kernel writes all 2 B row sums, the total
+            // kernel the loss and the divisor, before anything reads them.
+            let mut rows = unsafe { dev.alloc::<f64>(2 * b)? };
+            let mut loss = unsafe { dev.alloc::<T>(1)? };
+            let mut divisor = unsafe { dev.alloc::<f64>(1)? };
+            let f = dev.get_or_load_custom_func("rankwise_triplet_rows", MODULE, module()?)?;
+            let mut l = f.builder();
+            l.arg(&counts).arg(&partial).arg(&nb).arg(&mut rows);
+            // SAFETY: `counts` and `partial` hold `B × B` values, `rows` 2 B.
+            unsafe { l.launch(per_row(b)) }.w()?;
+            let name = instance::<T>("rankwise_triplet_total");
+            let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
+            let mut l = f.builder();
+            l.arg(&rows).arg(&nb).arg(&mut loss).arg(&mut divisor);
+            // SAFETY: one thread reads the 2 B row sums and writes one loss and one divisor.
+            unsafe { l.launch(per_row(1)) }.w()?;
+            *self.saved.lock().map_err(|_| poisoned())? = Some(Saved {
+                counts: Arc::new(counts),
+                divisor: Arc::new(divisor),
+            });
+            Ok(loss)
         }
     }
 
-    impl CustomOp1 for Mine {
+    impl CustomOp1 for MinedCost {
         fn name(&self) -> &'static str {
             "rankwise-triplet-mining"
         }
@@ -204,15 +232,117 @@ mod cuda {
             let b = self.ids.len();
             check_matrix(self.name(), l, b, b)?;
             let dev = s.device().clone();
-            let out = match s.dtype() {
-                DType::F32 => self.launch(&dev, &view::<f32>(s, l)?)?,
-                DType::F64 => self.launch(&dev, &view::<f64>(s, l)?)?,
+            let loss = match s.dtype() {
+                DType::F32 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(s, l)?)?, dev)
+                }
+                DType::F64 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(s, l)?)?, dev)
+                }
                 d => return Err(dtype_error(self.name(), d)),
             };
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev),
-                Shape::from(2 * b * b),
-            ))
+            Ok((loss, Shape::from(())))
+        }
+
+        fn bwd(
+            &self,
+            x: &Tensor,
+            _: &Tensor,
+            grad: &Tensor,
+        ) -> candle_core::Result<Option<Tensor>> {
+            let saved = self
+                .saved
+                .lock()
+                .map_err(|_| poisoned())?
+                .clone()
+                .ok_or_else(|| {
+                    candle_core::Error::Msg(
+                        "the triplet loss's backward pass before its forward pass".into(),
+                    )
+                })?;
+            let op = MinedCostGrad { saved };
+            Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
+        }
+    }
+
+    impl MinedCostGrad {
+        fn launch<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            g: &CudaView<T>,
+            b: usize,
+        ) -> candle_core::Result<CudaSlice<T>> {
+            let nb = b as u32;
+            // SAFETY: the kernel writes every one of the B × B values.
+            let mut dx = unsafe { dev.alloc::<T>(b * b)? };
+            let f = dev.get_or_load_custom_func(
+                &instance::<T>("rankwise_triplet_grad"),
+                MODULE,
+                ptx(MODULE, SOURCE)?,
+            )?;
+            let mut l = f.builder();
+            l.arg(self.saved.counts.as_ref())
+                .arg(self.saved.divisor.as_ref())
+                .arg(g)
+                .arg(&mut dx)
+                .arg(&nb);
+            // SAFETY: `counts` and `dx` hold B × B values, the divisor and `g` one.
+            unsafe { l.launch(per_entry(b, b)) }.w()?;
+            Ok(dx)
+        }
+    }
+
+    impl CustomOp2 for MinedCostGrad {
+        fn name(&self) -> &'static str {
+            "rankwise-triplet-mining-grad"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            x: &CudaStorage,
+            xl: &Layout,
+            g: &CudaStorage,
+            gl: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let b = xl.dims().first().copied().unwrap_or(0);
+            check_matrix(self.name(), xl, b, b)?;
+            if b * b != self.saved.counts.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{}: {b} × {b} distances for {} counts",
+                    self.name(),
+                    self.saved.counts.len()
+                )));
+            }
+            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != x.dtype() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
+                    self.name(),
+                    x.dtype(),
+                    g.dtype(),
+                    gl.dims()
+                )));
+            }
+            let dev = x.device().clone();
+            let dx = match x.dtype() {
+                DType::F32 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(g, gl)?, b)?, dev)
+                }
+                DType::F64 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(g, gl)?, b)?, dev)
+                }
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            Ok((dx, Shape::from((b, b))))
         }
     }
 }
@@ -223,15 +353,26 @@ mod tests {
     use crate::losses::RankLoss;
     use candle_core::{DType, Device, Var};
 
+    /// What the harness returns: the mining's counts and partial sums, the loss, the divisor
+    /// `max(K, 1)` and `∂x` for the incoming gradient.
+    struct Emulated {
+        counts: Vec<f64>,
+        partial: Vec<f64>,
+        loss: f64,
+        divisor: f64,
+        dx: Vec<f64>,
+    }
+
     /// The kernels of `device.cu` run on the host by the harness (launch grid emulated with
-    /// blocks of 5 threads): `(counts, partial)`.
+    /// blocks of 5 threads), the incoming gradient `g`.
     fn emulate(
         x: &[f64],
         f32_x: bool,
         ids: &[u32],
         margin: f64,
         mining: TripletMining,
-    ) -> (Vec<f64>, Vec<f64>) {
+        g: f64,
+    ) -> Emulated {
         let b = ids.len();
         let mut input = Vec::new();
         for v in [b as u32, mining_code(mining), u32::from(f32_x)] {
@@ -242,14 +383,21 @@ mod tests {
         for &c in ids {
             input.extend(c.to_le_bytes());
         }
+        crate::kernels::emulation::push_values(&mut input, &[g], f32_x);
         let out = crate::kernels::emulation::run("triplet", &input);
-        assert_eq!(out.len(), 2 * b * b);
-        let (c, p) = out.split_at(b * b);
-        (c.to_vec(), p.to_vec())
+        let bb = b * b;
+        assert_eq!(out.len(), 3 * bb + 2);
+        Emulated {
+            counts: out[..bb].to_vec(),
+            partial: out[bb..2 * bb].to_vec(),
+            loss: out[2 * bb],
+            divisor: out[2 * bb + 1],
+            dx: out[2 * bb + 2..].to_vec(),
+        }
     }
 
     /// Value and embeddings' gradient of `loss` by the row engine and by the emulated kernels
-    /// through [`assemble`], for embeddings of `dtype`.
+    /// (their loss and `∂x`), for embeddings of `dtype`.
     fn both(
         loss: &Triplet,
         labels: &Labels,
@@ -291,11 +439,29 @@ mod tests {
             .to_vec1()
             .unwrap();
         let ids = dense_fine_ids(labels);
-        let (c, p) = emulate(&xs, dtype == DType::F32, &ids, loss.margin, loss.mining);
-        let counts = Tensor::from_vec(c, (b, b), &Device::Cpu).unwrap();
-        let partial = Tensor::from_vec(p, (b, b), &Device::Cpu).unwrap();
-        let kernel = grad_of(assemble(&x, &counts, &partial).unwrap());
-        [reference, kernel]
+        let k = emulate(
+            &xs,
+            dtype == DType::F32,
+            &ids,
+            loss.margin,
+            loss.mining,
+            1.0,
+        );
+        // The kernels' loss and `∂x` (for g = 1) attached to the graph of `x` as the op attaches
+        // them, so that autograd takes `∂x` to the embeddings.
+        let value = Tensor::new(k.loss, &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let dx = Tensor::from_vec(k.dx, (b, b), &Device::Cpu)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let attached = crate::attach::attach(&x, &value, move |_, _, grad| {
+            Ok(Some(dx.broadcast_mul(&grad.reshape((1, 1))?)?))
+        })
+        .unwrap();
+        [reference, grad_of(attached)]
     }
 
     #[test]
@@ -364,7 +530,9 @@ mod tests {
             TripletMining::EasyPositiveSemiHardNegative,
         ] {
             for margin in [0.125, 0.25] {
-                let (counts, partial) = emulate(&x, false, &ids, margin, mining);
+                let Emulated {
+                    counts, partial, ..
+                } = emulate(&x, false, &ids, margin, mining, 1.0);
                 for a in 0..b {
                     let row = &x[a * b..(a + 1) * b];
                     let pos: Vec<(usize, f64)> = (0..b)
@@ -389,6 +557,38 @@ mod tests {
                         want.sum
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_reduction_is_the_mean_active_cost_and_the_gradient_scales_with_g() {
+        let b = 12;
+        let ids: Vec<u32> = (0..b as u32).map(|i| i % 3).collect();
+        let x = crate::kernels::emulation::uniform(b * b, 9);
+        for mining in [
+            TripletMining::All,
+            TripletMining::SemiHard,
+            TripletMining::EasyPositiveSemiHardNegative,
+        ] {
+            let what = format!("{mining:?}");
+            let one = emulate(&x, false, &ids, 0.3, mining, 1.0);
+            let active: f64 = one.counts.iter().filter(|&&c| c > 0.0).sum();
+            assert!(active > 0.0, "{what}: the test should have active triplets");
+            assert_eq!(one.divisor, active.max(1.0), "{what}");
+            let cost: f64 = one.partial.iter().sum();
+            let want = cost / active;
+            assert!(
+                (one.loss - want).abs() <= 1e-12 * want,
+                "{what}: {}",
+                one.loss
+            );
+            for (dx, c) in one.dx.iter().zip(&one.counts) {
+                assert_eq!(*dx, c / one.divisor, "{what}");
+            }
+            let scaled = emulate(&x, false, &ids, 0.3, mining, -0.5);
+            for (s, o) in scaled.dx.iter().zip(&one.dx) {
+                assert_eq!(*s, -0.5 * o, "{what}");
             }
         }
     }
