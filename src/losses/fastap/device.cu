@@ -129,6 +129,26 @@ __device__ void rw_fastap_grad(const T* s, const unsigned int* cls, const double
   jac[row + j] = p.scale * coeff;
 }
 
+// One thread: the loss 1 - sum_q FastAP_q / N_valid, the queries summed in order.
+template <typename T>
+__device__ void rw_fastap_total(const double* fastap, unsigned int b, double valid, T* loss) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0.0;
+  for (unsigned int q = 0; q < b; ++q) sum += fastap[q];
+  *loss = (T)(1.0 - sum / valid);
+}
+
+// One thread per entry (q, j) (block x: the query; its threads and block y: the item): the
+// backward pass ds = g J, g the loss's incoming gradient read on the device.
+template <typename T>
+__device__ void rw_fastap_chain(const double* jac, const T* g, T* ds, unsigned int b) {
+  const unsigned int q = blockIdx.x;
+  const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
+  if (q >= b || j >= b) return;
+  const unsigned long long at = (unsigned long long)q * b + j;
+  ds[at] = (T)((double)g[0] * jac[at]);
+}
+
 #define RW_FASTAP_KERNELS(T, SUFFIX)                                                           \
   extern "C" __global__ void rankwise_fastap_rows_##SUFFIX(const T* s, const unsigned int* cls, \
                                                            const double* centres, rw_bins p,    \
@@ -139,6 +159,14 @@ __device__ void rw_fastap_grad(const T* s, const unsigned int* cls, const double
       const T* s, const unsigned int* cls, const double* centres, rw_bins p,                   \
       const double* scratch, double* jac) {                                                    \
     rw_fastap_grad<T>(s, cls, centres, p, scratch, jac);                                       \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_fastap_total_##SUFFIX(const double* fastap, unsigned int b, \
+                                                           double valid, T* loss) {            \
+    rw_fastap_total<T>(fastap, b, valid, loss);                                                \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_fastap_chain_##SUFFIX(const double* jac, const T* g,      \
+                                                           T* ds, unsigned int b) {            \
+    rw_fastap_chain<T>(jac, g, ds, b);                                                         \
   }
 
 RW_FASTAP_KERNELS(float, f32)

@@ -16,15 +16,16 @@
 //! ```
 //!
 //! `O(B)` work per query for the histograms, `O(L)` per pair for the gradient, `O(B · L)`
-//! scratch memory. The gradient is linear in the incoming one (both gradients are), so it is
-//! attached to the graph of `s` by one op whose backward pass is `∂s = J ∂L` (`crate::attach`),
-//! and autograd carries it through the product and the normalisation.
+//! scratch memory. One more thread totals the queries into the loss. The gradient is linear in
+//! the incoming one (both gradients are), so the op's backward pass is one kernel `∂s = g J`,
+//! from `J` kept on the device, and autograd carries it through the product and the
+//! normalisation.
 //!
 //! **Tests.** The unit tests compile `device.cu` with the host's C++ compiler under an emulated
 //! launch grid (`tests/cuda_emulation/fastap.cpp`) and compare it with the row engine: through
-//! embeddings (value and gradient, both gradients, normalised or given unit rows, several bin
-//! counts) and on similarities that put distances exactly on bin centres and edges, where the
-//! kernel's derivative has its special cases.
+//! embeddings (the kernels' value and `∂s`, taken through autograd; both gradients, normalised
+//! or given unit rows, several bin counts) and on similarities that put distances exactly on bin
+//! centres and edges, where the kernel's derivative has its special cases.
 
 use super::{Bins, FastAp, FastApGradient};
 use crate::error::{Error, Result};
@@ -90,24 +91,6 @@ fn params(loss: &FastAp, bins: &Bins, b: usize, valid: usize) -> Params {
     }
 }
 
-/// The loss from the kernels' per-query FastAP (`B`, `f64`) and `∂L/∂s` (`B × B`, `f64`),
-/// attached to the graph of `s` by one op (`crate::attach`) whose backward pass is
-/// `∂s = J ∂L`.
-#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
-fn assemble(s: &Tensor, fastap: &Tensor, jac: &Tensor, valid: usize) -> Result<Tensor> {
-    let value = fastap
-        .sum_all()?
-        .affine(-1.0 / valid as f64, 1.0)?
-        .to_dtype(s.dtype())?;
-    let jac = jac.clone();
-    crate::attach::attach(s, &value, move |s, _, grad| {
-        Ok(Some(
-            jac.to_dtype(s.dtype())?
-                .broadcast_mul(&grad.reshape((1, 1))?)?,
-        ))
-    })
-}
-
 /// FastAP on the device (see the module documentation).
 pub(super) fn forward(loss: &FastAp, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
     check_batch(embeddings, labels)?;
@@ -128,15 +111,13 @@ pub(super) fn forward(loss: &FastAp, embeddings: &Tensor, labels: &Labels) -> Re
 #[cfg(feature = "cuda")]
 fn run(loss: &FastAp, bins: &Bins, s: &Tensor, ids: Vec<u32>, valid: usize) -> Result<Tensor> {
     let b = ids.len();
-    let op = cuda::FastApOp {
-        params: params(loss, bins, b, valid),
-        centres: bins.centres.clone(),
+    let op = cuda::FastApOp::new(
+        params(loss, bins, b, valid),
+        bins.centres.clone(),
         ids,
-    };
-    let out = s.detach().contiguous()?.apply_op1_no_bwd(&op)?;
-    let jac = out.narrow(0, 0, b * b)?.reshape((b, b))?;
-    let fastap = out.narrow(0, b * b, b)?;
-    assemble(s, &fastap, &jac, valid)
+        valid,
+    );
+    Ok(s.contiguous()?.apply_op1(op)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -158,7 +139,10 @@ mod cuda {
         CudaSlice, CudaView, DeviceRepr, PushKernelArg,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
+    use candle_core::{
+        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
+    };
+    use std::sync::{Arc, Mutex};
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_fastap";
@@ -166,31 +150,53 @@ mod cuda {
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_bins`.
     unsafe impl DeviceRepr for Params {}
 
-    /// `s → [∂L/∂s (B²) | FastAP per query (B)]`, `f64`.
+    /// `s → L` (a scalar); its backward pass is [`FastApChain`], from `J = ∂L/∂s` (`B × B`,
+    /// `f64`) kept on the device.
     pub(super) struct FastApOp {
-        pub(super) params: Params,
-        pub(super) centres: Vec<f64>,
-        pub(super) ids: Vec<u32>,
+        params: Params,
+        centres: Vec<f64>,
+        ids: Vec<u32>,
+        valid: usize,
+        jac: Mutex<Option<Arc<CudaSlice<f64>>>>,
+    }
+
+    /// `(s, g) → g J`.
+    struct FastApChain {
+        jac: Arc<CudaSlice<f64>>,
+    }
+
+    fn poisoned() -> candle_core::Error {
+        candle_core::Error::Msg("FastAP's lock is poisoned".into())
     }
 
     impl FastApOp {
+        pub(super) fn new(params: Params, centres: Vec<f64>, ids: Vec<u32>, valid: usize) -> Self {
+            FastApOp {
+                params,
+                centres,
+                ids,
+                valid,
+                jac: Mutex::new(None),
+            }
+        }
+
         fn launch<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
-        ) -> candle_core::Result<CudaSlice<f64>> {
+        ) -> candle_core::Result<CudaSlice<T>> {
             let b = self.ids.len();
             let cls = dev.clone_htod(&self.ids)?;
             let centres = dev.clone_htod(&self.centres)?;
             let mut scratch = dev.alloc_zeros::<f64>(2 * b * self.centres.len())?;
-            let mut out = dev.alloc_zeros::<f64>(b * b + b)?;
-            let (mut jac, mut fastap) = out.split_at_mut(b * b);
+            let mut fastap = dev.alloc_zeros::<f64>(b)?;
+            let mut jac = dev.alloc_zeros::<f64>(b * b)?;
+            // SAFETY: the total kernel writes the loss before anything reads it.
+            let mut loss = unsafe { dev.alloc::<T>(1)? };
             let module = ptx(MODULE, SOURCE)?;
-            let rows = dev.get_or_load_custom_func(
-                &instance::<T>("rankwise_fastap_rows"),
-                MODULE,
-                module,
-            )?;
+            let func =
+                |name: &str| dev.get_or_load_custom_func(&instance::<T>(name), MODULE, module);
+            let rows = func("rankwise_fastap_rows")?;
             let mut l = rows.builder();
             l.arg(s)
                 .arg(&cls)
@@ -198,15 +204,10 @@ mod cuda {
                 .arg(&self.params)
                 .arg(&mut scratch)
                 .arg(&mut fastap);
-            let per_query = per_row(b);
             // SAFETY: `s` holds `B × B` values, `cls` `B`, `centres` `L + 1`, `scratch`
             // `2 B (L + 1)`, `fastap` `B`.
-            unsafe { l.launch(per_query) }.w()?;
-            let grad = dev.get_or_load_custom_func(
-                &instance::<T>("rankwise_fastap_grad"),
-                MODULE,
-                module,
-            )?;
+            unsafe { l.launch(per_row(b)) }.w()?;
+            let grad = func("rankwise_fastap_grad")?;
             let mut l = grad.builder();
             l.arg(s)
                 .arg(&cls)
@@ -214,10 +215,16 @@ mod cuda {
                 .arg(&self.params)
                 .arg(&scratch)
                 .arg(&mut jac);
-            let pairs = per_entry(b, b);
             // SAFETY: as above; `jac` holds `B × B` values.
-            unsafe { l.launch(pairs) }.w()?;
-            Ok(out)
+            unsafe { l.launch(per_entry(b, b)) }.w()?;
+            let total = func("rankwise_fastap_total")?;
+            let (nb, valid) = (b as u32, self.valid as f64);
+            let mut l = total.builder();
+            l.arg(&fastap).arg(&nb).arg(&valid).arg(&mut loss);
+            // SAFETY: one thread reads the `B` values and writes the loss.
+            unsafe { l.launch(per_row(1)) }.w()?;
+            *self.jac.lock().map_err(|_| poisoned())? = Some(Arc::new(jac));
+            Ok(loss)
         }
     }
 
@@ -238,15 +245,113 @@ mod cuda {
             let b = self.ids.len();
             check_matrix(self.name(), l, b, b)?;
             let dev = s.device().clone();
-            let out = match s.dtype() {
-                DType::F32 => self.launch(&dev, &view::<f32>(s, l)?)?,
-                DType::F64 => self.launch(&dev, &view::<f64>(s, l)?)?,
+            let loss = match s.dtype() {
+                DType::F32 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(s, l)?)?, dev)
+                }
+                DType::F64 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(s, l)?)?, dev)
+                }
                 d => return Err(dtype_error(self.name(), d)),
             };
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev),
-                Shape::from(b * b + b),
-            ))
+            Ok((loss, Shape::from(())))
+        }
+
+        fn bwd(
+            &self,
+            s: &Tensor,
+            _: &Tensor,
+            grad: &Tensor,
+        ) -> candle_core::Result<Option<Tensor>> {
+            let jac = self
+                .jac
+                .lock()
+                .map_err(|_| poisoned())?
+                .clone()
+                .ok_or_else(|| {
+                    candle_core::Error::Msg("FastAP's backward pass before its forward pass".into())
+                })?;
+            Ok(Some(s.apply_op2_no_bwd(
+                &grad.contiguous()?,
+                &FastApChain { jac },
+            )?))
+        }
+    }
+
+    impl FastApChain {
+        fn launch<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            g: &CudaView<T>,
+            b: usize,
+        ) -> candle_core::Result<CudaSlice<T>> {
+            let nb = b as u32;
+            // SAFETY: the kernel writes every one of the B × B values.
+            let mut ds = unsafe { dev.alloc::<T>(b * b)? };
+            let f = dev.get_or_load_custom_func(
+                &instance::<T>("rankwise_fastap_chain"),
+                MODULE,
+                ptx(MODULE, SOURCE)?,
+            )?;
+            let mut l = f.builder();
+            l.arg(self.jac.as_ref()).arg(g).arg(&mut ds).arg(&nb);
+            // SAFETY: `jac` and `ds` hold B × B values, `g` one.
+            unsafe { l.launch(per_entry(b, b)) }.w()?;
+            Ok(ds)
+        }
+    }
+
+    impl CustomOp2 for FastApChain {
+        fn name(&self) -> &'static str {
+            "rankwise-fastap-grad"
+        }
+
+        fn cpu_fwd(
+            &self,
+            _: &CpuStorage,
+            _: &Layout,
+            _: &CpuStorage,
+            _: &Layout,
+        ) -> candle_core::Result<(CpuStorage, Shape)> {
+            Err(not_on_cpu(self.name()))
+        }
+
+        fn cuda_fwd(
+            &self,
+            s: &CudaStorage,
+            sl: &Layout,
+            g: &CudaStorage,
+            gl: &Layout,
+        ) -> candle_core::Result<(CudaStorage, Shape)> {
+            let b = sl.dims().first().copied().unwrap_or(0);
+            check_matrix(self.name(), sl, b, b)?;
+            if b * b != self.jac.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{}: {b} × {b} similarities for a Jacobian of {} values",
+                    self.name(),
+                    self.jac.len()
+                )));
+            }
+            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != s.dtype() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
+                    self.name(),
+                    s.dtype(),
+                    g.dtype(),
+                    gl.dims()
+                )));
+            }
+            let dev = s.device().clone();
+            let ds = match s.dtype() {
+                DType::F32 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(g, gl)?, b)?, dev)
+                }
+                DType::F64 => {
+                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(g, gl)?, b)?, dev)
+                }
+                d => return Err(dtype_error(self.name(), d)),
+            };
+            Ok((ds, Shape::from((b, b))))
         }
     }
 }
@@ -258,15 +363,24 @@ mod tests {
     use crate::losses::RankLoss;
     use candle_core::{DType, Device, Var};
 
-    /// The kernels of `device.cu` run on the host by the harness (blocks of 3 threads):
-    /// `(FastAP per query, ∂L/∂s)`.
+    /// What the harness returns: FastAP per query, `J = ∂L/∂s`, the loss, and the backward
+    /// pass `g J` for the incoming gradient.
+    struct Emulated {
+        fastap: Vec<f64>,
+        jac: Vec<f64>,
+        loss: f64,
+        ds: Vec<f64>,
+    }
+
+    /// The kernels of `device.cu` run on the host by the harness (blocks of 3 threads).
     fn emulate(
         s: &[f64],
         f32_s: bool,
         ids: &[u32],
         centres: &[f64],
-        p: Params,
-    ) -> (Vec<f64>, Vec<f64>) {
+        (p, valid): (Params, usize),
+        g: f64,
+    ) -> Emulated {
         let b = ids.len();
         let mut input = Vec::new();
         input.extend((b as u32).to_le_bytes());
@@ -284,10 +398,17 @@ mod tests {
         input.extend(p.inv_delta.to_le_bytes());
         input.extend(p.port.to_le_bytes());
         input.extend(p.scale.to_le_bytes());
+        input.extend((valid as f64).to_le_bytes());
+        crate::kernels::emulation::push_values(&mut input, &[g], f32_s);
         let out = crate::kernels::emulation::run("fastap", &input);
-        assert_eq!(out.len(), b + b * b);
-        let (f, j) = out.split_at(b);
-        (f.to_vec(), j.to_vec())
+        let bb = b * b;
+        assert_eq!(out.len(), b + 2 * bb + 1);
+        Emulated {
+            fastap: out[..b].to_vec(),
+            jac: out[b..b + bb].to_vec(),
+            loss: out[b + bb],
+            ds: out[b + bb + 1..].to_vec(),
+        }
     }
 
     #[test]
@@ -346,10 +467,29 @@ mod tests {
                         let valid = valid_queries(&ids).unwrap();
                         let bins = Bins::new(num_bins).unwrap();
                         let p = params(&loss, &bins, b, valid);
-                        let (f, j) = emulate(&flat, dtype == DType::F32, &ids, &bins.centres, p);
-                        let f = Tensor::from_vec(f, b, &Device::Cpu).unwrap();
-                        let j = Tensor::from_vec(j, (b, b), &Device::Cpu).unwrap();
-                        let (kv, kg) = grads(&assemble(&s, &f, &j, valid).unwrap());
+                        let k = emulate(
+                            &flat,
+                            dtype == DType::F32,
+                            &ids,
+                            &bins.centres,
+                            (p, valid),
+                            1.0,
+                        );
+                        // The kernels' loss and `∂s` (g = 1) attached to the graph of `s` as
+                        // the op attaches them, so that autograd takes `∂s` to the embeddings.
+                        let value = Tensor::new(k.loss, &Device::Cpu)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                        let ds = Tensor::from_vec(k.ds, (b, b), &Device::Cpu)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                        let attached = crate::attach::attach(&s, &value, move |_, _, grad| {
+                            Ok(Some(ds.broadcast_mul(&grad.reshape((1, 1))?)?))
+                        })
+                        .unwrap();
+                        let (kv, kg) = grads(&attached);
                         let what =
                             format!("{num_bins} bins {gradient:?} normalize={normalize} {dtype:?}");
                         assert!(
@@ -394,13 +534,21 @@ mod tests {
                 };
                 let bins = Bins::new(num_bins).unwrap();
                 let valid = valid_queries(&ids).unwrap();
-                let (f, j) = emulate(
+                let k = emulate(
                     &sims,
                     false,
                     &ids,
                     &bins.centres,
-                    params(&loss, &bins, b, valid),
+                    (params(&loss, &bins, b, valid), valid),
+                    -0.5,
                 );
+                let (f, j) = (&k.fastap, &k.jac);
+                // The loss totals the queries in order; the backward pass scales J by g.
+                let want = 1.0 - f.iter().sum::<f64>() / valid as f64;
+                assert_eq!(k.loss, want, "{num_bins} bins {gradient:?}");
+                for (d, jj) in k.ds.iter().zip(j) {
+                    assert_eq!(*d, -0.5 * jj, "{num_bins} bins {gradient:?}");
+                }
                 let rows = super::super::FastApRows {
                     bins: Bins::new(num_bins).unwrap(),
                     fine: std::sync::Arc::new(fine.clone()),
