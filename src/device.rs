@@ -55,8 +55,14 @@ pub fn open_cuda(ordinal: usize) -> Result<Device> {
             // this device is queued on its one stream, whose order alone orders them.
             unsafe { dev.disable_event_tracking() };
         }
+        // A performance setting: a device whose pool cannot take it still computes the same.
         if pool_retention() {
-            set_pool_retention(&device, true)?;
+            if let Err(e) = set_pool_retention(&device, true) {
+                eprintln!(
+                    "rankwise: CUDA device {ordinal}: the memory pool keeps CUDA's default release \
+                     threshold (setting it failed: {e}); RANKWISE_POOL_RETAIN=0 skips the attempt"
+                );
+            }
         }
         Ok(device)
     }
