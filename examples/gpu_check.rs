@@ -1869,6 +1869,9 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
                 &Device::Cpu,
             )?
             .to_device(dev)?;
+            // The peak from before the first step (Adam's state is made by it), as
+            // `train_throughput_vs_torch.py` resets PyTorch's.
+            rankwise::device::reset_peak_memory(dev)?;
             bench.step(&x)?;
             dev.synchronize()?;
             let t0 = Instant::now();
@@ -1878,6 +1881,8 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
             }
             dev.synchronize()?;
             let secs = t0.elapsed().as_secs_f64();
+            let peak_mib =
+                rankwise::device::peak_memory(dev)?.map(|b| round(b as f64 / 1048576.0, 1));
             // Where the step's time goes: the forward pass alone (training mode), to set against
             // the whole step.
             let t1 = Instant::now();
@@ -1931,6 +1936,7 @@ fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]
                 "optimizer_s_per_step": round(optimizer_kernels, 5),
                 "optimizer_tensor_ops_s_per_step": round(optimizer_tensor_ops, 5),
                 "s_per_step_pool_released_at_sync": released,
+                "peak_mib": peak_mib,
                 "last_loss": last}),
             )
         })();

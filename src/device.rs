@@ -31,6 +31,12 @@
 
 use crate::error::{Error, Result};
 use crate::switch::EnvSwitch;
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::cudarc::driver::{
+    result, sys::CUmemPool_attribute as PoolAttribute, sys::CUmemoryPool,
+};
+#[cfg(feature = "cuda")]
+use candle_core::cuda_backend::WrapErr;
 use candle_core::Device;
 
 static RETAIN: EnvSwitch = EnvSwitch::new("RANKWISE_POOL_RETAIN");
@@ -84,26 +90,11 @@ pub fn open_cuda(ordinal: usize) -> Result<Device> {
 /// without a pool.
 pub fn set_pool_retention(device: &Device, retain: bool) -> Result<()> {
     #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = device {
-        use candle_core::cuda_backend::cudarc::driver::{result, sys};
-        use candle_core::cuda_backend::WrapErr;
-        let ctx = dev.cuda_stream().context().clone();
-        if !ctx.has_async_alloc() {
-            return Ok(());
-        }
-        ctx.bind_to_thread().w()?;
-        let mut threshold: u64 = if retain { u64::MAX } else { 0 };
-        // SAFETY: the context's own device and its current pool, a u64 for this attribute.
-        unsafe {
-            let pool = result::device::get_mem_pool(ctx.cu_device()).w()?;
-            result::mem_pool::set_attribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                (&mut threshold as *mut u64).cast(),
-            )
-            .w()?;
-        }
-    }
+    pool_attribute(
+        device,
+        PoolAttribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        Some(if retain { u64::MAX } else { 0 }),
+    )?;
     let _ = (device, retain);
     Ok(())
 }
@@ -114,24 +105,78 @@ pub fn set_pool_retention(device: &Device, retain: bool) -> Result<()> {
 /// CPU.
 pub fn release_pool(device: &Device) -> Result<()> {
     #[cfg(feature = "cuda")]
-    if let Device::Cuda(dev) = device {
-        use candle_core::cuda_backend::cudarc::driver::result;
-        use candle_core::cuda_backend::WrapErr;
-        let ctx = dev.cuda_stream().context().clone();
-        if !ctx.has_async_alloc() {
-            return Ok(());
-        }
+    if let Some(pool) = current_pool(device)? {
         // A free is complete only once the work queued before it is.
         device.synchronize()?;
-        ctx.bind_to_thread().w()?;
-        // SAFETY: the context's own device and its current pool.
-        unsafe {
-            let pool = result::device::get_mem_pool(ctx.cu_device()).w()?;
-            result::mem_pool::trim_to(pool, 0).w()?;
-        }
+        // SAFETY: the device's current pool.
+        unsafe { result::mem_pool::trim_to(pool, 0) }.w()?;
     }
     let _ = device;
     Ok(())
+}
+
+/// The most memory `device`'s pool has had in use at once since [`reset_peak_memory`] (or since
+/// it was opened), in bytes: every tensor candle allocated, as PyTorch's
+/// `max_memory_allocated`; `None` on the CPU or a device that allocates without a pool.
+pub fn peak_memory(device: &Device) -> Result<Option<u64>> {
+    #[cfg(feature = "cuda")]
+    return pool_attribute(device, PoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, None);
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = device;
+        Ok(None)
+    }
+}
+
+/// Starts [`peak_memory`] again from the memory in use now.
+pub fn reset_peak_memory(device: &Device) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    pool_attribute(
+        device,
+        PoolAttribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        Some(0),
+    )?;
+    let _ = device;
+    Ok(())
+}
+
+/// The current memory pool of `device`, its context bound to this thread; `None` on the CPU or
+/// a device that allocates without a pool.
+#[cfg(feature = "cuda")]
+fn current_pool(device: &Device) -> Result<Option<CUmemoryPool>> {
+    let Device::Cuda(dev) = device else {
+        return Ok(None);
+    };
+    let ctx = dev.cuda_stream().context().clone();
+    if !ctx.has_async_alloc() {
+        return Ok(None);
+    }
+    ctx.bind_to_thread().w()?;
+    // SAFETY: the context's own device.
+    Ok(Some(
+        unsafe { result::device::get_mem_pool(ctx.cu_device()) }.w()?,
+    ))
+}
+
+/// Reads (`set: None`) or sets a `u64` attribute of the current pool of `device`; `None` when
+/// it has no pool.
+#[cfg(feature = "cuda")]
+fn pool_attribute(
+    device: &Device,
+    attribute: PoolAttribute,
+    set: Option<u64>,
+) -> Result<Option<u64>> {
+    let Some(pool) = current_pool(device)? else {
+        return Ok(None);
+    };
+    let mut value: u64 = set.unwrap_or(0);
+    let ptr = (&mut value as *mut u64).cast();
+    // SAFETY: a live pool, and a u64 for the attributes asked (release threshold, peak use).
+    match set {
+        Some(_) => unsafe { result::mem_pool::set_attribute(pool, attribute, ptr) }.w()?,
+        None => unsafe { result::mem_pool::get_attribute(pool, attribute, ptr) }.w()?,
+    }
+    Ok(Some(value))
 }
 
 /// CUDA device `ordinal` ([`open_cuda`]) in a build with the `cuda` feature and a usable GPU,
@@ -157,8 +202,10 @@ mod tests {
             "{err}"
         );
         assert!(cuda_if_available(0).unwrap().is_cpu());
-        // On the CPU there is no pool to set or release.
+        // On the CPU there is no pool to set, release or measure.
         set_pool_retention(&Device::Cpu, false).unwrap();
         release_pool(&Device::Cpu).unwrap();
+        reset_peak_memory(&Device::Cpu).unwrap();
+        assert_eq!(peak_memory(&Device::Cpu).unwrap(), None);
     }
 }
