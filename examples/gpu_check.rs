@@ -83,7 +83,8 @@ fn parse_args() -> Result<Args> {
         only: Vec::new(),
         small: false,
         cap: 16_384,
-        models: vec!["small_cnn".into(), "resnet18".into(), "resnet50".into()],
+        // The two models with targets first: the budget may stop the last.
+        models: vec!["small_cnn".into(), "resnet50".into(), "resnet18".into()],
         losses: Vec::new(),
         families: Vec::new(),
         start_batch: 256,
