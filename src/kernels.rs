@@ -9,7 +9,9 @@
 //! and `src/losses/contrastive/device.cu` (the contrastive loss's pairs, also ROADMAP's
 //! calibration term); `src/losses/norm_softmax/device.cu` takes the proxy losses' cosines to
 //! their mean softmax cross-entropy (HAPPIER's clustering term, NSM) in four launches instead
-//! of candle's two dozen.
+//! of candle's two dozen. A loss whose gradient is one more kernel implements
+//! `loss_op::KernelLoss` (its two passes' launches) and runs as one candle op
+//! (`loss_op::apply`: the checks, the dtype dispatch, the state kept between the passes).
 //! The optimizers' updates are kernels of the same kind (`src/train/optim/device.cu`: each
 //! parameter and its state in place, one launch for a whole group's Adam step and one or two
 //! per parameter for SGD, instead of a dozen candle operations per parameter), and so are BatchNorm's running averages (`src/models/layers/running_stats.cu`)
@@ -84,6 +86,9 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
         && matches!(x.dtype(), candle_core::DType::F32 | candle_core::DType::F64)
         && enabled()
 }
+
+#[cfg(feature = "cuda")]
+pub(crate) mod loss_op;
 
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{

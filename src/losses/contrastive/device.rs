@@ -77,8 +77,8 @@ pub(super) fn forward(loss: &Contrastive, embeddings: &Tensor, labels: &Labels) 
 
 #[cfg(feature = "cuda")]
 fn pair_loss(s: &Tensor, ids: Vec<u32>, params: Params) -> Result<Tensor> {
-    Ok(s.contiguous()?
-        .apply_op1(cuda::PairCosts::new(ids, params))?)
+    let loss = cuda::PairCosts { ids, params };
+    Ok(crate::kernels::loss_op::apply(s, loss)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -92,56 +92,45 @@ fn pair_loss(_: &Tensor, _: Vec<u32>, _: Params) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::Params;
-    use crate::kernels::{
-        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
-    };
-    use candle_core::backend::BackendStorage;
+    use crate::kernels::loss_op::KernelLoss;
+    use crate::kernels::{instance, per_entry, per_row, ptx, Float};
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
-    };
-    use std::sync::{Arc, Mutex};
+    use candle_core::Layout;
+    use std::sync::Arc;
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_contrastive";
 
+    /// The contrastive loss of the `B × B` similarities `S`.
+    pub(super) struct PairCosts {
+        pub(super) ids: Vec<u32>,
+        pub(super) params: Params,
+    }
+
     /// What the forward pass leaves on the device for the backward pass: the class ids and
     /// the two divisors.
     #[derive(Clone)]
-    struct Saved {
+    pub(super) struct Saved {
         cls: Arc<CudaSlice<u32>>,
         divisors: Arc<CudaSlice<f64>>,
     }
 
-    /// `S → L` (a scalar); its backward pass is [`PairCostsGrad`].
-    pub(super) struct PairCosts {
-        ids: Vec<u32>,
-        params: Params,
-        saved: Mutex<Option<Saved>>,
-    }
+    impl KernelLoss for PairCosts {
+        type Saved = Saved;
+        const NAME: &'static str = "rankwise-contrastive-pairs";
+        const GRAD_NAME: &'static str = "rankwise-contrastive-pairs-grad";
 
-    /// `(S, g) → ∂L/∂S`, from the forward pass's divisors.
-    struct PairCostsGrad {
-        params: Params,
-        saved: Saved,
-    }
-
-    impl PairCosts {
-        pub(super) fn new(ids: Vec<u32>, params: Params) -> PairCosts {
-            PairCosts {
-                ids,
-                params,
-                saved: Mutex::new(None),
-            }
+        fn dims(&self, _: &Layout) -> (usize, usize) {
+            (self.ids.len(), self.ids.len())
         }
 
-        fn launch<T: Float>(
+        fn forward<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
-        ) -> candle_core::Result<CudaSlice<T>> {
-            let b = self.ids.len();
+            (b, _): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Saved)> {
             let nb = b as u64;
             let p = self.params;
             let cls = dev.clone_htod(&self.ids)?;
@@ -150,11 +139,10 @@ mod cuda {
             let mut partial = unsafe { dev.alloc::<f64>(6 * b)? };
             let mut loss = unsafe { dev.alloc::<T>(1)? };
             let mut divisors = unsafe { dev.alloc::<f64>(2)? };
-            let rows = dev.get_or_load_custom_func(
-                &instance::<T>("rankwise_pair_rows"),
-                MODULE,
-                ptx(MODULE, SOURCE)?,
-            )?;
+            let func = |name: &str| {
+                dev.get_or_load_custom_func(&instance::<T>(name), MODULE, ptx(MODULE, SOURCE)?)
+            };
+            let rows = func("rankwise_pair_rows")?;
             let mut l = rows.builder();
             l.arg(s)
                 .arg(&cls)
@@ -163,13 +151,9 @@ mod cuda {
                 .arg(&p.pos_margin)
                 .arg(&p.neg_margin)
                 .arg(&p.euclidean);
-            // SAFETY: `s` holds B × B values (checked by the caller), `cls` B, `partial` 6 B.
+            // SAFETY: `s` holds B × B values (checked by the op), `cls` B, `partial` 6 B.
             unsafe { l.launch(per_row(b)) }.w()?;
-            let total = dev.get_or_load_custom_func(
-                &instance::<T>("rankwise_pair_total"),
-                MODULE,
-                ptx(MODULE, SOURCE)?,
-            )?;
+            let total = func("rankwise_pair_total")?;
             let mut l = total.builder();
             l.arg(&partial)
                 .arg(&mut loss)
@@ -182,75 +166,16 @@ mod cuda {
                 cls: Arc::new(cls),
                 divisors: Arc::new(divisors),
             };
-            *self.saved.lock().map_err(|_| {
-                candle_core::Error::Msg("the pair costs' lock is poisoned".into())
-            })? = Some(saved);
-            Ok(loss)
-        }
-    }
-
-    impl CustomOp1 for PairCosts {
-        fn name(&self) -> &'static str {
-            "rankwise-contrastive-pairs"
+            Ok((loss, saved))
         }
 
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.ids.len();
-            check_matrix(self.name(), l, b, b)?;
-            let dev = s.device().clone();
-            let loss = match s.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f32>(&dev, &view::<f32>(s, l)?)?,
-                    dev,
-                ),
-                DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f64>(&dev, &view::<f64>(s, l)?)?,
-                    dev,
-                ),
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((loss, Shape::from(())))
-        }
-
-        fn bwd(
-            &self,
-            s: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<Option<Tensor>> {
-            let saved = self
-                .saved
-                .lock()
-                .map_err(|_| candle_core::Error::Msg("the pair costs' lock is poisoned".into()))?
-                .clone()
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(
-                        "the contrastive loss's backward pass before its forward pass".into(),
-                    )
-                })?;
-            let op = PairCostsGrad {
-                params: self.params,
-                saved,
-            };
-            Ok(Some(s.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
-        }
-    }
-
-    impl PairCostsGrad {
-        fn launch<T: Float>(
+        fn backward<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
             g: &CudaView<T>,
-            b: usize,
+            saved: &Saved,
+            (b, _): (usize, usize),
         ) -> candle_core::Result<CudaSlice<T>> {
             let nb = b as u64;
             let p = self.params;
@@ -263,8 +188,8 @@ mod cuda {
             )?;
             let mut l = grad.builder();
             l.arg(s)
-                .arg(self.saved.cls.as_ref())
-                .arg(self.saved.divisors.as_ref())
+                .arg(saved.cls.as_ref())
+                .arg(saved.divisors.as_ref())
                 .arg(g)
                 .arg(&mut ds)
                 .arg(&nb)
@@ -274,55 +199,6 @@ mod cuda {
             // SAFETY: `s` and `ds` hold B × B values, `cls` B, the divisors 2, `g` one.
             unsafe { l.launch(per_entry(b, b)) }.w()?;
             Ok(ds)
-        }
-    }
-
-    impl CustomOp2 for PairCostsGrad {
-        fn name(&self) -> &'static str {
-            "rankwise-contrastive-pairs-grad"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            sl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.saved.cls.len();
-            check_matrix(self.name(), sl, b, b)?;
-            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != s.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
-                    self.name(),
-                    s.dtype(),
-                    g.dtype(),
-                    gl.dims()
-                )));
-            }
-            let dev = s.device().clone();
-            let ds = match s.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f32>(&dev, &view::<f32>(s, sl)?, &view::<f32>(g, gl)?, b)?,
-                    dev,
-                ),
-                DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f64>(&dev, &view::<f64>(s, sl)?, &view::<f64>(g, gl)?, b)?,
-                    dev,
-                ),
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((ds, Shape::from((b, b))))
         }
     }
 }

@@ -111,13 +111,13 @@ pub(super) fn forward(loss: &FastAp, embeddings: &Tensor, labels: &Labels) -> Re
 #[cfg(feature = "cuda")]
 fn run(loss: &FastAp, bins: &Bins, s: &Tensor, ids: Vec<u32>, valid: usize) -> Result<Tensor> {
     let b = ids.len();
-    let op = cuda::FastApOp::new(
-        params(loss, bins, b, valid),
-        bins.centres.clone(),
+    let loss = cuda::FastApOp {
+        params: params(loss, bins, b, valid),
+        centres: bins.centres.clone(),
         ids,
         valid,
-    );
-    Ok(s.contiguous()?.apply_op1(op)?)
+    };
+    Ok(crate::kernels::loss_op::apply(s, loss)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -131,18 +131,14 @@ fn run(_: &FastAp, _: &Bins, _: &Tensor, _: Vec<u32>, _: usize) -> Result<Tensor
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::Params;
-    use crate::kernels::{
-        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
-    };
-    use candle_core::backend::BackendStorage;
+    use crate::kernels::loss_op::KernelLoss;
+    use crate::kernels::{instance, per_entry, per_row, ptx, Float};
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaView, DeviceRepr, PushKernelArg,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
-    };
-    use std::sync::{Arc, Mutex};
+    use candle_core::Layout;
+    use std::sync::Arc;
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_fastap";
@@ -150,42 +146,30 @@ mod cuda {
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_bins`.
     unsafe impl DeviceRepr for Params {}
 
-    /// `s → L` (a scalar); its backward pass is [`FastApChain`], from `J = ∂L/∂s` (`B × B`,
-    /// `f64`) kept on the device.
+    /// FastAP of the `B × B` similarities `s`; the backward pass is `g J` from `J = ∂L/∂s`
+    /// (`B × B`, `f64`) kept on the device.
     pub(super) struct FastApOp {
-        params: Params,
-        centres: Vec<f64>,
-        ids: Vec<u32>,
-        valid: usize,
-        jac: Mutex<Option<Arc<CudaSlice<f64>>>>,
+        pub(super) params: Params,
+        pub(super) centres: Vec<f64>,
+        pub(super) ids: Vec<u32>,
+        pub(super) valid: usize,
     }
 
-    /// `(s, g) → g J`.
-    struct FastApChain {
-        jac: Arc<CudaSlice<f64>>,
-    }
+    impl KernelLoss for FastApOp {
+        type Saved = Arc<CudaSlice<f64>>;
+        const NAME: &'static str = "rankwise-fastap";
+        const GRAD_NAME: &'static str = "rankwise-fastap-grad";
 
-    fn poisoned() -> candle_core::Error {
-        candle_core::Error::Msg("FastAP's lock is poisoned".into())
-    }
-
-    impl FastApOp {
-        pub(super) fn new(params: Params, centres: Vec<f64>, ids: Vec<u32>, valid: usize) -> Self {
-            FastApOp {
-                params,
-                centres,
-                ids,
-                valid,
-                jac: Mutex::new(None),
-            }
+        fn dims(&self, _: &Layout) -> (usize, usize) {
+            (self.ids.len(), self.ids.len())
         }
 
-        fn launch<T: Float>(
+        fn forward<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
-        ) -> candle_core::Result<CudaSlice<T>> {
-            let b = self.ids.len();
+            (b, _): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Self::Saved)> {
             let cls = dev.clone_htod(&self.ids)?;
             let centres = dev.clone_htod(&self.centres)?;
             let mut scratch = dev.alloc_zeros::<f64>(2 * b * self.centres.len())?;
@@ -223,67 +207,16 @@ mod cuda {
             l.arg(&fastap).arg(&nb).arg(&valid).arg(&mut loss);
             // SAFETY: one thread reads the `B` values and writes the loss.
             unsafe { l.launch(per_row(1)) }.w()?;
-            *self.jac.lock().map_err(|_| poisoned())? = Some(Arc::new(jac));
-            Ok(loss)
-        }
-    }
-
-    impl CustomOp1 for FastApOp {
-        fn name(&self) -> &'static str {
-            "rankwise-fastap"
+            Ok((loss, Arc::new(jac)))
         }
 
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.ids.len();
-            check_matrix(self.name(), l, b, b)?;
-            let dev = s.device().clone();
-            let loss = match s.dtype() {
-                DType::F32 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(s, l)?)?, dev)
-                }
-                DType::F64 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(s, l)?)?, dev)
-                }
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((loss, Shape::from(())))
-        }
-
-        fn bwd(
-            &self,
-            s: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<Option<Tensor>> {
-            let jac = self
-                .jac
-                .lock()
-                .map_err(|_| poisoned())?
-                .clone()
-                .ok_or_else(|| {
-                    candle_core::Error::Msg("FastAP's backward pass before its forward pass".into())
-                })?;
-            Ok(Some(s.apply_op2_no_bwd(
-                &grad.contiguous()?,
-                &FastApChain { jac },
-            )?))
-        }
-    }
-
-    impl FastApChain {
-        fn launch<T: Float>(
+        fn backward<T: Float>(
             &self,
             dev: &CudaDevice,
+            _: &CudaView<T>,
             g: &CudaView<T>,
-            b: usize,
+            jac: &Self::Saved,
+            (b, _): (usize, usize),
         ) -> candle_core::Result<CudaSlice<T>> {
             let nb = b as u32;
             // SAFETY: the kernel writes every one of the B × B values.
@@ -294,64 +227,10 @@ mod cuda {
                 ptx(MODULE, SOURCE)?,
             )?;
             let mut l = f.builder();
-            l.arg(self.jac.as_ref()).arg(g).arg(&mut ds).arg(&nb);
+            l.arg(jac.as_ref()).arg(g).arg(&mut ds).arg(&nb);
             // SAFETY: `jac` and `ds` hold B × B values, `g` one.
             unsafe { l.launch(per_entry(b, b)) }.w()?;
             Ok(ds)
-        }
-    }
-
-    impl CustomOp2 for FastApChain {
-        fn name(&self) -> &'static str {
-            "rankwise-fastap-grad"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            sl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = sl.dims().first().copied().unwrap_or(0);
-            check_matrix(self.name(), sl, b, b)?;
-            if b * b != self.jac.len() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: {b} × {b} similarities for a Jacobian of {} values",
-                    self.name(),
-                    self.jac.len()
-                )));
-            }
-            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != s.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
-                    self.name(),
-                    s.dtype(),
-                    g.dtype(),
-                    gl.dims()
-                )));
-            }
-            let dev = s.device().clone();
-            let ds = match s.dtype() {
-                DType::F32 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(g, gl)?, b)?, dev)
-                }
-                DType::F64 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(g, gl)?, b)?, dev)
-                }
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((ds, Shape::from((b, b))))
         }
     }
 }

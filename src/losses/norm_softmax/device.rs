@@ -66,8 +66,8 @@ pub(super) fn mean_cross_entropy(z: &Tensor, targets: Vec<u32>, scale: f64) -> R
 
 #[cfg(feature = "cuda")]
 fn run(z: &Tensor, targets: Vec<u32>, scale: f64) -> Result<Tensor> {
-    Ok(z.contiguous()?
-        .apply_op1(cuda::SoftmaxCe::new(targets, scale))?)
+    let loss = cuda::SoftmaxCe { targets, scale };
+    Ok(crate::kernels::loss_op::apply(z, loss)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -81,61 +81,48 @@ fn run(_: &Tensor, _: Vec<u32>, _: f64) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::lanes;
-    use crate::kernels::{
-        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
-    };
-    use candle_core::backend::BackendStorage;
+    use crate::kernels::loss_op::KernelLoss;
+    use crate::kernels::{instance, per_entry, per_row, ptx, Float};
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
-    };
-    use std::sync::{Arc, Mutex};
+    use candle_core::Layout;
+    use std::sync::Arc;
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_softmax_ce";
 
-    /// What the forward pass leaves on the device for the backward pass: the target columns
-    /// and the rows' log-sum-exps.
+    /// The mean cross-entropy of `scale · z` against each row's target column.
+    pub(super) struct SoftmaxCe {
+        pub(super) targets: Vec<u32>,
+        pub(super) scale: f64,
+    }
+
+    /// What the forward pass leaves on the device: the target columns and the rows'
+    /// log-sum-exps.
     #[derive(Clone)]
-    struct Saved {
+    pub(super) struct Saved {
         targets: Arc<CudaSlice<u32>>,
         lse: Arc<CudaSlice<f64>>,
     }
 
-    /// `z → L` (a scalar); its backward pass is [`SoftmaxCeGrad`].
-    pub(super) struct SoftmaxCe {
-        targets: Vec<u32>,
-        scale: f64,
-        saved: Mutex<Option<Saved>>,
-    }
+    impl KernelLoss for SoftmaxCe {
+        type Saved = Saved;
+        const NAME: &'static str = "rankwise-softmax-cross-entropy";
+        const GRAD_NAME: &'static str = "rankwise-softmax-cross-entropy-grad";
 
-    /// `(z, g) → ∂L/∂z`, from the forward pass's log-sum-exps.
-    struct SoftmaxCeGrad {
-        scale: f64,
-        saved: Saved,
-    }
-
-    fn poisoned() -> candle_core::Error {
-        candle_core::Error::Msg("the softmax cross-entropy's lock is poisoned".into())
-    }
-
-    impl SoftmaxCe {
-        pub(super) fn new(targets: Vec<u32>, scale: f64) -> SoftmaxCe {
-            SoftmaxCe {
-                targets,
-                scale,
-                saved: Mutex::new(None),
-            }
+        fn dims(&self, layout: &Layout) -> (usize, usize) {
+            (
+                self.targets.len(),
+                layout.dims().get(1).copied().unwrap_or(0),
+            )
         }
 
-        fn launch<T: Float>(
+        fn forward<T: Float>(
             &self,
             dev: &CudaDevice,
             z: &CudaView<T>,
-            c: usize,
-        ) -> candle_core::Result<CudaSlice<T>> {
-            let b = self.targets.len();
+            (b, c): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Saved)> {
             let k = lanes(c);
             let (nb, nc, nk) = (b as u64, c as u64, k as u64);
             let targets = dev.clone_htod(&self.targets)?;
@@ -157,7 +144,7 @@ mod cuda {
                 .arg(&nc)
                 .arg(&nk)
                 .arg(&self.scale);
-            // SAFETY: `z` holds B × C values (checked by the caller), `partial` 2 B K.
+            // SAFETY: `z` holds B × C values (checked by the op), `partial` 2 B K.
             unsafe { l.launch(per_entry(b, k)) }.w()?;
             let rows = func("rankwise_ce_rows")?;
             let mut l = rows.builder();
@@ -177,76 +164,19 @@ mod cuda {
             l.arg(&row_loss).arg(&mut loss).arg(&nb);
             // SAFETY: one thread reads the B row losses and writes the loss.
             unsafe { l.launch(per_row(1)) }.w()?;
-            *self.saved.lock().map_err(|_| poisoned())? = Some(Saved {
+            let saved = Saved {
                 targets: Arc::new(targets),
                 lse: Arc::new(lse),
-            });
-            Ok(loss)
-        }
-    }
-
-    impl CustomOp1 for SoftmaxCe {
-        fn name(&self) -> &'static str {
-            "rankwise-softmax-cross-entropy"
-        }
-
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            z: &CudaStorage,
-            l: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.targets.len();
-            let c = l.dims().get(1).copied().unwrap_or(0);
-            check_matrix(self.name(), l, b, c)?;
-            let dev = z.device().clone();
-            let loss = match z.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f32>(&dev, &view::<f32>(z, l)?, c)?,
-                    dev,
-                ),
-                DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f64>(&dev, &view::<f64>(z, l)?, c)?,
-                    dev,
-                ),
-                d => return Err(dtype_error(self.name(), d)),
             };
-            Ok((loss, Shape::from(())))
+            Ok((loss, saved))
         }
 
-        fn bwd(
-            &self,
-            z: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<Option<Tensor>> {
-            let saved = self
-                .saved
-                .lock()
-                .map_err(|_| poisoned())?
-                .clone()
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(
-                        "the softmax cross-entropy's backward pass before its forward pass".into(),
-                    )
-                })?;
-            let op = SoftmaxCeGrad {
-                scale: self.scale,
-                saved,
-            };
-            Ok(Some(z.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
-        }
-    }
-
-    impl SoftmaxCeGrad {
-        fn launch<T: Float>(
+        fn backward<T: Float>(
             &self,
             dev: &CudaDevice,
             z: &CudaView<T>,
             g: &CudaView<T>,
+            saved: &Saved,
             (b, c): (usize, usize),
         ) -> candle_core::Result<CudaSlice<T>> {
             let (nb, nc) = (b as u64, c as u64);
@@ -259,8 +189,8 @@ mod cuda {
             )?;
             let mut l = grad.builder();
             l.arg(z)
-                .arg(self.saved.targets.as_ref())
-                .arg(self.saved.lse.as_ref())
+                .arg(saved.targets.as_ref())
+                .arg(saved.lse.as_ref())
                 .arg(g)
                 .arg(&mut dz)
                 .arg(&nb)
@@ -269,56 +199,6 @@ mod cuda {
             // SAFETY: `z` and `dz` hold B × C values, `targets` and `lse` B, `g` one.
             unsafe { l.launch(per_entry(b, c)) }.w()?;
             Ok(dz)
-        }
-    }
-
-    impl CustomOp2 for SoftmaxCeGrad {
-        fn name(&self) -> &'static str {
-            "rankwise-softmax-cross-entropy-grad"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            z: &CudaStorage,
-            zl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.saved.lse.len();
-            let c = zl.dims().get(1).copied().unwrap_or(0);
-            check_matrix(self.name(), zl, b, c)?;
-            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != z.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
-                    self.name(),
-                    z.dtype(),
-                    g.dtype(),
-                    gl.dims()
-                )));
-            }
-            let dev = z.device().clone();
-            let dz = match z.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f32>(&dev, &view::<f32>(z, zl)?, &view::<f32>(g, gl)?, (b, c))?,
-                    dev,
-                ),
-                DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.launch::<f64>(&dev, &view::<f64>(z, zl)?, &view::<f64>(g, gl)?, (b, c))?,
-                    dev,
-                ),
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((dz, Shape::from((b, c))))
         }
     }
 }

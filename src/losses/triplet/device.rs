@@ -89,8 +89,12 @@ pub(super) fn forward(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> R
 
 #[cfg(feature = "cuda")]
 fn mined_cost(x: &Tensor, ids: Vec<u32>, margin: f64, mining: TripletMining) -> Result<Tensor> {
-    let op = cuda::MinedCost::new(ids, margin, mining_code(mining));
-    Ok(x.contiguous()?.apply_op1(op)?)
+    let loss = cuda::MinedCost {
+        ids,
+        margin,
+        mining: mining_code(mining),
+    };
+    Ok(crate::kernels::loss_op::apply(x, loss)?)
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -103,70 +107,54 @@ fn mined_cost(_: &Tensor, _: Vec<u32>, _: f64, _: TripletMining) -> Result<Tenso
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::kernels::{
-        check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
-    };
-    use candle_core::backend::BackendStorage;
+    use crate::kernels::loss_op::KernelLoss;
+    use crate::kernels::{instance, per_entry, per_row, ptx, Float};
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor,
-    };
-    use std::sync::{Arc, Mutex};
+    use candle_core::Layout;
+    use std::sync::Arc;
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_triplet";
 
+    /// The mined triplets' mean cost from the `B × B` distances `x`.
+    pub(super) struct MinedCost {
+        pub(super) ids: Vec<u32>,
+        pub(super) margin: f64,
+        pub(super) mining: u32,
+    }
+
     /// What the forward pass leaves on the device for the backward pass: the counts `k⁺ − k⁻`
     /// (`B × B`) and the divisor `max(K, 1)`.
     #[derive(Clone)]
-    struct Saved {
+    pub(super) struct Saved {
         counts: Arc<CudaSlice<f64>>,
         divisor: Arc<CudaSlice<f64>>,
     }
 
-    /// `x → L` (a scalar): the mining, its reduction; its backward pass is [`MinedCostGrad`].
-    pub(super) struct MinedCost {
-        ids: Vec<u32>,
-        margin: f64,
-        mining: u32,
-        saved: Mutex<Option<Saved>>,
-    }
+    impl KernelLoss for MinedCost {
+        type Saved = Saved;
+        const NAME: &'static str = "rankwise-triplet-mining";
+        const GRAD_NAME: &'static str = "rankwise-triplet-mining-grad";
 
-    /// `(x, g) → ∂L/∂x`, from the forward pass's counts and divisor.
-    struct MinedCostGrad {
-        saved: Saved,
-    }
-
-    fn poisoned() -> candle_core::Error {
-        candle_core::Error::Msg("the triplet loss's lock is poisoned".into())
-    }
-
-    impl MinedCost {
-        pub(super) fn new(ids: Vec<u32>, margin: f64, mining: u32) -> MinedCost {
-            MinedCost {
-                ids,
-                margin,
-                mining,
-                saved: Mutex::new(None),
-            }
+        fn dims(&self, _: &Layout) -> (usize, usize) {
+            (self.ids.len(), self.ids.len())
         }
 
-        fn launch<T: Float>(
+        fn forward<T: Float>(
             &self,
             dev: &CudaDevice,
             x: &CudaView<T>,
-        ) -> candle_core::Result<CudaSlice<T>> {
-            let b = self.ids.len();
+            (b, _): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Saved)> {
             let nb = b as u32;
-            let module = || ptx(MODULE, SOURCE);
+            let func = |name: &str| dev.get_or_load_custom_func(name, MODULE, ptx(MODULE, SOURCE)?);
             let cls = dev.clone_htod(&self.ids)?;
             // The minings write only the entries they count (and no diagonal): zeros first.
             let mut counts = dev.alloc_zeros::<f64>(b * b)?;
             let mut partial = dev.alloc_zeros::<f64>(b * b)?;
             if self.mining == 2 {
-                let name = instance::<T>("rankwise_triplet_easy");
-                let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
+                let f = func(&instance::<T>("rankwise_triplet_easy"))?;
                 let mut l = f.builder();
                 l.arg(x)
                     .arg(&cls)
@@ -177,8 +165,7 @@ mod cuda {
                 // SAFETY: `x`, `counts` and `partial` hold `B × B` values, `cls` `B`.
                 unsafe { l.launch(per_row(b)) }.w()?;
             } else {
-                let name = instance::<T>("rankwise_triplet_pairs");
-                let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
+                let f = func(&instance::<T>("rankwise_triplet_pairs"))?;
                 let mining = self.mining as i32;
                 let mut l = f.builder();
                 l.arg(x)
@@ -196,81 +183,30 @@ mod cuda {
             let mut rows = unsafe { dev.alloc::<f64>(2 * b)? };
             let mut loss = unsafe { dev.alloc::<T>(1)? };
             let mut divisor = unsafe { dev.alloc::<f64>(1)? };
-            let f = dev.get_or_load_custom_func("rankwise_triplet_rows", MODULE, module()?)?;
+            let f = func("rankwise_triplet_rows")?;
             let mut l = f.builder();
             l.arg(&counts).arg(&partial).arg(&nb).arg(&mut rows);
             // SAFETY: `counts` and `partial` hold `B × B` values, `rows` 2 B.
             unsafe { l.launch(per_row(b)) }.w()?;
-            let name = instance::<T>("rankwise_triplet_total");
-            let f = dev.get_or_load_custom_func(&name, MODULE, module()?)?;
+            let f = func(&instance::<T>("rankwise_triplet_total"))?;
             let mut l = f.builder();
             l.arg(&rows).arg(&nb).arg(&mut loss).arg(&mut divisor);
             // SAFETY: one thread reads the 2 B row sums and writes one loss and one divisor.
             unsafe { l.launch(per_row(1)) }.w()?;
-            *self.saved.lock().map_err(|_| poisoned())? = Some(Saved {
+            let saved = Saved {
                 counts: Arc::new(counts),
                 divisor: Arc::new(divisor),
-            });
-            Ok(loss)
-        }
-    }
-
-    impl CustomOp1 for MinedCost {
-        fn name(&self) -> &'static str {
-            "rankwise-triplet-mining"
-        }
-
-        fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.ids.len();
-            check_matrix(self.name(), l, b, b)?;
-            let dev = s.device().clone();
-            let loss = match s.dtype() {
-                DType::F32 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(s, l)?)?, dev)
-                }
-                DType::F64 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(s, l)?)?, dev)
-                }
-                d => return Err(dtype_error(self.name(), d)),
             };
-            Ok((loss, Shape::from(())))
+            Ok((loss, saved))
         }
 
-        fn bwd(
-            &self,
-            x: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<Option<Tensor>> {
-            let saved = self
-                .saved
-                .lock()
-                .map_err(|_| poisoned())?
-                .clone()
-                .ok_or_else(|| {
-                    candle_core::Error::Msg(
-                        "the triplet loss's backward pass before its forward pass".into(),
-                    )
-                })?;
-            let op = MinedCostGrad { saved };
-            Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &op)?))
-        }
-    }
-
-    impl MinedCostGrad {
-        fn launch<T: Float>(
+        fn backward<T: Float>(
             &self,
             dev: &CudaDevice,
+            _: &CudaView<T>,
             g: &CudaView<T>,
-            b: usize,
+            saved: &Saved,
+            (b, _): (usize, usize),
         ) -> candle_core::Result<CudaSlice<T>> {
             let nb = b as u32;
             // SAFETY: the kernel writes every one of the B × B values.
@@ -281,68 +217,14 @@ mod cuda {
                 ptx(MODULE, SOURCE)?,
             )?;
             let mut l = f.builder();
-            l.arg(self.saved.counts.as_ref())
-                .arg(self.saved.divisor.as_ref())
+            l.arg(saved.counts.as_ref())
+                .arg(saved.divisor.as_ref())
                 .arg(g)
                 .arg(&mut dx)
                 .arg(&nb);
             // SAFETY: `counts` and `dx` hold B × B values, the divisor and `g` one.
             unsafe { l.launch(per_entry(b, b)) }.w()?;
             Ok(dx)
-        }
-    }
-
-    impl CustomOp2 for MinedCostGrad {
-        fn name(&self) -> &'static str {
-            "rankwise-triplet-mining-grad"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            x: &CudaStorage,
-            xl: &Layout,
-            g: &CudaStorage,
-            gl: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = xl.dims().first().copied().unwrap_or(0);
-            check_matrix(self.name(), xl, b, b)?;
-            if b * b != self.saved.counts.len() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: {b} × {b} distances for {} counts",
-                    self.name(),
-                    self.saved.counts.len()
-                )));
-            }
-            if gl.shape().elem_count() != 1 || !gl.is_contiguous() || g.dtype() != x.dtype() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{}: the incoming gradient must be one {:?} value, got {:?} {:?}",
-                    self.name(),
-                    x.dtype(),
-                    g.dtype(),
-                    gl.dims()
-                )));
-            }
-            let dev = x.device().clone();
-            let dx = match x.dtype() {
-                DType::F32 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f32>(g, gl)?, b)?, dev)
-                }
-                DType::F64 => {
-                    CudaStorage::wrap_cuda_slice(self.launch(&dev, &view::<f64>(g, gl)?, b)?, dev)
-                }
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((dx, Shape::from((b, b))))
         }
     }
 }
