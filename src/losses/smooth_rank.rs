@@ -305,6 +305,11 @@ impl QueryAp {
                     .into(),
             ));
         }
+        // On CUDA one op of two kernels (`device::mean_loss`); the CPU's formulation below is
+        // its reference.
+        if device::mean_applies(&self.ap) {
+            return device::mean_loss(&self.ap, &self.valid, n_valid);
+        }
         let mask: Vec<f64> = self.valid.iter().map(|&v| f64::from(u8::from(v))).collect();
         let mask = Tensor::from_vec(mask, self.valid.len(), self.ap.device())?
             .to_dtype(self.ap.dtype())?;

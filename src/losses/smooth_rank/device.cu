@@ -161,6 +161,29 @@ __device__ void rw_values(const unsigned char* levels, const double* rel, unsign
   values[q] = (T)(z > 0.0 ? total / z : 0.0);
 }
 
+// The loss 1 - mean AP over the valid queries (those with a positive), by one thread: the valid
+// queries' APs summed in query order, in double, over their number.
+template <typename T>
+__device__ void rw_mean_loss(const T* ap, const unsigned char* valid, unsigned int nq,
+                             double n_valid, T* loss) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0.0;
+  for (unsigned int q = 0; q < nq; ++q)
+    if (valid[q]) sum += (double)ap[q];
+  *loss = (T)(1.0 - sum / n_valid);
+}
+
+// Its gradient, one thread per query (grid-stride): -g / n_valid for a valid query, 0 for the
+// others; g the loss's incoming gradient, read on the device.
+template <typename T>
+__device__ void rw_mean_loss_grad(const unsigned char* valid, const T* g, T* dap,
+                                  unsigned int nq, double n_valid) {
+  const unsigned int first = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned int stride = gridDim.x * blockDim.x;
+  for (unsigned int q = first; q < nq; q += stride)
+    dap[q] = valid[q] ? (T)(-(double)g[0] / n_valid) : (T)0;
+}
+
 #define RW_KERNELS(T, SUFFIX)                                                                  \
   extern "C" __global__ void rankwise_smooth_rank_pass1_##SUFFIX(                              \
       const T* scores, const unsigned char* levels, const double* rel, const double* pieces,   \
@@ -178,6 +201,14 @@ __device__ void rw_values(const unsigned char* levels, const double* rel, unsign
       const unsigned char* levels, const double* rel, unsigned int nq, unsigned int n,         \
       unsigned int nl, const double* rank_in, const double* hrank_in, T* values) {             \
     rw_values<T>(levels, rel, nq, n, nl, rank_in, hrank_in, values);                           \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_smooth_rank_mean_##SUFFIX(                               \
+      const T* ap, const unsigned char* valid, unsigned int nq, double n_valid, T* loss) {      \
+    rw_mean_loss<T>(ap, valid, nq, n_valid, loss);                                             \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_smooth_rank_mean_grad_##SUFFIX(                          \
+      const unsigned char* valid, const T* g, T* dap, unsigned int nq, double n_valid) {       \
+    rw_mean_loss_grad<T>(valid, g, dap, nq, n_valid);                                          \
   }
 
 RW_KERNELS(float, f32)

@@ -171,6 +171,34 @@ pub(super) fn run(
     Ok((values, jac))
 }
 
+/// Whether `1 − mean AP` of the per-query APs `ap` is taken by the kernels
+/// ([`crate::kernels::on_cuda`]): whichever engine computed them.
+pub(super) fn mean_applies(ap: &Tensor) -> bool {
+    crate::kernels::on_cuda(ap)
+}
+
+/// `1 − Σ_valid AP_q / n_valid` (Smooth-AP Eq. 7, HAPPIER's `1 − mH-AP`) of the `Q` APs `ap` on
+/// the device, one op: one thread sums the valid queries' APs in order, and the backward pass
+/// is one kernel (`−g / n_valid` for a valid query, 0 for the others), where candle's mask
+/// upload, product, sum, division and their autograd took about ten launches.
+#[cfg(feature = "cuda")]
+pub(super) fn mean_loss(ap: &Tensor, valid: &[bool], n_valid: usize) -> Result<Tensor> {
+    let q = ap.dim(0)?;
+    let loss = cuda::MeanLoss {
+        valid: valid.iter().map(|&v| u8::from(v)).collect(),
+        n_valid: n_valid as f64,
+    };
+    Ok(crate::kernels::loss_op::apply(&ap.reshape((1, q))?, loss)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(super) fn mean_loss(_: &Tensor, _: &[bool], _: usize) -> Result<Tensor> {
+    Err(Error::invalid(
+        "device",
+        "the smooth-rank device kernels need a build with the `cuda` feature",
+    ))
+}
+
 #[cfg(not(feature = "cuda"))]
 pub(super) fn run(
     _: &Tensor,
@@ -187,6 +215,7 @@ pub(super) fn run(
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::{KernelProblem, SOURCE};
+    use crate::kernels::loss_op::KernelLoss;
     use crate::kernels::{
         check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, view, Float,
     };
@@ -194,6 +223,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, PushKernelArg};
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Shape};
+    use std::sync::Arc;
 
     /// The module's name in candle's cache of loaded modules.
     const MODULE: &str = "rankwise_smooth_rank";
@@ -282,6 +312,70 @@ mod cuda {
         }
     }
 
+    /// `1 − mean AP` over the valid queries of the `1 × Q` APs.
+    pub(super) struct MeanLoss {
+        pub(super) valid: Vec<u8>,
+        pub(super) n_valid: f64,
+    }
+
+    impl KernelLoss for MeanLoss {
+        /// The validity flags, on the device.
+        type Saved = Arc<CudaSlice<u8>>;
+        const NAME: &'static str = "rankwise-smooth-rank-mean";
+        const GRAD_NAME: &'static str = "rankwise-smooth-rank-mean-grad";
+
+        fn dims(&self, _: &Layout) -> (usize, usize) {
+            (1, self.valid.len())
+        }
+
+        fn forward<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            ap: &CudaView<T>,
+            (_, q): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Self::Saved)> {
+            let valid = dev.clone_htod(&self.valid)?;
+            // SAFETY: the kernel writes the loss before anything reads it.
+            let mut loss = unsafe { dev.alloc::<T>(1)? };
+            let name = instance::<T>("rankwise_smooth_rank_mean");
+            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+            let nq = q as u32;
+            let mut l = f.builder();
+            l.arg(ap)
+                .arg(&valid)
+                .arg(&nq)
+                .arg(&self.n_valid)
+                .arg(&mut loss);
+            // SAFETY: `ap` and `valid` hold `Q` values; one thread writes the loss.
+            unsafe { l.launch(per_row(1)) }.w()?;
+            Ok((loss, Arc::new(valid)))
+        }
+
+        fn backward<T: Float>(
+            &self,
+            dev: &CudaDevice,
+            _: &CudaView<T>,
+            g: &CudaView<T>,
+            valid: &Self::Saved,
+            (_, q): (usize, usize),
+        ) -> candle_core::Result<CudaSlice<T>> {
+            // SAFETY: the kernel writes every one of the `Q` values.
+            let mut dap = unsafe { dev.alloc::<T>(q)? };
+            let name = instance::<T>("rankwise_smooth_rank_mean_grad");
+            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+            let nq = q as u32;
+            let mut l = f.builder();
+            l.arg(valid.as_ref())
+                .arg(g)
+                .arg(&mut dap)
+                .arg(&nq)
+                .arg(&self.n_valid);
+            // SAFETY: `valid` and `dap` hold `Q` values, `g` one.
+            unsafe { l.launch(per_row(q)) }.w()?;
+            Ok(dap)
+        }
+    }
+
     impl CustomOp1 for SmoothRankOp {
         fn name(&self) -> &'static str {
             "rankwise-smooth-rank"
@@ -324,7 +418,7 @@ mod cuda {
 mod tests {
     use super::*;
     use crate::hierarchy::Labels;
-    use crate::losses::smooth_rank::{smooth_average_precision, Engine};
+    use crate::losses::smooth_rank::{smooth_average_precision, Engine, QueryAp};
     use crate::losses::surrogate::{Heaviside, LowerStep, Sigmoid, Surrogate, UpperStep};
     use candle_core::DType;
     use candle_core::{Device, Var};
@@ -481,9 +575,79 @@ mod tests {
         assert_eq!(last, &[2.0, 0.0, 1.0, u.rho, u.delta, u.effective_offset()]);
     }
 
+    /// The mean-loss kernels run on the host by the harness: the loss and `g ∂L/∂AP`.
+    fn emulate_mean(ap: &[f64], f32_ap: bool, valid: &[bool], g: f64) -> (f64, Vec<f64>) {
+        let q = ap.len();
+        let n_valid = valid.iter().filter(|v| **v).count();
+        let mut input = Vec::new();
+        for v in [q as u32, u32::from(f32_ap)] {
+            input.extend(v.to_le_bytes());
+        }
+        input.extend((n_valid as f64).to_le_bytes());
+        crate::kernels::emulation::push_values(&mut input, ap, f32_ap);
+        input.extend(valid.iter().map(|&v| u8::from(v)));
+        crate::kernels::emulation::push_values(&mut input, &[g], f32_ap);
+        let out = crate::kernels::emulation::run("smooth_rank_mean", &input);
+        assert_eq!(out.len(), 1 + q);
+        (out[0], out[1..].to_vec())
+    }
+
+    #[test]
+    fn the_mean_loss_kernels_equal_the_tensor_formulation() {
+        let q = 11;
+        let ap: Vec<f64> = crate::kernels::emulation::uniform(q, 4)
+            .into_iter()
+            .map(|v| v + 0.5)
+            .collect();
+        let valid: Vec<bool> = (0..q).map(|i| i % 4 != 1).collect();
+        for (dtype, tol) in [(DType::F64, 1e-15), (DType::F32, 1e-7)] {
+            let var = Var::from_tensor(
+                &Tensor::from_vec(ap.clone(), q, &Device::Cpu)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap(),
+            )
+            .unwrap();
+            let loss = QueryAp {
+                ap: var.as_tensor().clone(),
+                valid: valid.clone(),
+            }
+            .mean_loss()
+            .unwrap();
+            let want = loss
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
+            let grads = loss.backward().unwrap();
+            let want_grad: Vec<f64> = grads
+                .get(&var)
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for g in [1.0, -2.5] {
+                let (got, dap) = emulate_mean(&ap, dtype == DType::F32, &valid, g);
+                assert!((got - want).abs() <= tol, "{dtype:?}: {got} vs {want}");
+                for (i, (d, w)) in dap.iter().zip(&want_grad).enumerate() {
+                    assert!(
+                        (d - g * w).abs() <= tol,
+                        "{dtype:?} g={g} [{i}]: {d} vs {}",
+                        g * w
+                    );
+                }
+                assert!(dap.iter().zip(&valid).all(|(d, v)| *v || *d == 0.0));
+            }
+        }
+    }
+
     #[test]
     fn the_kernels_apply_only_on_a_cuda_device() {
         let s = Tensor::zeros((4, 4), DType::F32, &Device::Cpu).unwrap();
+        assert!(!mean_applies(
+            &Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap()
+        ));
         assert!(!applies(&s));
     }
 }
