@@ -376,6 +376,29 @@ pub(crate) mod emulation {
             .collect()
     }
 
+    /// A loss `value` and its `∂x` (for an incoming gradient of 1, `x`'s shape) computed by
+    /// emulated kernels, attached to the graph of `x` as the device op attaches them, so that
+    /// autograd carries `∂x` on to what `x` depends on (the embeddings, for the comparison with
+    /// the host engines).
+    pub(crate) fn attach_loss(
+        x: &candle_core::Tensor,
+        value: f64,
+        dx: Vec<f64>,
+    ) -> candle_core::Tensor {
+        use candle_core::{Device, Tensor};
+        let dtype = x.dtype();
+        let value = Tensor::new(value, &Device::Cpu)
+            .and_then(|v| v.to_dtype(dtype))
+            .expect("the loss value as a tensor");
+        let dx = Tensor::from_vec(dx, x.shape(), &Device::Cpu)
+            .and_then(|d| d.to_dtype(dtype))
+            .expect("∂x in the shape of x");
+        crate::attach::attach(x, &value, move |_, _, grad| {
+            Ok(Some(dx.broadcast_mul(&grad.reshape((1, 1))?)?))
+        })
+        .expect("the attached loss")
+    }
+
     /// Runs the harness `name` on `input`; its standard output as little-endian doubles.
     pub(crate) fn run(name: &str, input: &[u8]) -> Vec<f64> {
         let file = tempfile::NamedTempFile::new().expect("a temporary file");

@@ -12,7 +12,7 @@
 //! | layer | modules | what they hold |
 //! |---|---|---|
 //! | 0 | [`error`], [`progress`], [`stats`], [`switch`] | the error type, progress bars, the tests behind the verdicts, the device paths' on/off switches |
-//! | 1 | [`hierarchy`], [`metrics`], [`cpu`], [`kernels`] | labels and relevance; the metrics of one ranked list; the CPU engine; the losses' CUDA kernels' compilation and loading |
+//! | 1 | [`hierarchy`], [`metrics`], [`cpu`], [`kernels`], [`device`] | labels and relevance; the metrics of one ranked list; the CPU engine; the losses' CUDA kernels' compilation and loading; opening a CUDA device (one stream for every thread, its memory pool) |
 //! | 2 | [`io`], [`retrieval`], [`samplers`], [`synthetic_embeddings`] | files in and out; the exact evaluation engine (any score source); batch and episode samplers; synthetic embedding sets |
 //! | 3 | [`data`], [`losses`], [`models`] | the datasets (one loader file each, listed by build.rs in [`data::loaders::DatasetConfig`]) and image pipeline; every rank loss; backbones and heads |
 //! | 4 | [`train`] | recipes, optimisers, schedules, the trainer, run folders |

@@ -354,20 +354,7 @@ mod tests {
                             (p, valid),
                             1.0,
                         );
-                        // The kernels' loss and `∂s` (g = 1) attached to the graph of `s` as
-                        // the op attaches them, so that autograd takes `∂s` to the embeddings.
-                        let value = Tensor::new(k.loss, &Device::Cpu)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap();
-                        let ds = Tensor::from_vec(k.ds, (b, b), &Device::Cpu)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap();
-                        let attached = crate::attach::attach(&s, &value, move |_, _, grad| {
-                            Ok(Some(ds.broadcast_mul(&grad.reshape((1, 1))?)?))
-                        })
-                        .unwrap();
+                        let attached = crate::kernels::emulation::attach_loss(&s, k.loss, k.ds);
                         let (kv, kg) = grads(&attached);
                         let what =
                             format!("{num_bins} bins {gradient:?} normalize={normalize} {dtype:?}");

@@ -329,20 +329,7 @@ mod tests {
             loss.mining,
             1.0,
         );
-        // The kernels' loss and `∂x` (for g = 1) attached to the graph of `x` as the op attaches
-        // them, so that autograd takes `∂x` to the embeddings.
-        let value = Tensor::new(k.loss, &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        let dx = Tensor::from_vec(k.dx, (b, b), &Device::Cpu)
-            .unwrap()
-            .to_dtype(dtype)
-            .unwrap();
-        let attached = crate::attach::attach(&x, &value, move |_, _, grad| {
-            Ok(Some(dx.broadcast_mul(&grad.reshape((1, 1))?)?))
-        })
-        .unwrap();
+        let attached = crate::kernels::emulation::attach_loss(&x, k.loss, k.dx);
         [reference, grad_of(attached)]
     }
 
