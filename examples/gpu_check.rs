@@ -707,7 +707,7 @@ fn product_chain(a: &Tensor) -> Result<Tensor> {
 fn check_threads(report: &mut Report, dev: &Device) -> Result<()> {
     let n = 1024;
     let host: Vec<f32> = normal(n * n, 41).into_iter().map(|v| v as f32).collect();
-    let a = Tensor::from_vec(host.clone(), (n, n), &Device::Cpu)?.to_device(dev)?;
+    let a = Tensor::from_vec(host, (n, n), &Device::Cpu)?.to_device(dev)?;
     let reference = {
         let y = product_chain(&a)?;
         dev.synchronize()?;
@@ -1803,9 +1803,6 @@ fn bench_eval(report: &mut Report, dev: &Device, small: bool) -> Result<()> {
     Ok(())
 }
 
-/// Training throughput (images/s of forward + backward + Adam step), as
-/// `examples/train_throughput.rs` measures it on the CPU and `train_throughput_vs_torch.py` on
-/// the same GPU.
 /// The training benchmarks' network and step: the model `name` with seeded weights, Adam at
 /// 1e-4, and the contrastive loss over classes of 4 consecutive images (as the PyTorch anchor,
 /// `benches/train_throughput_vs_torch.py`).
@@ -1847,6 +1844,9 @@ impl TrainBench {
     }
 }
 
+/// Training throughput (images/s of forward + backward + Adam step), as
+/// `examples/train_throughput.rs` measures it on the CPU and `train_throughput_vs_torch.py` on
+/// the same GPU.
 fn bench_train(report: &mut Report, dev: &Device, small: bool, models: &[String]) -> Result<()> {
     for name in models {
         let name = name.as_str();
@@ -2018,13 +2018,13 @@ fn pipeline(report: &mut Report, dev: &Device, small: bool, scratch: &Path) -> R
         // The check: the first two batches on the device equal the CPU's, bit for bit.
         let t0 = unix_ms();
         let result = (|| -> Result<Value> {
+            let bits = |t: &Tensor| -> Result<Vec<u32>> {
+                let v = t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
+                Ok(v.into_iter().map(f32::to_bits).collect())
+            };
             let mut differing = Vec::new();
             for (k, b) in source.stream(batches[..2].to_vec(), view, dev)?.enumerate() {
                 let b = b?;
-                let bits = |t: &Tensor| -> Result<Vec<u32>> {
-                    let v = t.to_device(&Device::Cpu)?.flatten_all()?.to_vec1::<f32>()?;
-                    Ok(v.into_iter().map(f32::to_bits).collect())
-                };
                 let want = source.batch(&batches[k], view, &Device::Cpu)?;
                 if bits(&b.images)? != bits(&want)? || b.indices != batches[k] {
                     differing.push(k);

@@ -7,8 +7,8 @@
 //! times the incoming gradient: one launch, where `value + Σ x ⊙ J − detach(…)` took eight), the
 //! device convolution (models::conv) and BatchNorm's normalisation (models::layers). Each then
 //! needs the same thing: an op whose forward pass returns the precomputed value — a copy, so
-//! that it runs on every device — and whose backward pass calls the closed form. [`attach`] and [`attach2`] are that op, for one and for two differentiable
-//! inputs.
+//! that it runs on every device — and whose backward pass calls the closed form. [`attach`] and
+//! [`attach2`] are that op, for one and for two differentiable inputs.
 
 use crate::error::Result;
 use candle_core::backend::BackendStorage;
