@@ -747,6 +747,19 @@ fn check_threads(report: &mut Report, dev: &Device) -> Result<()> {
             &big,
         ),
     ];
+    // The library hands work across threads only on a device whose threads share a stream:
+    // this one (opened by `rankwise::device::open_cuda`) must say so, and one that candle's
+    // `new_cuda` opened on per-thread streams must not.
+    if dev.is_cuda() {
+        let ours = rankwise::device::shared_stream(dev);
+        let candles = rankwise::device::shared_stream(&Device::new_cuda(0)?);
+        report.push(
+            "checks",
+            json!({"kind": "threads", "name": "one stream recognised: open_cuda's yes, new_cuda's no",
+                "status": if ours && !candles { "pass" } else { "fail" },
+                "open_cuda_shared": ours, "new_cuda_shared": candles}),
+        )?;
+    }
     for (name, run, want) in cases {
         let start = Instant::now();
         let entry = match run() {

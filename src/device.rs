@@ -84,6 +84,25 @@ pub fn open_cuda(ordinal: usize) -> Result<Device> {
     }
 }
 
+/// `CU_STREAM_PER_THREAD` of `cuda.h`: the handle candle's `Device::new_cuda` queues on, which
+/// names the calling thread's own default stream.
+#[cfg(feature = "cuda")]
+const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// Whether work that one thread queues on `device` is ordered with the work other threads
+/// queue there: the CPU, and a CUDA device on one stream ([`open_cuda`]); not a device that
+/// candle's `Device::new_cuda` opened on per-thread default streams. The library hands device
+/// work from one thread to another (a loader's uploads, an evaluation's next chunk) only where
+/// this holds; elsewhere that work stays on the thread that uses it.
+pub fn shared_stream(device: &Device) -> bool {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        return dev.cuda_stream().cu_stream() as usize != CU_STREAM_PER_THREAD;
+    }
+    let _ = device;
+    true
+}
+
 /// Sets the release threshold of `device`'s current memory pool: with `retain`, `u64::MAX` (its
 /// freed memory stays in the pool across synchronisations); without, CUDA's default 0 (handed
 /// back at every synchronisation). Nothing to do on the CPU, or on a device that allocates
@@ -207,5 +226,7 @@ mod tests {
         release_pool(&Device::Cpu).unwrap();
         reset_peak_memory(&Device::Cpu).unwrap();
         assert_eq!(peak_memory(&Device::Cpu).unwrap(), None);
+        // The CPU has no stream: work from any thread is ordered.
+        assert!(shared_stream(&Device::Cpu));
     }
 }

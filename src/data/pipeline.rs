@@ -785,10 +785,15 @@ pub struct Batch {
 ///
 /// Batches for a CUDA device are put there by the worker thread, from page-locked buffers
 /// ([`crate::data::staging`]): the copy is queued on the device's stream, and the consumer gets
-/// a tensor already on the device.
+/// a tensor already on the device. On a device whose threads do not share one stream
+/// ([`crate::device::shared_stream`]) the worker's copy would not be ordered with the
+/// consumer's work: the worker then assembles the batch on the host and the consumer's thread
+/// copies it.
 pub struct BatchLoader {
     rx: Option<Receiver<Result<Batch>>>,
     worker: Option<JoinHandle<()>>,
+    /// Where the consumer's thread puts each batch, when the worker cannot.
+    upload_here: Option<Device>,
 }
 
 impl BatchLoader {
@@ -815,6 +820,11 @@ impl BatchLoader {
             .build()
             .map_err(|e| Error::invalid("threads", e.to_string()))?;
         let (tx, rx) = sync_channel(config.prefetch);
+        let (device, upload_here) = if crate::device::shared_stream(&device) {
+            (device, None)
+        } else {
+            (Device::Cpu, Some(device))
+        };
         let worker = std::thread::Builder::new()
             .name("rankwise-prefetch".into())
             .spawn(move || {
@@ -849,6 +859,7 @@ impl BatchLoader {
         Ok(BatchLoader {
             rx: Some(rx),
             worker: Some(worker),
+            upload_here,
         })
     }
 }
@@ -857,7 +868,16 @@ impl Iterator for BatchLoader {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
-        self.rx.as_ref()?.recv().ok()
+        let batch = self.rx.as_ref()?.recv().ok()?;
+        Some(match &self.upload_here {
+            None => batch,
+            Some(device) => batch.and_then(|b| {
+                Ok(Batch {
+                    images: b.images.to_device(device)?,
+                    indices: b.indices,
+                })
+            }),
+        })
     }
 }
 

@@ -13,7 +13,8 @@
 //! stream before any kernel that reads it (PyTorch's `pin_memory=True` with
 //! `non_blocking=True`): [`crate::device::open_cuda`] opens the device on one stream that
 //! every thread queues on (on candle's per-thread default streams, the worker's copy would not
-//! be ordered with the trainer's kernels at all).
+//! be ordered with the trainer's kernels at all, so on a device opened that way the loader
+//! leaves the copy to the consumer's thread: [`crate::device::shared_stream`]).
 //!
 //! A buffer is written again only after its copy is done: each copy records an event, and a
 //! buffer's next batch waits for it. The buffers circulate in order, one more than the

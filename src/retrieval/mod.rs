@@ -476,7 +476,10 @@ impl ScoreSource for Operands {
         Operands::chunk_scores(self, start, len, chunk)
     }
     fn computes_off_host(&self) -> bool {
-        !self.queries.device().is_cpu()
+        // On a device whose threads do not share one stream, a chunk computed on another
+        // thread would not be ordered with the caller's work: the chunks stay on this thread.
+        let device = self.queries.device();
+        !device.is_cpu() && crate::device::shared_stream(device)
     }
     fn finite_by_construction(&self) -> bool {
         true
@@ -874,8 +877,9 @@ pub(crate) fn for_each_chunk<S: ScoreSource + ?Sized>(
 /// `produce(start, len, chunk)` and handed to `consume(start, len, chunk)` in query order;
 /// stops at the first error. With `overlap`, `produce` runs on a thread of its own, one chunk
 /// ahead of `consume`, and the chunks' buffers circulate between the two (at most three). On a
-/// CUDA device both threads queue on the device's one stream ([`crate::device::open_cuda`]), so
-/// the product reads embeddings the caller's work has finished writing.
+/// CUDA device both threads queue on the device's one stream ([`crate::device::shared_stream`],
+/// which a source's `computes_off_host` requires), so the product reads embeddings the
+/// caller's work has finished writing.
 fn pipeline<T: Default + Send>(
     n: usize,
     chunk_size: usize,
