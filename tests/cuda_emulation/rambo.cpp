@@ -1,10 +1,10 @@
 // Runs the kernels of src/losses/rambo/device.cu on the host, launched as
 // `losses::rambo::device` launches them, for the unit tests of that module.
 //
-// usage: rambo INPUT   (stdout: the B x B terms, then the B x B gradient dL/ds, as doubles)
-// INPUT: u32 B, f32 (0/1); f64 incoming gradient; the B x B similarities (f32 or f64); the B
-// class ids (u32); the B normalisers (f64); the B x B half-normal magnitudes (f64, read only
-// with half_normal); struct rw_rambo.
+// usage: rambo INPUT   (stdout: the loss, then the B x B gradient dL/ds, as doubles)
+// INPUT: u32 B, f32 (0/1); f64 incoming gradient; f64 the stored sequences' share of the value;
+// the B x B similarities (f32 or f64); the B class ids (u32); the B normalisers (f64); the B x B
+// half-normal magnitudes (f64, read only with half_normal); struct rw_rambo.
 #include "launch.hpp"
 
 #include "../../src/losses/rambo/device.cu"
@@ -12,8 +12,9 @@
 // Blocks of 6 threads, so that blocks end past the rows and the bounds checks are exercised.
 static const unsigned int BLOCK = 6;
 
-template <typename T, typename Ranks, typename Blackbox>
-static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blackbox blackbox) {
+template <typename T, typename Ranks, typename Total, typename Blackbox>
+static void run(rw_input& in, unsigned int b, double up_value, double memory_value, Ranks ranks,
+                Total total, Blackbox blackbox) {
   const size_t bb = (size_t)b * b;
   std::vector<T> s = in.take<T>(bb);
   std::vector<unsigned int> cls = in.take<unsigned int>(b);
@@ -43,12 +44,19 @@ static void run(rw_input& in, unsigned int b, double up_value, Ranks ranks, Blac
     ranks(s.data(), cls.data(), norm.data(), mags.data(), p, rank.data(), rank_rel.data(),
           terms.data(), y.data());
   });
+  // Each query's sum (its rows poisoned first: the kernel writes every one), then the loss.
+  std::vector<double> row_sum(b, 1e30);
+  const rw_dim3 rows_grid{(b + BLOCK - 1) / BLOCK, 1, 1};
+  rw_launch(rows_grid, block, [&] { rankwise_rambo_row_sums(terms.data(), b, row_sum.data()); });
+  T loss = (T)1e30;
+  rw_launch(rw_dim3{1, 1, 1}, block,
+            [&] { total(row_sum.data(), b, memory_value, p.objective, &loss); });
   // The similarities are not the blackbox kernel's input: poisoned, a read of them would show.
   std::fill(s.begin(), s.end(), (T)1e30);
   rw_launch(grid, block, [&] {
     blackbox(cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), y.data(), jac.data());
   });
-  rw_write_doubles(terms);
+  rw_write_doubles(std::vector<double>{(double)loss});
   rw_write_doubles(jac);
 }
 
@@ -60,9 +68,12 @@ int main(int argc, char** argv) {
   rw_input in(argv[1]);
   std::vector<unsigned int> head = in.take<unsigned int>(2);
   const double up = in.take<double>(1)[0];
+  const double memory_value = in.take<double>(1)[0];
   if (head[1])
-    run<float>(in, head[0], up, rankwise_rambo_ranks_f32, rankwise_rambo_blackbox_f32);
+    run<float>(in, head[0], up, memory_value, rankwise_rambo_ranks_f32, rankwise_rambo_total_f32,
+               rankwise_rambo_blackbox_f32);
   else
-    run<double>(in, head[0], up, rankwise_rambo_ranks_f64, rankwise_rambo_blackbox_f64);
+    run<double>(in, head[0], up, memory_value, rankwise_rambo_ranks_f64,
+                rankwise_rambo_total_f64, rankwise_rambo_blackbox_f64);
   return 0;
 }

@@ -126,6 +126,33 @@ __device__ void rw_rambo_blackbox(const unsigned int* cls, const double* norm, r
   jac[row + j] = (T)(-(r - rl) / p.lambda);
 }
 
+// Thread q: the sum of query q's terms, in column order (0 where the query has none).
+__device__ void rw_rambo_row_sums(const double* term, unsigned int b, double* row_sum) {
+  const unsigned int q = blockIdx.x * blockDim.x + threadIdx.x;
+  if (q >= b) return;
+  const unsigned long long row = (unsigned long long)q * b;
+  double sum = 0.0;
+  for (unsigned int j = 0; j < b; ++j) sum += term[row + j];
+  row_sum[q] = sum;
+}
+
+// One thread: the loss from the row sums, summed in query order, plus the stored sequences'
+// share memory_value: 1 - total for AP (Eq. 21), the total for recall (Eq. 20).
+template <typename T>
+__device__ void rw_rambo_total(const double* row_sum, unsigned int b, double memory_value,
+                               int objective, T* loss) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double total = 0.0;
+  for (unsigned int q = 0; q < b; ++q) total += row_sum[q];
+  total += memory_value;
+  *loss = (T)(objective == 0 ? 1.0 - total : total);
+}
+
+extern "C" __global__ void rankwise_rambo_row_sums(const double* term, unsigned int b,
+                                                   double* row_sum) {
+  rw_rambo_row_sums(term, b, row_sum);
+}
+
 #define RW_RAMBO_KERNELS(T, SUFFIX)                                                            \
   extern "C" __global__ void rankwise_rambo_ranks_##SUFFIX(                                    \
       const T* s, const unsigned int* cls, const double* norm, const double* mags, rw_rambo p, \
@@ -136,6 +163,10 @@ __device__ void rw_rambo_blackbox(const unsigned int* cls, const double* norm, r
       const unsigned int* cls, const double* norm, rw_rambo p, const T* up,                    \
       const double* rank_in, const double* rank_rel_in, const double* y_in, T* jac) {          \
     rw_rambo_blackbox<T>(cls, norm, p, up, rank_in, rank_rel_in, y_in, jac);                   \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_rambo_total_##SUFFIX(                                    \
+      const double* row_sum, unsigned int b, double memory_value, int objective, T* loss) {    \
+    rw_rambo_total<T>(row_sum, b, memory_value, objective, loss);                              \
   }
 
 RW_RAMBO_KERNELS(float, f32)

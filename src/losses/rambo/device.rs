@@ -20,10 +20,13 @@
 //!
 //! with `w_q` the query's normaliser (`1/(Q (P_q + ε))` per query, `1/P_total` pooled), which
 //! depends on the labels only (and on the stored sequences' counts) and is computed on the
-//! host. The first kernel runs once per step: its terms give the value, its ranks and shifted
-//! sequences are kept for the backward, which runs the blackbox kernel with the incoming
-//! gradient read on the device (the blackbox gradient is not linear in it: the perturbation is
-//! `λ` times it), so the loss keeps its exact host semantics inside any weighted sum. The work
+//! host. The forward pass is three launches, one candle op ([`crate::kernels::loss_op`]): the
+//! ranks kernel, each query's sum of its terms (one thread per query, in column order) and the
+//! loss (one thread, the queries in order, plus the stored sequences' share, cast to the
+//! input's dtype). The ranks and shifted sequences stay on the device for the backward pass,
+//! which runs the blackbox kernel with the incoming gradient read there (the blackbox gradient
+//! is not linear in it: the perturbation is `λ` times it), so the loss keeps its exact host
+//! semantics inside any weighted sum. The work
 //! is `O(B³)` (each thread counts over its sequence), so the kernels are used up to
 //! `B³ ≤` [`crate::kernels::max_work`]; beyond, the row engine.
 //!
@@ -187,16 +190,6 @@ fn magnitudes(rows: &RamboRows, b: usize) -> Option<Vec<f64>> {
     Some(out)
 }
 
-/// The loss from the first kernel's `terms` (`B × B`, `f64`) and the stored sequences' share.
-#[cfg_attr(not(any(feature = "cuda", test)), allow(dead_code))]
-fn value(loss: &Rambo, terms: &Tensor, memory_value: f64) -> Result<Tensor> {
-    let total = terms.sum_all()?.affine(1.0, memory_value)?;
-    Ok(match loss.objective {
-        RamboObjective::Ap => total.affine(-1.0, 1.0)?,
-        RamboObjective::Recall(_) => total,
-    })
-}
-
 /// The batch's sequences as the score memory stores them (raw scores, relevance), read back
 /// from the device.
 fn sequences(rows: &RamboRows, s: &Tensor) -> Result<ScoreRows> {
@@ -229,7 +222,7 @@ pub(super) fn forward(
     let batch = Batch::new(&rows, labels)?;
     let e = l2_normalize(embeddings, "embeddings")?;
     let s = e.matmul(&e.t()?)?;
-    let value = run(loss, &s, batch)?;
+    let value = run(&s, batch)?;
     let kept = if keep {
         sequences(&rows, &s)?
     } else {
@@ -239,33 +232,19 @@ pub(super) fn forward(
 }
 
 #[cfg(feature = "cuda")]
-fn run(loss: &Rambo, s: &Tensor, batch: Batch) -> Result<Tensor> {
-    let b = batch.ids.len();
-    let bb = b * b;
-    let mags = match &batch.mags {
-        Some(m) => Tensor::from_slice(m, (b, b), s.device())?,
-        None => Tensor::zeros(1, DType::F64, s.device())?,
-    };
-    let op = cuda::Rambo {
+fn run(s: &Tensor, batch: Batch) -> Result<Tensor> {
+    let op = cuda::RamboOp {
         params: batch.params,
         ids: batch.ids,
         norms: batch.norms,
+        mags: batch.mags,
+        memory_value: batch.memory_value,
     };
-    let sims = s.contiguous()?;
-    // [rk | rk⁺ | terms | y], ranked once: the value reads the terms, the backward the ranks and
-    // the shifted sequences.
-    let stats = sims
-        .detach()
-        .apply_op2_no_bwd(&mags, &cuda::Ranks(op.clone()))?;
-    let value =
-        value(loss, &stats.narrow(0, 2 * bb, bb)?, batch.memory_value)?.to_dtype(s.dtype())?;
-    // Zero, with the blackbox gradient as its backward.
-    let zero = sims.apply_op2(&stats, op)?;
-    Ok((value + zero)?)
+    Ok(crate::kernels::loss_op::apply(s, op)?)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn run(_: &Rambo, _: &Tensor, _: Batch) -> Result<Tensor> {
+fn run(_: &Tensor, _: Batch) -> Result<Tensor> {
     Err(crate::error::Error::invalid(
         "device",
         "the RaMBO kernels need a build with the `cuda` feature",
@@ -275,17 +254,14 @@ fn run(_: &Rambo, _: &Tensor, _: Batch) -> Result<Tensor> {
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::Params;
-    use crate::kernels::{
-        check_matrix, dtype_error, instance, not_on_cpu, per_entry, ptx, view, Float,
-    };
-    use candle_core::backend::BackendStorage;
+    use crate::kernels::loss_op::KernelLoss;
+    use crate::kernels::{instance, per_entry, per_row, ptx, Float};
     use candle_core::cuda_backend::cudarc::driver::{
-        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+        CudaSlice, CudaView, DeviceRepr, PushKernelArg,
     };
     use candle_core::cuda_backend::{CudaDevice, WrapErr};
-    use candle_core::{
-        CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor,
-    };
+    use candle_core::Layout;
+    use std::sync::Arc;
 
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_rambo";
@@ -293,239 +269,135 @@ mod cuda {
     // SAFETY: `Params` is `repr(C)` plain data with the layout of `struct rw_rambo`.
     unsafe impl DeviceRepr for Params {}
 
-    /// The batch's classes and normalisers; as an op on the similarities and the ranks of
-    /// [`Ranks`], its forward is a zero scalar and its backward the blackbox gradient.
-    #[derive(Clone)]
-    pub(super) struct Rambo {
+    /// RaMBO of the `B × B` similarities: the ranks kernel, each query's sum of its terms and
+    /// the loss in the forward pass; the blackbox kernel, reading the incoming gradient on the
+    /// device, in the backward pass.
+    pub(super) struct RamboOp {
         pub(super) params: Params,
         pub(super) ids: Vec<u32>,
         pub(super) norms: Vec<f64>,
+        pub(super) mags: Option<Vec<f64>>,
+        pub(super) memory_value: f64,
     }
 
-    /// `(s, half-normal magnitudes) → [rk | rk⁺ | terms | y]`, `4 B²` `f64` values: the first
-    /// kernel.
-    pub(super) struct Ranks(pub(super) Rambo);
+    /// What the blackbox kernel reads: `[rk | rk⁺ | terms | y]` (`4 B²` values) and the
+    /// classes and normalisers the forward pass uploaded.
+    pub(super) struct RankState {
+        stats: CudaSlice<f64>,
+        cls: CudaSlice<u32>,
+        norms: CudaSlice<f64>,
+    }
 
-    /// `(s, [rk | rk⁺ | terms | y], ∂L/∂loss) → ∂L/∂s`: the blackbox kernel.
-    struct Gradient(Rambo);
+    impl KernelLoss for RamboOp {
+        type Saved = Arc<RankState>;
+        const NAME: &'static str = "rankwise-rambo";
+        const GRAD_NAME: &'static str = "rankwise-rambo-gradient";
 
-    /// The `f64` values of the first kernel's output.
-    const STATS: usize = 4;
-
-    impl Rambo {
-        fn grid(&self) -> LaunchConfig {
-            per_entry(self.ids.len(), self.ids.len())
+        fn dims(&self, _: &Layout) -> (usize, usize) {
+            (self.ids.len(), self.ids.len())
         }
 
-        fn ranks<T: Float>(
+        fn forward<T: Float>(
             &self,
             dev: &CudaDevice,
             s: &CudaView<T>,
-            mags: &CudaView<f64>,
-        ) -> candle_core::Result<CudaSlice<f64>> {
-            let bb = self.ids.len() * self.ids.len();
+            (b, _): (usize, usize),
+        ) -> candle_core::Result<(CudaSlice<T>, Self::Saved)> {
+            let bb = b * b;
             let cls = dev.clone_htod(&self.ids)?;
             let norms = dev.clone_htod(&self.norms)?;
-            let mut stats = dev.alloc_zeros::<f64>(STATS * bb)?;
+            // The deterministic margin reads no magnitude: one value stands for the argument.
+            let mags = match &self.mags {
+                Some(m) => dev.clone_htod(m)?,
+                None => dev.alloc_zeros::<f64>(1)?,
+            };
+            // Zeros: the kernel writes a term for the relevant items only.
+            let mut stats = dev.alloc_zeros::<f64>(4 * bb)?;
+            // SAFETY: the row-sums kernel writes each of the `B` values, the total kernel the
+            // loss, before anything reads them.
+            let mut row_sums = unsafe { dev.alloc::<f64>(b)? };
+            let mut loss = unsafe { dev.alloc::<T>(1)? };
+            let module = ptx(MODULE, SOURCE)?;
             {
                 let (mut rank, mut rest) = stats.split_at_mut(bb);
                 let (mut rank_rel, mut rest) = rest.split_at_mut(bb);
                 let (mut term, mut y) = rest.split_at_mut(bb);
-                let name = instance::<T>("rankwise_rambo_ranks");
-                let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+                let f = dev.get_or_load_custom_func(
+                    &instance::<T>("rankwise_rambo_ranks"),
+                    MODULE,
+                    module,
+                )?;
                 let mut l = f.builder();
                 l.arg(s)
                     .arg(&cls)
                     .arg(&norms)
-                    .arg(mags)
+                    .arg(&mags)
                     .arg(&self.params)
                     .arg(&mut rank)
                     .arg(&mut rank_rel)
                     .arg(&mut term)
                     .arg(&mut y);
                 // SAFETY: `s`, `rank`, `rank_rel`, `term`, `y` hold `B × B` values, `cls` and
-                // `norms` `B`, `mags` `B × B` when the kernel reads it (`half_normal`, checked
-                // by the op).
-                unsafe { l.launch(self.grid()) }.w()?;
+                // `norms` `B`, `mags` `B × B` when the kernel reads it (`half_normal`, set
+                // only with the magnitudes).
+                unsafe { l.launch(per_entry(b, b)) }.w()?;
             }
-            Ok(stats)
+            let nb = b as u32;
+            let terms = stats.slice(2 * bb..3 * bb);
+            let f = dev.get_or_load_custom_func("rankwise_rambo_row_sums", MODULE, module)?;
+            let mut l = f.builder();
+            l.arg(&terms).arg(&nb).arg(&mut row_sums);
+            // SAFETY: `terms` holds `B × B` values, `row_sums` `B`.
+            unsafe { l.launch(per_row(b)) }.w()?;
+            let f = dev.get_or_load_custom_func(
+                &instance::<T>("rankwise_rambo_total"),
+                MODULE,
+                module,
+            )?;
+            let mut l = f.builder();
+            l.arg(&row_sums)
+                .arg(&nb)
+                .arg(&self.memory_value)
+                .arg(&self.params.objective)
+                .arg(&mut loss);
+            // SAFETY: one thread reads the `B` row sums and writes the loss.
+            unsafe { l.launch(per_row(1)) }.w()?;
+            Ok((loss, Arc::new(RankState { stats, cls, norms })))
         }
 
-        fn gradient<T: Float>(
+        fn backward<T: Float>(
             &self,
             dev: &CudaDevice,
-            stats: &CudaView<f64>,
-            up: &CudaView<T>,
+            _: &CudaView<T>,
+            g: &CudaView<T>,
+            saved: &Self::Saved,
+            (b, _): (usize, usize),
         ) -> candle_core::Result<CudaSlice<T>> {
-            let bb = self.ids.len() * self.ids.len();
-            let cls = dev.clone_htod(&self.ids)?;
-            let norms = dev.clone_htod(&self.norms)?;
+            let bb = b * b;
+            let stats = &saved.stats;
             let (rank, rank_rel) = (stats.slice(0..bb), stats.slice(bb..2 * bb));
             let y = stats.slice(3 * bb..4 * bb);
+            // Zeros: a query's own entry, outside its sequence, gets no gradient unless
+            // `include_self`.
             let mut jac = dev.alloc_zeros::<T>(bb)?;
-            let name = instance::<T>("rankwise_rambo_blackbox");
-            let f = dev.get_or_load_custom_func(&name, MODULE, ptx(MODULE, SOURCE)?)?;
+            let f = dev.get_or_load_custom_func(
+                &instance::<T>("rankwise_rambo_blackbox"),
+                MODULE,
+                ptx(MODULE, SOURCE)?,
+            )?;
             let mut l = f.builder();
-            l.arg(&cls)
-                .arg(&norms)
+            l.arg(&saved.cls)
+                .arg(&saved.norms)
                 .arg(&self.params)
-                .arg(up)
+                .arg(g)
                 .arg(&rank)
                 .arg(&rank_rel)
                 .arg(&y)
                 .arg(&mut jac);
-            // SAFETY: as in `ranks`; `up` holds one value, `jac` `B × B`.
-            unsafe { l.launch(self.grid()) }.w()?;
+            // SAFETY: `rank`, `rank_rel`, `y` and `jac` hold `B × B` values, `cls` and `norms`
+            // `B`, `g` one.
+            unsafe { l.launch(per_entry(b, b)) }.w()?;
             Ok(jac)
-        }
-    }
-
-    impl CustomOp2 for Ranks {
-        fn name(&self) -> &'static str {
-            "rankwise-rambo-ranks"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-            mags: &CudaStorage,
-            ml: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.0.ids.len();
-            check_matrix(self.name(), l, b, b)?;
-            if self.0.params.half_normal != 0 {
-                check_matrix(self.name(), ml, b, b)?;
-            }
-            let dev = s.device().clone();
-            let mags = view::<f64>(mags, ml)?;
-            let stats = match s.dtype() {
-                DType::F32 => self.0.ranks::<f32>(&dev, &view(s, l)?, &mags)?,
-                DType::F64 => self.0.ranks::<f64>(&dev, &view(s, l)?, &mags)?,
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((
-                CudaStorage::wrap_cuda_slice(stats, dev),
-                Shape::from(STATS * b * b),
-            ))
-        }
-    }
-
-    impl CustomOp2 for Rambo {
-        fn name(&self) -> &'static str {
-            "rankwise-rambo"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-            _: &CudaStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            check_matrix(self.name(), l, self.ids.len(), self.ids.len())?;
-            let dev = s.device().clone();
-            let zero = match s.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f32>(1)?, dev),
-                DType::F64 => CudaStorage::wrap_cuda_slice(dev.alloc_zeros::<f64>(1)?, dev),
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((zero, Shape::from(())))
-        }
-
-        fn bwd(
-            &self,
-            s: &Tensor,
-            stats: &Tensor,
-            _: &Tensor,
-            grad: &Tensor,
-        ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-            let up = grad.to_dtype(s.dtype())?.contiguous()?;
-            let jac = s.contiguous()?.apply_op3_no_bwd(
-                &stats.contiguous()?,
-                &up,
-                &Gradient(self.clone()),
-            )?;
-            Ok((Some(jac), None))
-        }
-    }
-
-    impl CustomOp3 for Gradient {
-        fn name(&self) -> &'static str {
-            "rankwise-rambo-gradient"
-        }
-
-        fn cpu_fwd(
-            &self,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-            _: &CpuStorage,
-            _: &Layout,
-        ) -> candle_core::Result<(CpuStorage, Shape)> {
-            Err(not_on_cpu(self.name()))
-        }
-
-        fn cuda_fwd(
-            &self,
-            s: &CudaStorage,
-            l: &Layout,
-            stats: &CudaStorage,
-            sl: &Layout,
-            up: &CudaStorage,
-            ul: &Layout,
-        ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let b = self.0.ids.len();
-            check_matrix(self.name(), l, b, b)?;
-            if sl.shape().elem_count() != STATS * b * b || !sl.is_contiguous() {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-rambo-gradient: ranks {:?}, expected the {} values of the ranks op",
-                    sl.dims(),
-                    STATS * b * b
-                )));
-            }
-            if ul.shape().elem_count() != 1 {
-                return Err(candle_core::Error::Msg(format!(
-                    "rankwise-rambo-gradient: the incoming gradient of a scalar loss has one \
-                     value, got {:?}",
-                    ul.dims()
-                )));
-            }
-            let dev = s.device().clone();
-            let stats = view::<f64>(stats, sl)?;
-            let jac = match s.dtype() {
-                DType::F32 => CudaStorage::wrap_cuda_slice(
-                    self.0.gradient::<f32>(&dev, &stats, &view(up, ul)?)?,
-                    dev,
-                ),
-                DType::F64 => CudaStorage::wrap_cuda_slice(
-                    self.0.gradient::<f64>(&dev, &stats, &view(up, ul)?)?,
-                    dev,
-                ),
-                d => return Err(dtype_error(self.name(), d)),
-            };
-            Ok((jac, l.shape().clone()))
         }
     }
 }
@@ -537,13 +409,14 @@ mod tests {
     use candle_core::{Device, Var};
 
     /// The kernels of `device.cu` run on the host by the harness (blocks of 6 threads):
-    /// `(terms, ∂L/∂s)` with incoming gradient `up`.
-    fn emulate(s: &[f64], f32_s: bool, batch: &Batch, up: f64) -> (Vec<f64>, Vec<f64>) {
+    /// `(loss, ∂L/∂s)` with incoming gradient `up`, the loss in the input's precision.
+    fn emulate(s: &[f64], f32_s: bool, batch: &Batch, up: f64) -> (f64, Vec<f64>) {
         let b = batch.ids.len();
         let mut input = Vec::new();
         input.extend((b as u32).to_le_bytes());
         input.extend(u32::from(f32_s).to_le_bytes());
         input.extend(up.to_le_bytes());
+        input.extend(batch.memory_value.to_le_bytes());
         crate::kernels::emulation::push_values(&mut input, s, f32_s);
         for &c in &batch.ids {
             input.extend(c.to_le_bytes());
@@ -567,15 +440,14 @@ mod tests {
         input.extend(p.count_scale.to_le_bytes());
         input.extend(p.half_normal.to_le_bytes());
         let out = crate::kernels::emulation::run("rambo", &input);
-        assert_eq!(out.len(), 2 * b * b);
-        let (t, j) = out.split_at(b * b);
-        (t.to_vec(), j.to_vec())
+        assert_eq!(out.len(), 1 + b * b);
+        (out[0], out[1..].to_vec())
     }
 
     /// One engine's value, embeddings' gradient of `up · loss` and the batch's sequences.
     type Outcome = (f64, Vec<f64>, ScoreRows);
 
-    /// By the row engine and by the emulated kernels (the value from [`value`], the gradient
+    /// By the row engine and by the emulated kernels (the loss kernel's value, the gradient
     /// attached as `Σ s ⊙ J − detach`, the sequences from [`sequences`]), with the stored
     /// sequences of `memory`, each from the same pass count.
     fn both(
@@ -630,24 +502,14 @@ mod tests {
             .unwrap()
             .to_vec1()
             .unwrap();
-        let (terms, jac) = emulate(&flat, dtype == DType::F32, &batch, up);
-        let v = value(
-            &twin,
-            &Tensor::from_vec(terms, (b, b), &Device::Cpu).unwrap(),
-            batch.memory_value,
-        )
-        .unwrap();
+        let (value, jac) = emulate(&flat, dtype == DType::F32, &batch, up);
         let j = Tensor::from_vec(jac, (b, b), &Device::Cpu)
             .unwrap()
             .to_dtype(dtype)
             .unwrap();
         let lin = (&s * j).unwrap().sum_all().unwrap();
         let attached = (&lin - lin.detach()).unwrap();
-        let kernels = (
-            scalar(&v),
-            grad_of(&attached),
-            sequences(&rows, &s).unwrap(),
-        );
+        let kernels = (value, grad_of(&attached), sequences(&rows, &s).unwrap());
         assert_eq!(twin.passes.get(), loss.passes.get());
         [reference, kernels]
     }
