@@ -1,7 +1,8 @@
 //! One candle op for a loss computed by CUDA kernels: its forward pass reduces a matrix to the
 //! scalar loss and leaves what the gradient needs on the device; its backward pass is one more
 //! launch, reading the incoming gradient there. The contrastive loss, the proxy losses' softmax
-//! cross-entropy, the triplet minings and FastAP share it: each says what it launches
+//! cross-entropy, the triplet minings, FastAP, RaMBO and the smooth-rank losses' `1 − mean AP`
+//! share it: each says what it launches
 //! ([`KernelLoss`]), this module how candle calls it (the shape and dtype checks, the dispatch
 //! on `f32`/`f64`, the state kept between the two passes).
 
