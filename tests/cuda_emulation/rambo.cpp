@@ -12,9 +12,9 @@
 // Blocks of 6 threads, so that blocks end past the rows and the bounds checks are exercised.
 static const unsigned int BLOCK = 6;
 
-template <typename T, typename Ranks, typename Total, typename Blackbox>
+template <typename T, typename Ranks, typename Total, typename Perturb, typename Blackbox>
 static void run(rw_input& in, unsigned int b, double up_value, double memory_value, Ranks ranks,
-                Total total, Blackbox blackbox) {
+                Total total, Perturb perturb, Blackbox blackbox) {
   const size_t bb = (size_t)b * b;
   std::vector<T> s = in.take<T>(bb);
   std::vector<unsigned int> cls = in.take<unsigned int>(b);
@@ -53,9 +53,13 @@ static void run(rw_input& in, unsigned int b, double up_value, double memory_val
             [&] { total(row_sum.data(), b, memory_value, p.objective, &loss); });
   // The similarities are not the blackbox kernel's input: poisoned, a read of them would show.
   std::fill(s.begin(), s.end(), (T)1e30);
+  // The perturbed sequences, poisoned first: the blackbox kernel reads only what the
+  // perturbation kernel writes.
+  std::vector<double> z(bb, std::nan(""));
   rw_launch(grid, block, [&] {
-    blackbox(cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), y.data(), jac.data());
+    perturb(cls.data(), norm.data(), p, &up, rank.data(), rank_rel.data(), y.data(), z.data());
   });
+  rw_launch(grid, block, [&] { blackbox(p, rank.data(), z.data(), jac.data()); });
   rw_write_doubles(std::vector<double>{(double)loss});
   rw_write_doubles(jac);
 }
@@ -71,9 +75,9 @@ int main(int argc, char** argv) {
   const double memory_value = in.take<double>(1)[0];
   if (head[1])
     run<float>(in, head[0], up, memory_value, rankwise_rambo_ranks_f32, rankwise_rambo_total_f32,
-               rankwise_rambo_blackbox_f32);
+               rankwise_rambo_perturb_f32, rankwise_rambo_blackbox_f32);
   else
     run<double>(in, head[0], up, memory_value, rankwise_rambo_ranks_f64,
-                rankwise_rambo_total_f64, rankwise_rambo_blackbox_f64);
+                rankwise_rambo_total_f64, rankwise_rambo_perturb_f64, rankwise_rambo_blackbox_f64);
   return 0;
 }

@@ -7,8 +7,10 @@
 // query without relevant item); the sequence of query q is row q without column q unless
 // include_self. objective: 0 AP, 1 recall log, 2 recall log log. mags (half_normal only): the
 // B x B half-normal magnitudes of the margin, drawn on the host, at each entry's column. Ranks
-// are descending, ties to the earlier column (the host's rule), and counted in double as the
-// host does. The first kernel writes the shifted sequences y, which the blackbox kernel reads.
+// are descending, ties to the earlier column (the host's rule), counted exactly in integers and
+// used in double, as the host does. The first kernel writes the shifted sequences y; in the
+// backward pass one kernel perturbs them (y + lambda g) and the blackbox kernel ranks within the
+// perturbed sequences.
 
 struct rw_rambo {
   unsigned int b;
@@ -70,17 +72,18 @@ __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double
   const bool rel_j = cls[j] == cq;
   const double yj = shifted(j);
   y_out[row + j] = yj;
-  double ahead = 0.0, ahead_rel = 0.0;
+  // Counted in integers (exact, and cheaper than the double additions of the counts' type).
+  unsigned int ahead = 0, ahead_rel = 0;
   for (unsigned int k = 0; k < p.b; ++k) {
     if (k == j || (!p.include_self && k == q)) continue;
     const bool rel_k = cls[k] == cq;
     const double yk = shifted(k);
     if (rw_ahead(yk, k, yj, j)) {
-      ahead += 1.0;
-      if (rel_k) ahead_rel += 1.0;
+      ++ahead;
+      if (rel_k) ++ahead_rel;
     }
   }
-  const double rk = 1.0 + ahead, rk_rel = 1.0 + ahead_rel;
+  const double rk = 1.0 + (double)ahead, rk_rel = 1.0 + (double)ahead_rel;
   rank_out[row + j] = rk;
   rank_rel_out[row + j] = rk_rel;
   const double w = norm[q];
@@ -94,35 +97,49 @@ __device__ void rw_rambo_ranks(const T* s, const unsigned int* cls, const double
   }
 }
 
-// Thread (q, j): the blackbox gradient -(rk(y) - rk(y + lambda g)) / lambda of entry j (RaMBO
-// Algorithm 1), in the ranks' units, with g = dL/drk (times the incoming gradient *up) of the
-// relevant items and 0 elsewhere, from the ranks and shifted sequences of rw_rambo_ranks.
+// Thread (q, k): entry k of q's perturbed sequence y + lambda g (RaMBO Algorithm 1), with g =
+// dL/drk (times the incoming gradient *up) of the relevant items and 0 elsewhere, from the
+// ranks and shifted sequences of rw_rambo_ranks; y itself where g = 0, as on the host. Written
+// once per entry for the blackbox kernel, whose threads each compare against a whole sequence
+// (computed there, the divisions and logarithms of g would run B times per entry). A query's
+// own entry, outside its sequence unless include_self, is not written.
 template <typename T>
-__device__ void rw_rambo_blackbox(const unsigned int* cls, const double* norm, rw_rambo p,
-                                  const T* up, const double* rank_in, const double* rank_rel_in,
-                                  const double* y_in, T* jac) {
+__device__ void rw_rambo_perturb(const unsigned int* cls, const double* norm, rw_rambo p,
+                                 const T* up, const double* rank_in, const double* rank_rel_in,
+                                 const double* y_in, double* z_out) {
+  const unsigned int q = blockIdx.x;
+  const unsigned int k = blockIdx.y * blockDim.x + threadIdx.x;
+  if (q >= p.b || k >= p.b || (!p.include_self && k == q)) return;
+  const unsigned long long at = (unsigned long long)q * p.b + k;
+  const double w = norm[q];
+  const double y = y_in[at];
+  if (cls[k] != cls[q] || !(w > 0.0)) {
+    z_out[at] = y;
+    return;
+  }
+  const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
+  const double g = rw_rambo_dl_drk(rank_in[at], rank_rel_in[at], w, (double)up[0], p, n);
+  z_out[at] = y + p.lambda * g;
+}
+
+// Thread (q, j): the blackbox gradient -(rk(y) - rk(y + lambda g)) / lambda of entry j (RaMBO
+// Algorithm 1), in the ranks' units, from its rank in y (rw_rambo_ranks) and the perturbed
+// sequence z of rw_rambo_perturb.
+template <typename T>
+__device__ void rw_rambo_blackbox(rw_rambo p, const double* rank_in, const double* z_in,
+                                  T* jac) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= p.b || j >= p.b || (!p.include_self && j == q)) return;
   const unsigned long long row = (unsigned long long)q * p.b;
-  const unsigned int cq = cls[q];
-  const double w = norm[q];
-  const double upstream = (double)up[0];
   const double n = p.include_self ? (double)p.b : (double)(p.b - 1);
-  // y + lambda g of entry k (y itself where g = 0, as on the host).
-  const auto perturbed = [&](unsigned int k) {
-    const double y = y_in[row + k];
-    if (cls[k] != cq || !(w > 0.0)) return y;
-    const double g = rw_rambo_dl_drk(rank_in[row + k], rank_rel_in[row + k], w, upstream, p, n);
-    return y + p.lambda * g;
-  };
-  const double yj = perturbed(j);
-  double ahead = 0.0;
+  const double zj = z_in[row + j];
+  unsigned int ahead = 0;
   for (unsigned int k = 0; k < p.b; ++k) {
     if (k == j || (!p.include_self && k == q)) continue;
-    if (rw_ahead(perturbed(k), k, yj, j)) ahead += 1.0;
+    if (rw_ahead(z_in[row + k], k, zj, j)) ++ahead;
   }
-  const double r = rw_units(rank_in[row + j], p, n), rl = rw_units(1.0 + ahead, p, n);
+  const double r = rw_units(rank_in[row + j], p, n), rl = rw_units(1.0 + (double)ahead, p, n);
   jac[row + j] = (T)(-(r - rl) / p.lambda);
 }
 
@@ -159,10 +176,14 @@ extern "C" __global__ void rankwise_rambo_row_sums(const double* term, unsigned 
       double* rank_out, double* rank_rel_out, double* term_out, double* y_out) {               \
     rw_rambo_ranks<T>(s, cls, norm, mags, p, rank_out, rank_rel_out, term_out, y_out);         \
   }                                                                                            \
-  extern "C" __global__ void rankwise_rambo_blackbox_##SUFFIX(                                 \
+  extern "C" __global__ void rankwise_rambo_perturb_##SUFFIX(                                   \
       const unsigned int* cls, const double* norm, rw_rambo p, const T* up,                    \
-      const double* rank_in, const double* rank_rel_in, const double* y_in, T* jac) {          \
-    rw_rambo_blackbox<T>(cls, norm, p, up, rank_in, rank_rel_in, y_in, jac);                   \
+      const double* rank_in, const double* rank_rel_in, const double* y_in, double* z_out) {   \
+    rw_rambo_perturb<T>(cls, norm, p, up, rank_in, rank_rel_in, y_in, z_out);                  \
+  }                                                                                            \
+  extern "C" __global__ void rankwise_rambo_blackbox_##SUFFIX(rw_rambo p, const double* rank_in, \
+                                                              const double* z_in, T* jac) {    \
+    rw_rambo_blackbox<T>(p, rank_in, z_in, jac);                                               \
   }                                                                                            \
   extern "C" __global__ void rankwise_rambo_total_##SUFFIX(                                    \
       const double* row_sum, unsigned int b, double memory_value, int objective, T* loss) {    \

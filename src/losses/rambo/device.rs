@@ -12,9 +12,9 @@
 //!                            (ahead: larger, or equal and earlier — the host's tie rule)
 //!                            term_j = w_q · Prec(j) = w_q rk⁺_j / rk_j          (AP, Eq. 21)
 //!                                   = w_q · ℓ((rk_j − rk⁺_j) · c)               (recall, Eq. 20)
-//! blackbox (thread (q, j)):  g_k = ∂L/∂rk_k of the relevant k (in the ranks' units, times the
-//!                            incoming gradient), from rk_k, rk⁺_k;
-//!                            ∂L/∂y_j = −(rk_j − rk_j(y + λ g)) / λ             (Algorithm 1)
+//! perturb (thread (q, k)):   z_k = y_k + λ g_k, g_k = ∂L/∂rk_k of the relevant k (in the ranks'
+//!                            units, times the incoming gradient) from rk_k, rk⁺_k, else 0;
+//! blackbox (thread (q, j)):  ∂L/∂y_j = −(rk_j − rk_j(z)) / λ                   (Algorithm 1)
 //! loss = 1 − Σ term (AP) or Σ term (recall)
 //! ```
 //!
@@ -24,9 +24,11 @@
 //! ranks kernel, each query's sum of its terms (one thread per query, in column order) and the
 //! loss (one thread, the queries in order, plus the stored sequences' share, cast to the
 //! input's dtype). The ranks and shifted sequences stay on the device for the backward pass,
-//! which runs the blackbox kernel with the incoming gradient read there (the blackbox gradient
+//! which perturbs the sequences with the incoming gradient read there (the blackbox gradient
 //! is not linear in it: the perturbation is `λ` times it), so the loss keeps its exact host
-//! semantics inside any weighted sum. The work
+//! semantics inside any weighted sum, and then ranks within them. The perturbation is its own
+//! launch, once per entry: inside the counting loop, its divisions (and the recall's
+//! logarithms) would run `B` times per entry. The counts are integers. The work
 //! is `O(B³)` (each thread counts over its sequence), so the kernels are used up to
 //! `B³ ≤` [`crate::kernels::max_work`]; beyond, the row engine.
 //!
@@ -377,13 +379,18 @@ mod cuda {
             let stats = &saved.stats;
             let (rank, rank_rel) = (stats.slice(0..bb), stats.slice(bb..2 * bb));
             let y = stats.slice(3 * bb..4 * bb);
+            // SAFETY: the perturbation kernel writes every entry of the sequences, which are
+            // all the blackbox kernel reads (a query's own entry neither writes nor reads unless
+            // `include_self`).
+            let mut z = unsafe { dev.alloc::<f64>(bb)? };
             // Zeros: a query's own entry, outside its sequence, gets no gradient unless
             // `include_self`.
             let mut jac = dev.alloc_zeros::<T>(bb)?;
+            let module = ptx(MODULE, SOURCE)?;
             let f = dev.get_or_load_custom_func(
-                &instance::<T>("rankwise_rambo_blackbox"),
+                &instance::<T>("rankwise_rambo_perturb"),
                 MODULE,
-                ptx(MODULE, SOURCE)?,
+                module,
             )?;
             let mut l = f.builder();
             l.arg(&saved.cls)
@@ -393,9 +400,18 @@ mod cuda {
                 .arg(&rank)
                 .arg(&rank_rel)
                 .arg(&y)
-                .arg(&mut jac);
-            // SAFETY: `rank`, `rank_rel`, `y` and `jac` hold `B × B` values, `cls` and `norms`
+                .arg(&mut z);
+            // SAFETY: `rank`, `rank_rel`, `y` and `z` hold `B × B` values, `cls` and `norms`
             // `B`, `g` one.
+            unsafe { l.launch(per_entry(b, b)) }.w()?;
+            let f = dev.get_or_load_custom_func(
+                &instance::<T>("rankwise_rambo_blackbox"),
+                MODULE,
+                module,
+            )?;
+            let mut l = f.builder();
+            l.arg(&self.params).arg(&rank).arg(&z).arg(&mut jac);
+            // SAFETY: `rank`, `z` and `jac` hold `B × B` values.
             unsafe { l.launch(per_entry(b, b)) }.w()?;
             Ok(jac)
         }
