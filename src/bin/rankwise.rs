@@ -31,6 +31,7 @@ use rankwise::io::{
     check_compatible_sets, check_output_file, write_labels_csv, write_npy, write_results,
     LabelledEmbeddings, ResultFormat, ResultRow, ResultTable,
 };
+use rankwise::rerank::RerankMethod;
 use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
@@ -115,7 +116,8 @@ Examples:
   rankwise eval --example
   rankwise eval --embeddings emb.npy --labels labels.csv --recall-at 1,2,4,8 --out results.json
   rankwise eval --queries q.npy --references r.npy --query-labels q.csv --reference-labels r.csv
-  rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1";
+  rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1
+  rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3";
 
 const GEN_EXAMPLES: &str = "\
 Examples:
@@ -364,6 +366,12 @@ struct EvalArgs {
     /// inner-product (faiss IndexFlatIP) or euclidean (faiss IndexFlatL2).
     #[arg(long, value_enum, default_value_t = SimilarityArg::Cosine)]
     similarity: SimilarityArg,
+    /// Re-rank before scoring (on the CPU, from cosine similarities, SSR Table 1's second
+    /// stages): k-reciprocal[:K1,K2,LAMBDA] (Zhong et al. 2017; default 20,6,0.3), aqe:K,
+    /// aqewd:K, alpha-qe:K[,ALPHA] (default α = 3) or dqe:K, K the neighbours expanding a
+    /// query.
+    #[arg(long, value_name = "METHOD", value_parser = parse_rerank)]
+    rerank: Option<RerankMethod>,
     /// Queries ranked per chunk (memory: chunk × references scores); default: the engine's.
     #[arg(long, value_name = "N")]
     chunk_size: Option<usize>,
@@ -473,6 +481,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
     let started = Instant::now();
     let inputs = load_inputs(args)?;
     let device = parse_device(&args.device)?;
+    if args.rerank.is_some() {
+        check_rerank_options(args, &device)?;
+    }
     let num_levels = inputs.queries.labels.num_levels();
     let relevance = relevance(args)?;
     relevance
@@ -521,16 +532,36 @@ fn eval(args: &EvalArgs) -> Result<()> {
             args.device
         );
     }
-    let report = evaluate(
-        &inputs.queries.embeddings,
-        &inputs.queries.labels,
-        inputs
-            .references
-            .as_ref()
-            .map(|set| (&set.embeddings, &set.labels)),
-        &opts,
-    )
-    .context("evaluation failed")?;
+    let report = match &args.rerank {
+        None => evaluate(
+            &inputs.queries.embeddings,
+            &inputs.queries.labels,
+            inputs
+                .references
+                .as_ref()
+                .map(|set| (&set.embeddings, &set.labels)),
+            &opts,
+        )
+        .context("evaluation failed")?,
+        Some(method) => {
+            if !args.quiet {
+                eprintln!("re-ranking: {method}");
+            }
+            let references = inputs.references.as_ref();
+            method
+                .fit(
+                    &inputs.queries.embeddings,
+                    references.map(|set| &set.embeddings),
+                )
+                .with_context(|| format!("re-ranking ({method}) failed"))?
+                .evaluate(
+                    &inputs.queries.labels,
+                    references.map(|set| &set.labels),
+                    &opts,
+                )
+                .context("evaluation failed")?
+        }
+    };
     let table = result_table(&report, &inputs, &opts, args);
     print_table(&table);
     if let Some(out) = &args.out {
@@ -541,6 +572,29 @@ fn eval(args: &EvalArgs) -> Result<()> {
     }
     if !args.quiet {
         eprintln!("done in {:.2} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// `--rerank`'s method, or clap's error naming the forms.
+fn parse_rerank(s: &str) -> std::result::Result<RerankMethod, String> {
+    s.parse().map_err(|e: rankwise::Error| e.to_string())
+}
+
+/// The options that `--rerank` cannot honour: the re-rankers compute on the CPU from cosine
+/// similarities and remove a query from its own list exactly when it is ranked against itself.
+fn check_rerank_options(args: &EvalArgs, device: &Device) -> Result<()> {
+    if args.similarity != SimilarityArg::Cosine {
+        bail!("--rerank works on cosine similarities (SSR's protocol): drop --similarity");
+    }
+    if !device.is_cpu() {
+        bail!("--rerank runs on the CPU: drop --device {}", args.device);
+    }
+    if args.self_match != SelfMatchArg::Auto {
+        bail!(
+            "--rerank removes a query from its own list exactly when it is ranked against itself \
+             (--embeddings): drop --self-match"
+        );
     }
     Ok(())
 }
@@ -699,6 +753,11 @@ fn result_table(
     settings.insert("hierarchical".into(), opts.hierarchical.to_string());
     settings.insert("per_level".into(), opts.per_level.to_string());
     settings.insert("device".into(), args.device.clone());
+    settings.insert(
+        "rerank".into(),
+        args.rerank
+            .map_or_else(|| "none".to_string(), |m| m.to_string()),
+    );
     settings.insert(
         "rankwise_version".into(),
         env!("CARGO_PKG_VERSION").to_string(),

@@ -7,6 +7,8 @@
 //!   and its top-k neighbours, re-scored against the whole database ([`min_norm_point`] solves
 //!   DQE's SVM).
 //! * SSR itself lives in `rerank::ssr` (a separate module).
+//! * [`method`]: the methods above that need no training, named by a short string
+//!   (`rankwise eval --rerank aqe:3`).
 //!
 //! Every re-ranker here is a [`Reranker`]: it produces, chunk by chunk, a score (larger is
 //! better) of every query against every reference, so that the crate's one evaluation engine
@@ -19,11 +21,13 @@
 //! (the SOP/CUB/Cars protocol), query `i` is reference `i` and is removed from its own list.
 
 pub mod k_reciprocal;
+pub mod method;
 pub mod min_norm_point;
 pub mod query_expansion;
 pub mod rankings;
 pub mod ssr;
 
+pub use method::RerankMethod;
 pub use rankings::{evaluate_revisited, rankings};
 
 use crate::error::{Error, Result};

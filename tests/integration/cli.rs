@@ -7,7 +7,9 @@
 use candle_core::{Device, Tensor};
 use polars::prelude::{df, ParquetWriter};
 use rankwise::io::{LabelledEmbeddings, ResultTable};
-use rankwise::retrieval::{evaluate, EvalOptions};
+use rankwise::rerank::query_expansion::QueryExpansion;
+use rankwise::rerank::{RerankMethod, Reranker};
+use rankwise::retrieval::{evaluate, EvalOptions, EvalReport};
 use rankwise::synthetic_embeddings::{SyntheticSet, SyntheticSpec};
 use rankwise::Labels;
 use std::path::{Path, PathBuf};
@@ -151,6 +153,22 @@ fn rows(t: &ResultTable) -> Vec<(String, Option<usize>, u64, usize, usize)> {
         .collect()
 }
 
+/// The rows of a library report, as [`rows`] gives a results file's.
+fn report_rows(r: &EvalReport) -> Vec<(String, Option<usize>, u64, usize, usize)> {
+    r.rows
+        .iter()
+        .map(|r| {
+            (
+                r.metric.clone(),
+                r.level,
+                r.value.to_bits(),
+                r.queries,
+                r.skipped,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn gen_embeddings_then_eval_matches_the_library() {
     let dir = tempfile::tempdir().unwrap();
@@ -184,20 +202,7 @@ fn gen_embeddings_then_eval_matches_the_library() {
     let direct = evaluate(&read.embeddings, &read.labels, None, &opts).unwrap();
     assert_eq!(json.num_queries, 600);
     assert_eq!(direct.num_queries, 600);
-    let want: Vec<_> = direct
-        .rows
-        .iter()
-        .map(|r| {
-            (
-                r.metric.clone(),
-                r.level,
-                r.value.to_bits(),
-                r.queries,
-                r.skipped,
-            )
-        })
-        .collect();
-    assert_eq!(rows(&json), want);
+    assert_eq!(rows(&json), report_rows(&direct));
     for metric in ["mAP@R", "R@1", "H-AP"] {
         assert!(
             json.rows.iter().any(|r| r.metric == metric),
@@ -449,6 +454,122 @@ fn queries_against_references() {
     assert!(
         e.contains("dimension 64") && e.contains("dimension 8"),
         "{e}"
+    );
+}
+
+#[test]
+fn rerank_scores_the_librarys_reranker_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let opts = EvalOptions {
+        recall_ks: vec![1, 2, 4, 8],
+        progress: false,
+        ..EvalOptions::default()
+    };
+    // The set against itself (k-reciprocal), and even items against odd ones (αQE): the CLI's
+    // rows are the library's re-ranker's, bit for bit, and the results name the method with
+    // every parameter.
+    let json = eval_json(
+        dir.path(),
+        &["--example", "--rerank", "k-reciprocal:10,3,0.3"],
+    );
+    let direct = "k-reciprocal:10,3,0.3"
+        .parse::<RerankMethod>()
+        .unwrap()
+        .fit(&set.embeddings, None)
+        .unwrap()
+        .evaluate(&set.labels, None, &opts)
+        .unwrap();
+    assert_eq!(rows(&json), report_rows(&direct));
+    assert_eq!(json.settings["rerank"], "k-reciprocal:10,3,0.3");
+    // Re-ranking changed the ranking: the plain evaluation differs.
+    let plain = eval_json(dir.path(), &["--example"]);
+    assert_eq!(plain.settings["rerank"], "none");
+    assert_ne!(rows(&plain), rows(&json));
+
+    let even: Vec<usize> = (0..600).step_by(2).collect();
+    let odd: Vec<usize> = (1..600).step_by(2).collect();
+    let x = set.embeddings.to_vec2::<f32>().unwrap();
+    let d = x[0].len();
+    let npy = |name: &str, idx: &[usize]| {
+        let values = idx.iter().flat_map(|&i| x[i].clone());
+        write(
+            dir.path(),
+            name,
+            &npy_bytes("<f4", false, &[idx.len(), d], &f32_bytes(values)),
+        )
+    };
+    let (qf, rf) = (npy("q.npy", &even), npy("r.npy", &odd));
+    let (ql, rl) = (
+        set.labels.select(&even).unwrap(),
+        set.labels.select(&odd).unwrap(),
+    );
+    let (qlf, rlf) = (
+        labels_csv(dir.path(), "q.csv", &ql),
+        labels_csv(dir.path(), "r.csv", &rl),
+    );
+    let files = [
+        "--queries",
+        s(&qf),
+        "--references",
+        s(&rf),
+        "--query-labels",
+        s(&qlf),
+        "--reference-labels",
+        s(&rlf),
+    ];
+    let json = eval_json(
+        dir.path(),
+        &[&files[..], &["--rerank", "alpha-qe:3"]].concat(),
+    );
+    let pick = |idx: &[usize]| {
+        let i = Tensor::new(
+            idx.iter().map(|&i| i as u32).collect::<Vec<_>>(),
+            &Device::Cpu,
+        );
+        set.embeddings.index_select(&i.unwrap(), 0).unwrap()
+    };
+    let direct = QueryExpansion::alpha_qe(3)
+        .fit(&pick(&even), Some(&pick(&odd)))
+        .unwrap()
+        .evaluate(&ql, Some(&rl), &opts)
+        .unwrap();
+    assert_eq!(json.num_queries, 300);
+    assert_eq!(rows(&json), report_rows(&direct));
+    assert_eq!(json.settings["rerank"], "alpha-qe:3,3");
+
+    // What the re-rankers cannot honour, and a method that is not one, fail naming the flag.
+    for (extra, needle) in [
+        (&["--similarity", "euclidean"][..], "drop --similarity"),
+        (&["--self-match", "none"][..], "drop --self-match"),
+    ] {
+        let e = fails(
+            &[
+                &["eval", "--quiet", "--example", "--rerank", "aqe:2"][..],
+                extra,
+            ]
+            .concat(),
+        );
+        assert!(e.contains(needle), "{e}");
+    }
+    let e = fails(
+        &[
+            &["eval", "--quiet"][..],
+            &files[..],
+            &["--rerank", "k-reciprocal:700,6,0.3"],
+        ]
+        .concat(),
+    );
+    assert!(
+        e.contains("re-ranking (k-reciprocal:700,6,0.3) failed") && e.contains("k1"),
+        "{e}"
+    );
+    let out = rankwise(&["eval", "--example", "--rerank", "ssr:3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--rerank") && stderr.contains("unknown method \"ssr\""),
+        "{stderr}"
     );
 }
 

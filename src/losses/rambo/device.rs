@@ -20,7 +20,7 @@
 //!
 //! with `w_q` the query's normaliser (`1/(Q (P_q + ε))` per query, `1/P_total` pooled), which
 //! depends on the labels only (and on the stored sequences' counts) and is computed on the
-//! host. The forward pass is three launches, one candle op ([`crate::kernels::loss_op`]): the
+//! host. The forward pass is three launches, one candle op (`kernels::loss_op`): the
 //! ranks kernel, each query's sum of its terms (one thread per query, in column order) and the
 //! loss (one thread, the queries in order, plus the stored sequences' share, cast to the
 //! input's dtype). The ranks and shifted sequences stay on the device for the backward pass,

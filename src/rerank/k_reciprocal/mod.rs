@@ -77,7 +77,7 @@ impl KReciprocal {
     /// Errors naming the parameter unless `k1 ≥ 1`, `1 ≤ k2`, `k1 + 1 ≤ nodes`, `k2 ≤ nodes`
     /// and `0 ≤ λ ≤ 1` (`nodes` = queries + references).
     pub fn validate(&self, nodes: usize) -> Result<()> {
-        if self.k1 == 0 || self.k1 + 1 > nodes {
+        if self.k1 == 0 || self.k1 >= nodes {
             return Err(Error::invalid(
                 "k1",
                 format!(
