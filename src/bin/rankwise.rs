@@ -21,7 +21,7 @@
 //! function. Errors print as `error: …` with their causes, and exit with status 1.
 
 use anyhow::{bail, Context, Result};
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankwise::data::synthetic_on_disk::{
     remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
@@ -29,10 +29,12 @@ use rankwise::data::synthetic_on_disk::{
 use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::{
     check_compatible_sets, check_output_file, write_labels_csv, write_npy, write_results,
-    LabelledEmbeddings, ResultFormat, ResultRow, ResultTable,
+    LabelledEmbeddings, ResultFormat, ResultRow, ResultTable, Versus,
 };
 use rankwise::rerank::RerankMethod;
-use rankwise::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch, Similarity};
+use rankwise::retrieval::{
+    evaluate, paired_differences, EvalOptions, EvalReport, PairedDifference, SelfMatch, Similarity,
+};
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
     check_recipe, load_with_overrides, overrides::blame, train_to_dir, DeviceChoice, Reuse,
@@ -117,7 +119,8 @@ Examples:
   rankwise eval --embeddings emb.npy --labels labels.csv --recall-at 1,2,4,8 --out results.json
   rankwise eval --queries q.npy --references r.npy --query-labels q.csv --reference-labels r.csv
   rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1
-  rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3";
+  rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3
+  rankwise eval --embeddings a.npy --labels labels.csv --versus b.npy   # paired test over the queries";
 
 const GEN_EXAMPLES: &str = "\
 Examples:
@@ -366,6 +369,17 @@ struct EvalArgs {
     /// inner-product (faiss IndexFlatIP) or euclidean (faiss IndexFlatL2).
     #[arg(long, value_enum, default_value_t = SimilarityArg::Cosine)]
     similarity: SimilarityArg,
+    /// Compare with a second model's embeddings of the same items (same order, same labels):
+    /// each metric of both, their difference, its 95% interval and the p-value of the paired
+    /// t-test over the queries (the test queries' noise, not the training's).
+    #[arg(long, value_name = "FILE", requires = "embeddings")]
+    versus: Option<PathBuf>,
+    /// With --queries/--references: the second model's query embeddings (see --versus).
+    #[arg(long, value_name = "FILE", requires_all = ["queries", "versus_references"])]
+    versus_queries: Option<PathBuf>,
+    /// With --queries/--references: the second model's reference embeddings (see --versus).
+    #[arg(long, value_name = "FILE", requires_all = ["references", "versus_queries"])]
+    versus_references: Option<PathBuf>,
     /// Re-rank before scoring (on the CPU, from cosine similarities, SSR Table 1's second
     /// stages): k-reciprocal[:K1,K2,LAMBDA] (Zhong et al. 2017; default 20,6,0.3), aqe:K,
     /// aqewd:K, alpha-qe:K[,ALPHA] (default α = 3) or dqe:K, K the neighbours expanding a
@@ -473,6 +487,8 @@ struct Inputs {
     queries: LabelledEmbeddings,
     /// `None`: the queries are ranked against themselves.
     references: Option<LabelledEmbeddings>,
+    /// A second model's embeddings of the same queries (and references), for `--versus`.
+    versus: Option<(Tensor, Option<Tensor>)>,
     /// What was read, for the results' settings.
     sources: BTreeMap<String, String>,
 }
@@ -532,37 +548,38 @@ fn eval(args: &EvalArgs) -> Result<()> {
             args.device
         );
     }
-    let report = match &args.rerank {
-        None => evaluate(
-            &inputs.queries.embeddings,
-            &inputs.queries.labels,
-            inputs
-                .references
-                .as_ref()
-                .map(|set| (&set.embeddings, &set.labels)),
-            &opts,
-        )
-        .context("evaluation failed")?,
-        Some(method) => {
-            if !args.quiet {
-                eprintln!("re-ranking: {method}");
-            }
-            let references = inputs.references.as_ref();
-            method
-                .fit(
-                    &inputs.queries.embeddings,
-                    references.map(|set| &set.embeddings),
-                )
+    // One model's embeddings scored: plainly or after re-ranking.
+    let score = |queries: &Tensor, references: Option<&Tensor>| -> Result<EvalReport> {
+        let labels = &inputs.queries.labels;
+        let reference_labels = inputs.references.as_ref().map(|set| &set.labels);
+        Ok(match &args.rerank {
+            None => evaluate(queries, labels, references.zip(reference_labels), &opts)
+                .context("evaluation failed")?,
+            Some(method) => method
+                .fit(queries, references)
                 .with_context(|| format!("re-ranking ({method}) failed"))?
-                .evaluate(
-                    &inputs.queries.labels,
-                    references.map(|set| &set.labels),
-                    &opts,
-                )
-                .context("evaluation failed")?
-        }
+                .evaluate(labels, reference_labels, &opts)
+                .context("evaluation failed")?,
+        })
     };
-    let table = result_table(&report, &inputs, &opts, args);
+    if let (Some(method), false) = (&args.rerank, args.quiet) {
+        eprintln!("re-ranking: {method}");
+    }
+    let report = score(
+        &inputs.queries.embeddings,
+        inputs.references.as_ref().map(|set| &set.embeddings),
+    )?;
+    let versus = match &inputs.versus {
+        Some((queries, references)) => {
+            if !args.quiet {
+                eprintln!("the second model (--versus):");
+            }
+            let other = score(queries, references.as_ref())?;
+            Some(paired_differences(&report, &other)?)
+        }
+        None => None,
+    };
+    let table = result_table(&report, versus.as_deref(), &inputs, &opts, args);
     print_table(&table);
     if let Some(out) = &args.out {
         write_results(out, &table)?;
@@ -574,6 +591,28 @@ fn eval(args: &EvalArgs) -> Result<()> {
         eprintln!("done in {:.2} s", started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// A second model's embeddings of the items of `set` (read from `first`), for `--versus`: the
+/// same number of rows (any dimension: two models may embed differently).
+fn read_versus(
+    path: &Path,
+    flag: &str,
+    tensor: Option<&str>,
+    set: &LabelledEmbeddings,
+    first: &Path,
+) -> Result<Tensor> {
+    let x = rankwise::io::read_embeddings(path, tensor).with_context(|| flag.to_string())?;
+    let (n, want) = (x.dim(0)?, set.len());
+    if n != want {
+        bail!(
+            "{flag} {} has {n} rows but {} has {want}: a paired comparison needs the same items \
+             in the same order",
+            path.display(),
+            first.display()
+        );
+    }
+    Ok(x)
 }
 
 /// `--rerank`'s method, or clap's error naming the forms.
@@ -629,6 +668,7 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
                 level_names: set.level_names,
             },
             references: None,
+            versus: None,
             sources,
         });
     }
@@ -641,9 +681,17 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
             let set = LabelledEmbeddings::read(e, l, columns, tensor)?;
             sources.insert("embeddings".into(), e.display().to_string());
             sources.insert("labels".into(), l.display().to_string());
+            let versus = match &args.versus {
+                Some(v) => {
+                    sources.insert("versus".into(), v.display().to_string());
+                    Some((read_versus(v, "--versus", tensor, &set, e)?, None))
+                }
+                None => None,
+            };
             Ok(Inputs {
                 queries: set,
                 references: None,
+                versus,
                 sources,
             })
         }
@@ -659,9 +707,29 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
             ] {
                 sources.insert(key.into(), path.display().to_string());
             }
+            let versus = match (&args.versus_queries, &args.versus_references) {
+                (Some(vq), Some(vr)) => {
+                    sources.insert("versus_queries".into(), vq.display().to_string());
+                    sources.insert("versus_references".into(), vr.display().to_string());
+                    let vq_t = read_versus(vq, "--versus-queries", tensor, &queries, q)?;
+                    let vr_t = read_versus(vr, "--versus-references", tensor, &references, r)?;
+                    let (dq, dr) = (vq_t.dim(1)?, vr_t.dim(1)?);
+                    if dq != dr {
+                        bail!(
+                            "--versus-queries {} has dimension {dq} but --versus-references {} \
+                             has dimension {dr}",
+                            vq.display(),
+                            vr.display()
+                        );
+                    }
+                    Some((vq_t, Some(vr_t)))
+                }
+                _ => None,
+            };
             Ok(Inputs {
                 queries,
                 references: Some(references),
+                versus,
                 sources,
             })
         }
@@ -720,6 +788,7 @@ fn parse_device(name: &str) -> Result<Device> {
 
 fn result_table(
     report: &EvalReport,
+    versus: Option<&[PairedDifference]>,
     inputs: &Inputs,
     opts: &EvalOptions,
     args: &EvalArgs,
@@ -728,13 +797,15 @@ fn result_table(
     let rows = report
         .rows
         .iter()
-        .map(|r| ResultRow {
+        .enumerate()
+        .map(|(i, r)| ResultRow {
             metric: r.metric.clone(),
             level: r.level,
             level_name: r.level.and_then(|l| names.get(l).cloned()),
             value: r.value,
             queries: r.queries,
             skipped: r.skipped,
+            versus: versus.and_then(|v| v.get(i)).map(Versus::from),
         })
         .collect();
     let mut settings = inputs.sources.clone();
@@ -770,25 +841,45 @@ fn result_table(
     }
 }
 
-/// Prints the rows as an aligned table with six decimals; `--out` files keep full precision.
+/// Prints the rows as an aligned table with six decimals (with --versus, the second model's
+/// value, the difference, its 95% interval and the p-value); `--out` files keep full precision.
 fn print_table(table: &ResultTable) {
-    let cells: Vec<[String; 5]> = table
+    let versus = table.rows.iter().any(|r| r.versus.is_some());
+    let cells: Vec<Vec<String>> = table
         .rows
         .iter()
         .map(|r| {
-            [
+            let mut row = vec![
                 r.metric.clone(),
                 r.level_name
                     .clone()
                     .unwrap_or_else(|| "(all levels)".into()),
                 format!("{:.6}", r.value),
-                r.queries.to_string(),
-                r.skipped.to_string(),
-            ]
+            ];
+            if let Some(v) = &r.versus {
+                row.extend([
+                    format!("{:.6}", v.value),
+                    format!("{:+.6}", v.difference),
+                    format!("[{:+.6}, {:+.6}]", v.interval_low, v.interval_high),
+                    if v.p >= 1e-3 {
+                        format!("{:.3}", v.p)
+                    } else {
+                        format!("{:.1e}", v.p)
+                    },
+                ]);
+            } else if versus {
+                row.extend(std::iter::repeat_n(String::new(), 4));
+            }
+            row.extend([r.queries.to_string(), r.skipped.to_string()]);
+            row
         })
         .collect();
-    let header = ["metric", "level", "value", "queries", "skipped"].map(String::from);
-    let mut widths = header.clone().map(|h| h.len());
+    let mut header: Vec<String> = ["metric", "level", "value"].map(String::from).into();
+    if versus {
+        header.extend(["versus", "difference", "95% interval", "p"].map(String::from));
+    }
+    header.extend(["queries", "skipped"].map(String::from));
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
@@ -797,9 +888,9 @@ fn print_table(table: &ResultTable) {
     for row in std::iter::once(&header).chain(&cells) {
         let line: Vec<String> = row
             .iter()
-            .zip(widths)
+            .zip(&widths)
             .enumerate()
-            .map(|(i, (c, w))| {
+            .map(|(i, (c, &w))| {
                 if i >= 2 {
                     format!("{c:>w$}")
                 } else {

@@ -13,7 +13,7 @@ pub mod results;
 pub use atomic::{check_output_dir, check_output_file, write_atomically};
 pub use embeddings::{read_embeddings, read_npy, read_safetensors, write_npy};
 pub use labels::{read_labels, read_labels_csv, read_labels_parquet, write_labels_csv, LabelTable};
-pub use results::{write_results, ResultFormat, ResultRow, ResultTable};
+pub use results::{write_results, ResultFormat, ResultRow, ResultTable, Versus};
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;

@@ -29,6 +29,45 @@ pub struct ResultRow {
     pub queries: usize,
     /// Queries skipped because they have no positive among the references.
     pub skipped: usize,
+    /// The same metric of a second model on the same queries, compared query by query
+    /// (`rankwise eval --versus`); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versus: Option<Versus>,
+}
+
+/// A row's metric against a second model's on the same queries
+/// ([`crate::retrieval::paired_differences`]: the paired t-test over the queries).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Versus {
+    /// The second model's value.
+    #[serde(with = "crate::io::json_f64")]
+    pub value: f64,
+    /// The mean over the queries of this row's value minus the second model's.
+    #[serde(with = "crate::io::json_f64")]
+    pub difference: f64,
+    /// The 95% interval of `difference`, lower end (null with fewer than two queries).
+    #[serde(with = "crate::io::json_f64")]
+    pub interval_low: f64,
+    /// Its upper end.
+    #[serde(with = "crate::io::json_f64")]
+    pub interval_high: f64,
+    /// The two-sided p-value of the paired t-test.
+    pub p: f64,
+    /// The queries compared.
+    pub queries: usize,
+}
+
+impl From<&crate::retrieval::PairedDifference> for Versus {
+    fn from(d: &crate::retrieval::PairedDifference) -> Self {
+        Versus {
+            value: d.b,
+            difference: d.difference,
+            interval_low: d.interval.0,
+            interval_high: d.interval.1,
+            p: d.p,
+            queries: d.queries,
+        }
+    }
 }
 
 /// A whole evaluation: the metric rows and the settings that produced them.
@@ -49,7 +88,8 @@ pub struct ResultTable {
 pub enum ResultFormat {
     /// The whole [`ResultTable`] as pretty-printed JSON.
     Json,
-    /// The rows only, with a header: `metric,level,level_name,value,queries,skipped`.
+    /// The rows only, with a header: `metric,level,level_name,value,queries,skipped` (and, with a
+    /// comparison, `versus_value,difference,interval_low,interval_high,p,versus_queries`).
     Csv,
 }
 
@@ -104,30 +144,63 @@ pub fn write_results(path: &Path, table: &ResultTable) -> Result<()> {
     }
 }
 
+/// The shortest string that parses back to the same value (`{}`, or `{:e}` for magnitudes
+/// whose positional form would run to dozens of zeros, as tiny p-values do); NaN is empty.
+fn csv_f64(v: f64) -> String {
+    if v.is_nan() {
+        String::new()
+    } else if v != 0.0 && !(1e-5..1e16).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
+    }
+}
+
 fn write_csv_rows(w: &mut dyn Write, rows: &[ResultRow]) -> std::io::Result<()> {
     let mut out = csv::Writer::from_writer(w);
-    out.write_record([
+    let versus = rows.iter().any(|r| r.versus.is_some());
+    let mut header = vec![
         "metric",
         "level",
         "level_name",
         "value",
         "queries",
         "skipped",
-    ])?;
+    ];
+    if versus {
+        header.extend([
+            "versus_value",
+            "difference",
+            "interval_low",
+            "interval_high",
+            "p",
+            "versus_queries",
+        ]);
+    }
+    out.write_record(&header)?;
     for r in rows {
-        out.write_record([
+        let mut record = vec![
             r.metric.clone(),
             r.level.map(|l| l.to_string()).unwrap_or_default(),
             r.level_name.clone().unwrap_or_default(),
-            // `{}` on f64 is the shortest string that parses back to the same value.
-            if r.value.is_nan() {
-                String::new()
-            } else {
-                format!("{}", r.value)
-            },
+            csv_f64(r.value),
             r.queries.to_string(),
             r.skipped.to_string(),
-        ])?;
+        ];
+        if versus {
+            match &r.versus {
+                Some(v) => record.extend([
+                    csv_f64(v.value),
+                    csv_f64(v.difference),
+                    csv_f64(v.interval_low),
+                    csv_f64(v.interval_high),
+                    csv_f64(v.p),
+                    v.queries.to_string(),
+                ]),
+                None => record.extend(std::iter::repeat_n(String::new(), 6)),
+            }
+        }
+        out.write_record(&record)?;
     }
     out.flush()
 }
@@ -150,6 +223,7 @@ mod tests {
                     value: 586.0 / 600.0,
                     queries: 3,
                     skipped: 0,
+                    versus: None,
                 },
                 ResultRow {
                     metric: "H-AP".into(),
@@ -158,6 +232,7 @@ mod tests {
                     value: 0.1 + 0.2,
                     queries: 2,
                     skipped: 1,
+                    versus: None,
                 },
             ],
         }
@@ -191,6 +266,64 @@ mod tests {
         assert_eq!(hap[1], "");
         assert_eq!(hap[3].parse::<f64>().unwrap(), 0.1 + 0.2);
         assert_eq!(hap[4..], ["2", "1"]);
+    }
+
+    #[test]
+    fn a_comparison_adds_its_fields_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut t = table();
+        t.rows[0].versus = Some(Versus {
+            value: 0.7,
+            difference: 0.1 + 0.2,
+            interval_low: 0.05,
+            interval_high: 586.0 / 600.0,
+            p: 0.0123,
+            queries: 3,
+        });
+        // Fewer than two queries: no interval (null / empty), still written.
+        t.rows[1].versus = Some(Versus {
+            value: 0.25,
+            difference: 0.5,
+            interval_low: f64::NAN,
+            interval_high: f64::NAN,
+            p: 1.0,
+            queries: 1,
+        });
+        let p = dir.path().join("r.json");
+        write_results(&p, &t).unwrap();
+        let back: ResultTable =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        assert_eq!(back.rows[0], t.rows[0]);
+        let v = back.rows[1].versus.as_ref().unwrap();
+        assert!(v.interval_low.is_nan() && v.interval_high.is_nan());
+        assert_eq!((v.value, v.difference, v.queries), (0.25, 0.5, 1));
+        // Without a comparison the field is absent, as before.
+        write_results(&p, &table()).unwrap();
+        assert!(!std::fs::read_to_string(&p).unwrap().contains("versus"));
+        let p = dir.path().join("r.csv");
+        write_results(&p, &t).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let mut lines = text.lines();
+        assert_eq!(
+            lines.next(),
+            Some(
+                "metric,level,level_name,value,queries,skipped,versus_value,difference,\
+                 interval_low,interval_high,p,versus_queries"
+            )
+        );
+        let r1: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(r1[7].parse::<f64>().unwrap(), 0.1 + 0.2);
+        assert_eq!(r1[9].parse::<f64>().unwrap(), 586.0 / 600.0);
+        assert_eq!(r1[10..], ["0.0123", "3"]);
+        let hap: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(hap[6..], ["0.25", "0.5", "", "", "1", "1"]);
+        // A tiny p-value in scientific notation, to the same f64.
+        t.rows[0].versus.as_mut().unwrap().p = 9.290598626600092e-157;
+        write_results(&p, &t).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        let r1: Vec<&str> = text.lines().nth(1).unwrap().split(',').collect();
+        assert_eq!(r1[10], "9.290598626600092e-157");
+        assert_eq!(r1[10].parse::<f64>().unwrap(), 9.290598626600092e-157);
     }
 
     #[test]

@@ -18,10 +18,12 @@ pub mod device_rank;
 pub mod dyml;
 mod knn;
 pub mod order;
+pub mod paired;
 pub mod pinned;
 mod positives;
 
 pub use knn::{knn, knn_with, Knn};
+pub use paired::{paired_differences, PairedDifference};
 
 use crate::cpu::gemm::{gemm_into, transposed, Matrix};
 use crate::cpu::with_values;

@@ -115,6 +115,53 @@ fn labels_csv(dir: &Path, name: &str, labels: &Labels) -> PathBuf {
     write(dir, name, text.as_bytes())
 }
 
+/// Writes `rows` (one embedding each) as an f32 `.npy` file in `dir`.
+fn npy_rows(dir: &Path, name: &str, rows: &[Vec<f32>]) -> PathBuf {
+    let values = rows.iter().flatten().copied();
+    let shape = [rows.len(), rows[0].len()];
+    write(
+        dir,
+        name,
+        &npy_bytes("<f4", false, &shape, &f32_bytes(values)),
+    )
+}
+
+/// The even items (queries) and the odd items (references) of 0..n.
+fn even_odd(n: usize) -> (Vec<usize>, Vec<usize>) {
+    ((0..n).step_by(2).collect(), (1..n).step_by(2).collect())
+}
+
+/// The rows of `x` at `idx`.
+fn pick_rows(x: &[Vec<f32>], idx: &[usize]) -> Vec<Vec<f32>> {
+    idx.iter().map(|&i| x[i].clone()).collect()
+}
+
+/// The even items of `x` as queries against the odd ones: the four files (`{tag}q.npy`,
+/// `{tag}r.npy` and their labels) in `dir`, in the order of [`split_flags`].
+fn even_odd_files(dir: &Path, x: &[Vec<f32>], labels: &Labels, tag: &str) -> [PathBuf; 4] {
+    let (even, odd) = even_odd(x.len());
+    [
+        npy_rows(dir, &format!("{tag}q.npy"), &pick_rows(x, &even)),
+        npy_rows(dir, &format!("{tag}r.npy"), &pick_rows(x, &odd)),
+        labels_csv(dir, &format!("{tag}ql.csv"), &labels.select(&even).unwrap()),
+        labels_csv(dir, &format!("{tag}rl.csv"), &labels.select(&odd).unwrap()),
+    ]
+}
+
+/// The flags naming the files of [`even_odd_files`].
+fn split_flags(files: &[PathBuf; 4]) -> [&str; 8] {
+    [
+        "--queries",
+        s(&files[0]),
+        "--references",
+        s(&files[1]),
+        "--query-labels",
+        s(&files[2]),
+        "--reference-labels",
+        s(&files[3]),
+    ]
+}
+
 /// Evaluates through the CLI and returns the parsed JSON results.
 fn eval_json(dir: &Path, inputs: &[&str]) -> ResultTable {
     let out = dir.join(format!("results-{}.json", rand_name()));
@@ -137,35 +184,32 @@ fn rand_name() -> String {
     NEXT.fetch_add(1, Ordering::Relaxed).to_string()
 }
 
-/// (metric, level, value bits, queries, skipped) of each row, for exact comparisons.
-fn rows(t: &ResultTable) -> Vec<(String, Option<usize>, u64, usize, usize)> {
+/// A metric row as the tests compare it: name, level, the value's bits, counts.
+type RowKey = (String, Option<usize>, u64, usize, usize);
+
+fn row_key(metric: &str, level: Option<usize>, value: f64, counts: (usize, usize)) -> RowKey {
+    (
+        metric.to_owned(),
+        level,
+        value.to_bits(),
+        counts.0,
+        counts.1,
+    )
+}
+
+/// The rows of a results file.
+fn rows(t: &ResultTable) -> Vec<RowKey> {
     t.rows
         .iter()
-        .map(|r| {
-            (
-                r.metric.clone(),
-                r.level,
-                r.value.to_bits(),
-                r.queries,
-                r.skipped,
-            )
-        })
+        .map(|r| row_key(&r.metric, r.level, r.value, (r.queries, r.skipped)))
         .collect()
 }
 
 /// The rows of a library report, as [`rows`] gives a results file's.
-fn report_rows(r: &EvalReport) -> Vec<(String, Option<usize>, u64, usize, usize)> {
+fn report_rows(r: &EvalReport) -> Vec<RowKey> {
     r.rows
         .iter()
-        .map(|r| {
-            (
-                r.metric.clone(),
-                r.level,
-                r.value.to_bits(),
-                r.queries,
-                r.skipped,
-            )
-        })
+        .map(|r| row_key(&r.metric, r.level, r.value, (r.queries, r.skipped)))
         .collect()
 }
 
@@ -487,37 +531,14 @@ fn rerank_scores_the_librarys_reranker_and_names_it() {
     assert_eq!(plain.settings["rerank"], "none");
     assert_ne!(rows(&plain), rows(&json));
 
-    let even: Vec<usize> = (0..600).step_by(2).collect();
-    let odd: Vec<usize> = (1..600).step_by(2).collect();
     let x = set.embeddings.to_vec2::<f32>().unwrap();
-    let d = x[0].len();
-    let npy = |name: &str, idx: &[usize]| {
-        let values = idx.iter().flat_map(|&i| x[i].clone());
-        write(
-            dir.path(),
-            name,
-            &npy_bytes("<f4", false, &[idx.len(), d], &f32_bytes(values)),
-        )
-    };
-    let (qf, rf) = (npy("q.npy", &even), npy("r.npy", &odd));
+    let (even, odd) = even_odd(x.len());
     let (ql, rl) = (
         set.labels.select(&even).unwrap(),
         set.labels.select(&odd).unwrap(),
     );
-    let (qlf, rlf) = (
-        labels_csv(dir.path(), "q.csv", &ql),
-        labels_csv(dir.path(), "r.csv", &rl),
-    );
-    let files = [
-        "--queries",
-        s(&qf),
-        "--references",
-        s(&rf),
-        "--query-labels",
-        s(&qlf),
-        "--reference-labels",
-        s(&rlf),
-    ];
+    let split = even_odd_files(dir.path(), &x, &set.labels, "");
+    let files = split_flags(&split);
     let json = eval_json(
         dir.path(),
         &[&files[..], &["--rerank", "alpha-qe:3"]].concat(),
@@ -571,6 +592,152 @@ fn rerank_scores_the_librarys_reranker_and_names_it() {
         stderr.contains("--rerank") && stderr.contains("unknown method \"ssr\""),
         "{stderr}"
     );
+}
+
+#[test]
+fn versus_compares_two_models_query_by_query_as_the_library_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let x = set.embeddings.to_vec2::<f32>().unwrap();
+    let (n, d) = (x.len(), x[0].len());
+    // Model B: model A's embeddings with every other coordinate of every other item scrambled,
+    // in another dimension (a paired comparison does not need the same one).
+    let b: Vec<Vec<f32>> = x
+        .iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let mut r: Vec<f32> = row.iter().copied().take(d - 8).collect();
+            if i % 2 == 1 {
+                for (j, v) in r.iter_mut().enumerate().step_by(2) {
+                    *v = ((i * 31 + j * 17) % 13) as f32 / 13.0 - 0.5;
+                }
+            }
+            r
+        })
+        .collect();
+    let (af, bf) = (
+        npy_rows(dir.path(), "a.npy", &x),
+        npy_rows(dir.path(), "b.npy", &b),
+    );
+    let lab = labels_csv(dir.path(), "labels.csv", &set.labels);
+    let json = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&af),
+            "--labels",
+            s(&lab),
+            "--versus",
+            s(&bf),
+        ],
+    );
+    let opts = EvalOptions {
+        recall_ks: vec![1, 2, 4, 8],
+        progress: false,
+        ..EvalOptions::default()
+    };
+    let b_t = Tensor::new(b.concat(), &Device::Cpu)
+        .unwrap()
+        .reshape((n, d - 8))
+        .unwrap();
+    let ra = evaluate(&set.embeddings, &set.labels, None, &opts).unwrap();
+    let rb = evaluate(&b_t, &set.labels, None, &opts).unwrap();
+    let want = rankwise::retrieval::paired_differences(&ra, &rb).unwrap();
+    assert_eq!(rows(&json), report_rows(&ra));
+    assert_eq!(json.settings["versus"], s(&bf));
+    for (row, w) in json.rows.iter().zip(&want) {
+        let v = row.versus.as_ref().unwrap();
+        assert_eq!(v.value.to_bits(), w.b.to_bits(), "{}", row.metric);
+        assert_eq!(v.difference.to_bits(), w.difference.to_bits());
+        assert_eq!((v.interval_low, v.interval_high), w.interval);
+        assert_eq!((v.p, v.queries), (w.p, w.queries));
+    }
+    // The scrambled half loses R@1 beyond the noise of the 600 queries.
+    let r1 = json.rows.iter().find(|r| r.metric == "R@1").unwrap();
+    let v = r1.versus.as_ref().unwrap();
+    assert!(v.difference > 0.0 && v.p < 0.05, "{v:?}");
+    // Against itself: no difference anywhere.
+    let same = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&af),
+            "--labels",
+            s(&lab),
+            "--versus",
+            s(&af),
+        ],
+    );
+    for row in &same.rows {
+        let v = row.versus.as_ref().unwrap();
+        assert_eq!((v.difference, v.p), (0.0, 1.0), "{}", row.metric);
+    }
+    // The split protocol: the second model's queries and references.
+    let split = even_odd_files(dir.path(), &x, &set.labels, "");
+    let files = split_flags(&split);
+    let versus = even_odd_files(dir.path(), &b, &set.labels, "b");
+    let json = eval_json(
+        dir.path(),
+        &[
+            &files[..],
+            &[
+                "--versus-queries",
+                s(&versus[0]),
+                "--versus-references",
+                s(&versus[1]),
+            ],
+        ]
+        .concat(),
+    );
+    assert_eq!(json.num_queries, 300);
+    assert!(json
+        .rows
+        .iter()
+        .all(|r| r.versus.as_ref().unwrap().queries == r.queries));
+
+    // Another number of items, or half of the split pair, fails naming the files or flags.
+    let short = npy_rows(dir.path(), "short.npy", &x[..599]);
+    let e = fails(&[
+        "eval",
+        "--quiet",
+        "--embeddings",
+        s(&af),
+        "--labels",
+        s(&lab),
+        "--versus",
+        s(&short),
+    ]);
+    assert!(
+        e.contains("short.npy has 599 rows") && e.contains("a.npy has 600"),
+        "{e}"
+    );
+    let e = fails(
+        &[
+            &["eval", "--quiet"][..],
+            &files[..],
+            &[
+                "--versus-queries",
+                s(&versus[0]),
+                "--versus-references",
+                s(&split[0]),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(
+        e.contains("dimension 56") && e.contains("dimension 64"),
+        "{e}"
+    );
+    let out = rankwise(
+        &[
+            &["eval"][..],
+            &files[..],
+            &["--versus-queries", s(&versus[0])],
+        ]
+        .concat(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--versus-references"));
 }
 
 #[test]
