@@ -593,7 +593,7 @@ pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> SeedsToDecide {
 
 /// The one-sample t-test of the paired differences `d` against 0 (`n − 1` degrees of freedom);
 /// `p = 1` below two differences, and a constant non-zero difference is certain (`p = 0`).
-fn paired(d: &[f64], test: Test) -> Comparison {
+pub(crate) fn paired(d: &[f64], test: Test) -> Comparison {
     let n = d.len();
     let difference = d.iter().sum::<f64>() / n as f64;
     let p = if n < 2 || !difference.is_finite() {

@@ -16,7 +16,7 @@
 
 use super::EvalReport;
 use crate::error::{Error, Result};
-use crate::stats::{t_quantile, two_sided_p, ALPHA};
+use crate::stats::{paired, Sample, Test, ALPHA};
 
 /// One metric of two evaluations, compared query by query.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +111,8 @@ pub fn paired_differences(a: &EvalReport, b: &EvalReport) -> Result<Vec<PairedDi
                 .filter(|(x, y)| !x.is_nan() && !y.is_nan())
                 .map(|(x, y)| x - y)
                 .collect();
-            let (difference, interval, p) = paired_t(&d);
+            let queries = d.len();
+            let (difference, interval, p) = paired_t(d);
             PairedDifference {
                 metric: ra.metric.clone(),
                 level: ra.level,
@@ -120,31 +121,19 @@ pub fn paired_differences(a: &EvalReport, b: &EvalReport) -> Result<Vec<PairedDi
                 difference,
                 interval,
                 p,
-                queries: d.len(),
+                queries,
             }
         })
         .collect())
 }
 
-/// `(mean, 95% interval, two-sided p)` of the one-sample t-test of `mean(d) = 0`.
-fn paired_t(d: &[f64]) -> (f64, (f64, f64), f64) {
-    let n = d.len();
-    if n == 0 {
-        return (f64::NAN, (f64::NAN, f64::NAN), 1.0);
-    }
-    let mean = d.iter().sum::<f64>() / n as f64;
-    if n < 2 {
-        return (mean, (f64::NAN, f64::NAN), 1.0);
-    }
-    let var = d.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    let se = (var / n as f64).sqrt();
-    if se == 0.0 {
-        // Every query moved by the same amount: certain, or no difference at all.
-        return (mean, (mean, mean), if mean == 0.0 { 1.0 } else { 0.0 });
-    }
-    let df = (n - 1) as f64;
-    let half = t_quantile(1.0 - ALPHA / 2.0, df) * se;
-    (mean, (mean - half, mean + half), two_sided_p(mean / se, df))
+/// `(mean, 95% interval, two-sided p)` of the one-sample t-test of `mean(d) = 0`: the claims'
+/// paired test over shared units ([`crate::stats::compare`]) and the interval of
+/// [`Sample::ci95`].
+fn paired_t(d: Vec<f64>) -> (f64, (f64, f64), f64) {
+    let test = paired(&d, Test::PairedUnits);
+    let (mean, half) = (test.difference, Sample::new(d).ci95());
+    (mean, (mean - half, mean + half), test.p)
 }
 
 #[cfg(test)]
