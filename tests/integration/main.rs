@@ -12,6 +12,7 @@ mod cli;
 mod embedded_dataset;
 mod experiments;
 mod fewshot;
+mod kernel_abi;
 mod loaders;
 mod losses_baselines;
 mod losses_smooth_rank;

@@ -261,8 +261,9 @@ mod cuda {
     const SOURCE: &str = include_str!("device.cu");
     const MODULE: &str = "rankwise_optim";
 
-    // SAFETY: both are `repr(C)` plain data with the layout of `struct rw_adam` / `rw_sgd`.
+    // SAFETY: `repr(C)` plain data with the layout of `struct rw_adam`.
     unsafe impl DeviceRepr for AdamParams {}
+    // SAFETY: `repr(C)` plain data with the layout of `struct rw_sgd`.
     unsafe impl DeviceRepr for SgdParams {}
 
     /// One parameter of a multi-tensor Adam update: its value, gradient and moments (contiguous,
