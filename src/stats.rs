@@ -591,6 +591,52 @@ pub fn seeds_to_decide(a: &Sample, b: &Sample, alpha: f64) -> SeedsToDecide {
     SeedsToDecide::At(hi)
 }
 
+/// Two measurements of the same units (queries, episodes) compared unit by unit: the mean of
+/// the differences `d_u = a_u − b_u`, its 95% interval and the p-value of the paired t-test of
+/// `mean(d) = 0` ([`paired_t`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PairedT {
+    /// `mean(d)`.
+    pub mean: f64,
+    /// `mean(d) ± t_{0.975, n−1} · sd(d) / √n` ([`Sample::ci95`]): NaN with fewer than two
+    /// differences, the point itself when every difference is the same.
+    pub interval: (f64, f64),
+    /// The two-sided p-value (1 with fewer than two differences; 0 or 1 when every difference
+    /// is the same: certain, or none).
+    pub p: f64,
+    /// The number of differences.
+    pub n: usize,
+}
+
+impl PairedT {
+    /// Whether the mean difference is non-zero beyond the units' noise: `p <` [`ALPHA`].
+    pub fn significant(&self) -> bool {
+        self.p < ALPHA
+    }
+}
+
+/// The paired t-test of the differences `d` (one per shared unit) against 0, with `n − 1`
+/// degrees of freedom — the claims' test over shared units ([`Test::PairedUnits`]) — and the
+/// 95% interval of their mean.
+///
+/// ```
+/// use rankwise::stats::paired_t;
+/// // d = (1, 0, 1, 0, 1): mean 0.6, se √0.06, t = 2.449 with 4 df, p = 0.0705.
+/// let t = paired_t(&[1.0, 0.0, 1.0, 0.0, 1.0]);
+/// assert!((t.mean - 0.6).abs() < 1e-12 && (t.p - 0.0705).abs() < 5e-4);
+/// assert!(!t.significant() && t.interval.0 < 0.0 && t.interval.1 > 0.6);
+/// ```
+pub fn paired_t(d: &[f64]) -> PairedT {
+    let test = paired(d, Test::PairedUnits);
+    let half = Sample::new(d.to_vec()).ci95();
+    PairedT {
+        mean: test.difference,
+        interval: (test.difference - half, test.difference + half),
+        p: test.p,
+        n: d.len(),
+    }
+}
+
 /// The one-sample t-test of the paired differences `d` against 0 (`n − 1` degrees of freedom);
 /// `p = 1` below two differences, and a constant non-zero difference is certain (`p = 0`).
 pub(crate) fn paired(d: &[f64], test: Test) -> Comparison {

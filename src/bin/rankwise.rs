@@ -15,6 +15,8 @@
 //! rankwise eval --embeddings demo/embeddings.npy --labels demo/labels.csv --out results.json
 //! rankwise eval --queries q.npy --references r.npy \
 //!               --query-labels q.csv --reference-labels r.csv
+//! rankwise fewshot --features novel.npy --labels novel.csv --shots 1,5 \
+//!                  --classifier prototype --classifier k-reciprocal:grid
 //! ```
 //!
 //! The binary only parses arguments, calls the library and prints; every computation is a library
@@ -27,14 +29,19 @@ use rankwise::data::synthetic_on_disk::{
     remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
 };
 use rankwise::experiments::{self, ReproduceDirs, Scale};
+use rankwise::io::fewshot_results::{
+    write_fewshot_results, EpisodeVersus, FewShotRow, FewShotTable,
+};
 use rankwise::io::{
     check_compatible_sets, check_output_file, write_labels_csv, write_npy, write_results,
     LabelledEmbeddings, ResultFormat, ResultRow, ResultTable, Versus,
 };
-use rankwise::rerank::RerankMethod;
+use rankwise::rerank::episode_method::compare_methods;
+use rankwise::rerank::{EpisodeMethod, RerankMethod};
 use rankwise::retrieval::{
     evaluate, paired_differences, EvalOptions, EvalReport, PairedDifference, SelfMatch, Similarity,
 };
+use rankwise::samplers::episodes::EpisodeConfig;
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
     check_recipe, load_with_overrides, overrides::blame, train_to_dir, DeviceChoice, Reuse,
@@ -71,6 +78,11 @@ enum Command {
     /// Rank every query against the references and report the metrics.
     #[command(after_help = EVAL_EXAMPLES)]
     Eval(Box<EvalArgs>),
+    /// Few-shot classification on frozen features (SSR Table 2's protocol): N-way K-shot
+    /// episodes, every classifier on the same episodes, accuracy ± 95% interval and each
+    /// classifier against the first, episode by episode.
+    #[command(after_help = FEWSHOT_EXAMPLES)]
+    Fewshot(FewshotArgs),
     /// Write a synthetic SOP-shaped set (embeddings.npy + labels.csv) to show the file formats.
     #[command(after_help = GEN_EXAMPLES)]
     GenEmbeddings(GenArgs),
@@ -121,6 +133,22 @@ Examples:
   rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1
   rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3
   rankwise eval --embeddings a.npy --labels labels.csv --versus b.npy   # paired test over the queries";
+
+const FEWSHOT_EXAMPLES: &str = "\
+Examples:
+  rankwise fewshot --features novel.npy --labels novel.csv
+  rankwise fewshot --features novel.npy --labels novel.csv --shots 1,5 --episodes 2000 \\
+                   --classifier prototype --classifier soft-kmeans --classifier k-reciprocal:grid
+  rankwise fewshot --features novel.npy --labels novel.csv --shots 1 \\
+                   --classifier prototype --classifier ssr:ssr_5way1shot.safetensors --out fs.json
+
+Classifiers: prototype (cosine, SSR Table 2's Baseline), protonet (squared Euclidean),
+soft-kmeans[:STEPS,SCALE], k-reciprocal[:K1,K2,LAMBDA], k-reciprocal:grid (the best of SSR's 27
+points chosen on the test episodes themselves, as SSR's script reports it: optimistic) and
+ssr:PATH (a model saved by rankwise::rerank::ssr::SsrModel::save, meta-trained for these
+episodes). Every classifier sees the same episodes, so each is compared with the first by the
+paired t-test over the episodes; that covers the choice of episodes, not the training of the
+features or of the SSR model.";
 
 const GEN_EXAMPLES: &str = "\
 Examples:
@@ -414,6 +442,58 @@ struct EvalArgs {
 }
 
 #[derive(Args, Debug)]
+struct FewshotArgs {
+    /// Features of the items the episodes are drawn from (typically the novel classes' images):
+    /// a 2-D .npy (float32/float64) or .safetensors file, one row per item.
+    #[arg(long, value_name = "FILE")]
+    features: PathBuf,
+    /// Their labels: .csv with a header (one integer column per level, finest first) or
+    /// .parquet (integer columns).
+    #[arg(long, value_name = "FILE")]
+    labels: PathBuf,
+    /// Label columns to use, finest first (default: every column, in file order).
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
+    label_columns: Vec<String>,
+    /// Tensor to read from a .safetensors file holding several.
+    #[arg(long, value_name = "NAME")]
+    tensor: Option<String>,
+    /// The label level whose classes the episodes draw (0 = the first column).
+    #[arg(long, default_value_t = 0)]
+    level: usize,
+    /// N: classes per episode.
+    #[arg(long, default_value_t = 5)]
+    ways: usize,
+    /// K: support items per class; each value is a table of its own episodes.
+    #[arg(long, value_name = "K,…", value_delimiter = ',', default_value = "1,5")]
+    shots: Vec<usize>,
+    /// Query items per class.
+    #[arg(long, default_value_t = 15)]
+    queries: usize,
+    /// Episodes per table (SSR: 2,000).
+    #[arg(long, default_value_t = 2000)]
+    episodes: usize,
+    /// Seed of the episodes: the same seed draws the same episodes.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A classifier (repeat the flag for several; the first is the one the others are compared
+    /// with): prototype, protonet, soft-kmeans[:STEPS,SCALE], k-reciprocal[:K1,K2,LAMBDA],
+    /// k-reciprocal:grid or ssr:PATH.
+    #[arg(
+        long = "classifier",
+        value_name = "METHOD",
+        value_parser = parse_episode_method,
+        default_value = "prototype"
+    )]
+    classifiers: Vec<EpisodeMethod>,
+    /// Write the results (.json: the table with its settings; .csv: the rows), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Print the table only (no progress on stderr).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
 struct GenArgs {
     /// Size of the set: small (600 items, D = 64) or sop (60,502 items, D = 512).
     #[arg(long, value_enum, default_value_t = PresetArg::Small)]
@@ -467,6 +547,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Eval(args) => eval(&args),
+        Command::Fewshot(args) => fewshot(&args),
         Command::GenEmbeddings(args) => gen_embeddings(&args),
         Command::Train(args) => train(&args),
         Command::Embed(args) => embed(&args),
@@ -879,6 +960,190 @@ fn print_table(table: &ResultTable) {
         header.extend(["versus", "difference", "95% interval", "p"].map(String::from));
     }
     header.extend(["queries", "skipped"].map(String::from));
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&cells) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .enumerate()
+            .map(|(i, (c, &w))| {
+                if i >= 2 {
+                    format!("{c:>w$}")
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+}
+
+fn parse_episode_method(s: &str) -> std::result::Result<EpisodeMethod, String> {
+    s.parse().map_err(|e: rankwise::Error| e.to_string())
+}
+
+fn fewshot(args: &FewshotArgs) -> Result<()> {
+    if let Some(out) = &args.out {
+        // Fail on a bad output name or folder now, not after the episodes.
+        ResultFormat::from_path(out)?;
+        check_output_file(out).context("--out")?;
+    }
+    let columns = (!args.label_columns.is_empty()).then_some(args.label_columns.as_slice());
+    let set = LabelledEmbeddings::read(
+        &args.features,
+        &args.labels,
+        columns,
+        args.tensor.as_deref(),
+    )?;
+    let level_name = set
+        .level_names
+        .get(args.level)
+        .cloned()
+        .unwrap_or_else(|| args.level.to_string());
+    if args.level >= set.labels.num_levels() {
+        bail!(
+            "--level {}: {} has {} label column(s) ({})",
+            args.level,
+            args.labels.display(),
+            set.labels.num_levels(),
+            set.level_names.join(", ")
+        );
+    }
+    let classes = set
+        .labels
+        .column(args.level)
+        .into_iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    if !args.quiet {
+        eprintln!(
+            "{} items of {} classes (level {} '{level_name}'), D = {}; {} episodes per table, seed {}",
+            set.labels.len(),
+            classes,
+            args.level,
+            set.embeddings.dim(1)?,
+            args.episodes,
+            args.seed
+        );
+    }
+    let first = args.classifiers[0].to_string();
+    let mut rows = Vec::new();
+    for &shots in &args.shots {
+        let config = EpisodeConfig {
+            ways: args.ways,
+            shots,
+            queries: args.queries,
+            level: args.level,
+            ..EpisodeConfig::default()
+        };
+        let started = Instant::now();
+        let results = compare_methods(
+            &args.classifiers,
+            &set.embeddings,
+            &set.labels,
+            &config,
+            args.episodes,
+            args.seed,
+        )
+        .with_context(|| format!("{}-way {shots}-shot", args.ways))?;
+        if !args.quiet {
+            eprintln!(
+                "{}-way {shots}-shot: {} classifier(s) in {:.1} s",
+                args.ways,
+                results.len(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        rows.extend(results.into_iter().map(|r| FewShotRow {
+            ways: args.ways,
+            shots,
+            queries: args.queries,
+            episodes: r.accuracy.episodes,
+            classifier: r.method,
+            chosen: r.chosen,
+            accuracy: r.accuracy.mean,
+            std: r.accuracy.std,
+            half_width: r.accuracy.half_width,
+            versus: r.versus_first.map(|d| EpisodeVersus {
+                classifier: first.clone(),
+                difference: d.mean,
+                interval_low: d.interval.0,
+                interval_high: d.interval.1,
+                p: d.p,
+            }),
+        }));
+    }
+    let settings = BTreeMap::from([
+        ("features".to_string(), args.features.display().to_string()),
+        ("labels".to_string(), args.labels.display().to_string()),
+        (
+            "level".to_string(),
+            format!("{} ({level_name})", args.level),
+        ),
+        ("seed".to_string(), args.seed.to_string()),
+        ("shuffle_queries".to_string(), "true".to_string()),
+        (
+            "rankwise".to_string(),
+            env!("CARGO_PKG_VERSION").to_string(),
+        ),
+    ]);
+    let table = FewShotTable { settings, rows };
+    print_fewshot_table(&table);
+    if let Some(out) = &args.out {
+        write_fewshot_results(out, &table)?;
+        if !args.quiet {
+            eprintln!("wrote {}", out.display());
+        }
+    }
+    Ok(())
+}
+
+fn print_fewshot_table(table: &FewShotTable) {
+    let header: Vec<String> = [
+        "N-way K-shot",
+        "classifier",
+        "accuracy",
+        "± 95%",
+        "vs first",
+        "95% interval",
+        "p",
+    ]
+    .map(String::from)
+    .into();
+    let cells: Vec<Vec<String>> = table
+        .rows
+        .iter()
+        .map(|r| {
+            let classifier = match &r.chosen {
+                Some(c) => format!("{} ({c})", r.classifier),
+                None => r.classifier.clone(),
+            };
+            let mut row = vec![
+                format!("{}-way {}-shot", r.ways, r.shots),
+                classifier,
+                format!("{:.2}", r.accuracy),
+                format!("{:.2}", r.half_width),
+            ];
+            match &r.versus {
+                Some(v) => row.extend([
+                    format!("{:+.2}", v.difference),
+                    format!("[{:+.2}, {:+.2}]", v.interval_low, v.interval_high),
+                    if v.p >= 1e-3 {
+                        format!("{:.3}", v.p)
+                    } else {
+                        format!("{:.1e}", v.p)
+                    },
+                ]),
+                None => row.extend(std::iter::repeat_n(String::new(), 3)),
+            }
+            row
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in &cells {
         for (w, c) in widths.iter_mut().zip(row) {

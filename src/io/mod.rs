@@ -1,11 +1,12 @@
 //! Files in and out: embeddings (`.npy`, `.safetensors`), hierarchical labels (CSV, parquet) and
-//! evaluation results (JSON, CSV, written atomically).
+//! evaluation results, retrieval and few-shot (JSON, CSV, written atomically).
 //!
 //! Every reader validates what it reads and names the file (and the line, row or column) in its
 //! errors, so that a bad input never reaches the ranking engine as a silent NaN or a panic.
 
 pub mod atomic;
 pub mod embeddings;
+pub mod fewshot_results;
 pub(crate) mod json_f64;
 pub mod labels;
 pub mod results;

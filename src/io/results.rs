@@ -146,7 +146,7 @@ pub fn write_results(path: &Path, table: &ResultTable) -> Result<()> {
 
 /// The shortest string that parses back to the same value (`{}`, or `{:e}` for magnitudes
 /// whose positional form would run to dozens of zeros, as tiny p-values do); NaN is empty.
-fn csv_f64(v: f64) -> String {
+pub(crate) fn csv_f64(v: f64) -> String {
     if v.is_nan() {
         String::new()
     } else if v != 0.0 && !(1e-5..1e16).contains(&v.abs()) {

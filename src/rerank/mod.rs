@@ -9,6 +9,8 @@
 //! * SSR itself lives in `rerank::ssr` (a separate module).
 //! * [`method`]: the methods above that need no training, named by a short string
 //!   (`rankwise eval --rerank aqe:3`).
+//! * [`episode_method`]: SSR Table 2's few-shot classifiers named the same way
+//!   (`rankwise fewshot --classifier k-reciprocal:grid`), compared on shared episodes.
 //!
 //! Every re-ranker here is a [`Reranker`]: it produces, chunk by chunk, a score (larger is
 //! better) of every query against every reference, so that the crate's one evaluation engine
@@ -20,6 +22,7 @@
 //! Convention shared with [`crate::retrieval`]: when the queries are the references themselves
 //! (the SOP/CUB/Cars protocol), query `i` is reference `i` and is removed from its own list.
 
+pub mod episode_method;
 pub mod k_reciprocal;
 pub mod method;
 pub mod min_norm_point;
@@ -27,6 +30,7 @@ pub mod query_expansion;
 pub mod rankings;
 pub mod ssr;
 
+pub use episode_method::EpisodeMethod;
 pub use method::RerankMethod;
 pub use rankings::{evaluate_revisited, rankings};
 

@@ -16,7 +16,7 @@
 
 use super::EvalReport;
 use crate::error::{Error, Result};
-use crate::stats::{paired, Sample, Test, ALPHA};
+use crate::stats::{paired_t, ALPHA};
 
 /// One metric of two evaluations, compared query by query.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,29 +111,19 @@ pub fn paired_differences(a: &EvalReport, b: &EvalReport) -> Result<Vec<PairedDi
                 .filter(|(x, y)| !x.is_nan() && !y.is_nan())
                 .map(|(x, y)| x - y)
                 .collect();
-            let queries = d.len();
-            let (difference, interval, p) = paired_t(d);
+            let t = paired_t(&d);
             PairedDifference {
                 metric: ra.metric.clone(),
                 level: ra.level,
                 a: ra.value,
                 b: rb.value,
-                difference,
-                interval,
-                p,
-                queries,
+                difference: t.mean,
+                interval: t.interval,
+                p: t.p,
+                queries: t.n,
             }
         })
         .collect())
-}
-
-/// `(mean, 95% interval, two-sided p)` of the one-sample t-test of `mean(d) = 0`: the claims'
-/// paired test over shared units ([`crate::stats::compare`]) and the interval of
-/// [`Sample::ci95`].
-fn paired_t(d: Vec<f64>) -> (f64, (f64, f64), f64) {
-    let test = paired(&d, Test::PairedUnits);
-    let (mean, half) = (test.difference, Sample::new(d).ci95());
-    (mean, (mean - half, mean + half), test.p)
 }
 
 #[cfg(test)]

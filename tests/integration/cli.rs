@@ -1564,6 +1564,7 @@ fn help_shows_examples_and_every_paper() {
         "reproduce",
         "gen-embeddings",
         "synth-data",
+        "fewshot",
     ] {
         let out = succeeds(&[cmd, "--help"]);
         assert!(out.contains("Examples:"), "{cmd} --help:\n{out}");
@@ -1571,5 +1572,184 @@ fn help_shows_examples_and_every_paper() {
     let out = succeeds(&["reproduce", "--help"]);
     for key in rankwise::experiments::keys() {
         assert!(out.contains(key), "reproduce --help omits {key}:\n{out}");
+    }
+}
+
+/// `classes` fine classes of `per_class` items (pairs of fine classes share a coarse one) in
+/// `dim` dimensions, each class a direction plus a fixed pseudo-random noise: accuracies between
+/// chance and 100%.
+fn fewshot_set(classes: usize, per_class: usize, dim: usize) -> (Vec<Vec<f32>>, Labels) {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f32 / (1u64 << 53) as f32 - 0.5
+    };
+    let mut x = Vec::new();
+    let mut rows = Vec::new();
+    for c in 0..classes {
+        for _ in 0..per_class {
+            x.push(
+                (0..dim)
+                    .map(|j| if j == c % dim { 1.0 } else { 0.0 } + 1.5 * next())
+                    .collect(),
+            );
+            rows.push(vec![c as i64, (c / 2) as i64]);
+        }
+    }
+    (x, Labels::new(rows).unwrap())
+}
+
+#[test]
+fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
+    use rankwise::io::fewshot_results::FewShotTable;
+    use rankwise::rerank::episode_method::compare_methods;
+    use rankwise::rerank::EpisodeMethod;
+    use rankwise::samplers::episodes::EpisodeConfig;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (x, labels) = fewshot_set(12, 14, 16);
+    let feats = npy_rows(dir.path(), "novel.npy", &x);
+    let lab = labels_csv(dir.path(), "novel.csv", &labels);
+    let json = dir.path().join("fewshot.json");
+    let classifiers = ["prototype", "soft-kmeans:2,10", "k-reciprocal:10,5,0.2"];
+    let mut args = vec![
+        "fewshot",
+        "--features",
+        s(&feats),
+        "--labels",
+        s(&lab),
+        "--shots",
+        "1,3",
+        "--queries",
+        "5",
+        "--episodes",
+        "40",
+        "--seed",
+        "3",
+        "--out",
+        s(&json),
+    ];
+    for c in &classifiers {
+        args.extend(["--classifier", c]);
+    }
+    let stdout = succeeds(&args);
+    let table: FewShotTable =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(table.rows.len(), 6);
+    assert_eq!(table.settings["level"], "0 (class_id)");
+    // The library on the same features (as the binary reads them) and the same episodes.
+    let set = LabelledEmbeddings::read(&feats, &lab, None, None).unwrap();
+    let methods: Vec<EpisodeMethod> = classifiers.iter().map(|c| c.parse().unwrap()).collect();
+    for (k, shots) in [1usize, 3].into_iter().enumerate() {
+        let config = EpisodeConfig {
+            ways: 5,
+            shots,
+            queries: 5,
+            ..EpisodeConfig::default()
+        };
+        let lib = compare_methods(&methods, &set.embeddings, &set.labels, &config, 40, 3).unwrap();
+        for (i, r) in lib.iter().enumerate() {
+            let row = &table.rows[k * 3 + i];
+            assert_eq!(
+                (row.ways, row.shots, row.queries, row.episodes),
+                (5, shots, 5, 40)
+            );
+            assert_eq!(row.classifier, r.method);
+            assert_eq!(
+                (row.accuracy, row.std, row.half_width),
+                (r.accuracy.mean, r.accuracy.std, r.accuracy.half_width)
+            );
+            match (&row.versus, &r.versus_first) {
+                (None, None) => assert_eq!(i, 0),
+                (Some(v), Some(d)) => {
+                    assert_eq!(v.classifier, "prototype");
+                    assert_eq!(
+                        (v.difference, v.interval_low, v.interval_high, v.p),
+                        (d.mean, d.interval.0, d.interval.1, d.p)
+                    );
+                }
+                other => panic!("row {i}: {other:?}"),
+            }
+        }
+        assert!(
+            stdout.contains(&format!("5-way {shots}-shot  prototype")),
+            "{stdout}"
+        );
+    }
+    // Not every classifier is a coin toss or perfect on these features.
+    assert!(table
+        .rows
+        .iter()
+        .all(|r| r.accuracy > 20.0 && r.accuracy < 100.0));
+
+    // CSV: a header and the six rows; the coarse level draws its own (6) classes.
+    let csv = dir.path().join("fewshot.csv");
+    succeeds(&[
+        "fewshot",
+        "--features",
+        s(&feats),
+        "--labels",
+        s(&lab),
+        "--level",
+        "1",
+        "--shots",
+        "2",
+        "--queries",
+        "10",
+        "--episodes",
+        "10",
+        "--classifier",
+        "protonet",
+        "--classifier",
+        "k-reciprocal:grid",
+        "--out",
+        s(&csv),
+        "-q",
+    ]);
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(
+        lines[2].contains("k-reciprocal:grid,\"k-reciprocal:"),
+        "{text}"
+    );
+
+    // Bad input: clean errors naming what is wrong.
+    let base = [
+        "fewshot",
+        "--features",
+        s(&feats),
+        "--labels",
+        s(&lab),
+        "-q",
+    ];
+    fn joined<'a>(base: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+        [base, extra].concat()
+    }
+    let with = |extra: &[&'static str]| joined(&base, extra);
+    let e = fails(&with(&["--level", "2"]));
+    assert!(e.contains("--level 2") && e.contains("novel.csv"), "{e}");
+    let e = fails(&with(&["--ways", "13", "--shots", "1"]));
+    assert!(e.contains("13-way episodes need 13 classes"), "{e}");
+    let e = fails(&with(&["--queries", "14", "--shots", "1"]));
+    assert!(e.contains("shots + queries = 15"), "{e}");
+    let e = fails(&with(&["--out", "results.txt"]));
+    assert!(e.contains("results.txt"), "{e}");
+    for (bad, says) in [
+        ("nearest", "unknown classifier"),
+        (
+            "ssr:/nonexistent/ssr.safetensors",
+            "/nonexistent/ssr.safetensors",
+        ),
+    ] {
+        let out = rankwise(&with(&["--classifier", bad]));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains(says) && !stderr.contains("panicked"),
+            "{stderr}"
+        );
     }
 }
