@@ -942,11 +942,7 @@ fn print_table(table: &ResultTable) {
                     format!("{:.6}", v.value),
                     format!("{:+.6}", v.difference),
                     format!("[{:+.6}, {:+.6}]", v.interval_low, v.interval_high),
-                    if v.p >= 1e-3 {
-                        format!("{:.3}", v.p)
-                    } else {
-                        format!("{:.1e}", v.p)
-                    },
+                    format_p(v.p),
                 ]);
             } else if versus {
                 row.extend(std::iter::repeat_n(String::new(), 4));
@@ -960,13 +956,28 @@ fn print_table(table: &ResultTable) {
         header.extend(["versus", "difference", "95% interval", "p"].map(String::from));
     }
     header.extend(["queries", "skipped"].map(String::from));
+    print_aligned(&header, &cells);
+}
+
+/// A p-value to read: three decimals, or the exponent below 0.001.
+fn format_p(p: f64) -> String {
+    if p >= 1e-3 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
+/// Prints `header` and `cells` as columns two spaces apart: the first two left-aligned (names),
+/// the rest right-aligned (numbers).
+fn print_aligned(header: &[String], cells: &[Vec<String>]) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in &cells {
+    for row in cells {
         for (w, c) in widths.iter_mut().zip(row) {
             *w = (*w).max(c.chars().count());
         }
     }
-    for row in std::iter::once(&header).chain(&cells) {
+    for row in std::iter::once(header).chain(cells.iter().map(Vec::as_slice)) {
         let line: Vec<String> = row
             .iter()
             .zip(&widths)
@@ -1133,38 +1144,14 @@ fn print_fewshot_table(table: &FewShotTable) {
                 Some(v) => row.extend([
                     format!("{:+.2}", v.difference),
                     format!("[{:+.2}, {:+.2}]", v.interval_low, v.interval_high),
-                    if v.p >= 1e-3 {
-                        format!("{:.3}", v.p)
-                    } else {
-                        format!("{:.1e}", v.p)
-                    },
+                    format_p(v.p),
                 ]),
                 None => row.extend(std::iter::repeat_n(String::new(), 3)),
             }
             row
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    for row in std::iter::once(&header).chain(&cells) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(&widths)
-            .enumerate()
-            .map(|(i, (c, &w))| {
-                if i >= 2 {
-                    format!("{c:>w$}")
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
-            .collect();
-        println!("{}", line.join("  ").trim_end());
-    }
+    print_aligned(&header, &cells);
 }
 
 fn gen_embeddings(args: &GenArgs) -> Result<()> {

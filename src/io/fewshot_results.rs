@@ -6,7 +6,7 @@
 //! ([`super::results`]): a file read back gives the very `f64` computed.
 
 use super::atomic::write_atomically;
-use super::results::{csv_f64, ResultFormat};
+use super::results::{csv_f64, write_json, ResultFormat};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -104,11 +104,7 @@ pub fn write_fewshot_results(path: &Path, table: &FewShotTable) -> Result<()> {
         ));
     }
     match format {
-        ResultFormat::Json => {
-            let text = serde_json::to_string_pretty(table)
-                .map_err(|e| Error::file(path, format!("cannot encode results: {e}")))?;
-            write_atomically(path, |w| writeln!(w, "{text}"))
-        }
+        ResultFormat::Json => write_json(path, table),
         ResultFormat::Csv => write_atomically(path, |w| write_csv(w, &table.rows)),
     }
 }

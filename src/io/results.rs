@@ -135,13 +135,16 @@ pub fn write_results(path: &Path, table: &ResultTable) -> Result<()> {
         ));
     }
     match format {
-        ResultFormat::Json => {
-            let text = serde_json::to_string_pretty(table)
-                .map_err(|e| Error::file(path, format!("cannot encode results: {e}")))?;
-            write_atomically(path, |w| writeln!(w, "{text}"))
-        }
+        ResultFormat::Json => write_json(path, table),
         ResultFormat::Csv => write_atomically(path, |w| write_csv_rows(w, &table.rows)),
     }
+}
+
+/// `value` as pretty-printed JSON (a results table), written atomically.
+pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| Error::file(path, format!("cannot encode results: {e}")))?;
+    write_atomically(path, |w| writeln!(w, "{text}"))
 }
 
 /// The shortest string that parses back to the same value (`{}`, or `{:e}` for magnitudes

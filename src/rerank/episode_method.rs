@@ -337,7 +337,12 @@ impl FromStr for EpisodeMethod {
             // The re-ranking method's own parser and checks, its errors under this flag's name.
             "k-reciprocal" => match RerankMethod::from_str(s) {
                 Ok(RerankMethod::KReciprocal(k)) => EpisodeMethod::KReciprocal(k),
-                Ok(_) => unreachable!("k-reciprocal parses to k-reciprocal"),
+                Ok(other) => {
+                    return Err(Error::invalid(
+                        "classifier",
+                        format!("{s:?} parsed as {other}, not a k-reciprocal classifier"),
+                    ))
+                }
                 Err(e) => {
                     return Err(Error::invalid(
                         "classifier",

@@ -277,6 +277,17 @@ fn literals(code: &str) -> Vec<String> {
         .collect()
 }
 
+/// The identifier that ends at `end` (the receiver of `x.builder()`, the variant of
+/// `Variant(p)`).
+fn ident_before(text: &str, end: usize) -> String {
+    let start = text[..end]
+        .char_indices()
+        .rev()
+        .find(|(_, c)| !(c.is_alphanumeric() || *c == '_'))
+        .map_or(0, |(i, c)| i + c.len_utf8());
+    text[start..end].to_string()
+}
+
 fn is_ident(s: &str) -> bool {
     !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_')
 }
@@ -464,14 +475,7 @@ fn value_type(text: &str, expr: &str, site: usize) -> Option<String> {
         // `Variant(p)` in a match arm: the variant's payload type.
         let arm = format!("({last})");
         if let Some(i) = text[..site].rfind(&arm) {
-            let variant: String = text[..i]
-                .chars()
-                .rev()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+            let variant = ident_before(text, i);
             let def = text.find(&format!("{variant}("))?;
             let ty = bracketed(text, def + variant.len());
             if is_ident(ty.trim()) {
@@ -635,14 +639,7 @@ fn every_launch_passes_what_its_kernel_takes() {
             let site = at + i;
             at = site + 1;
             let line = text[..site].matches('\n').count() + 1;
-            let recv: String = text[..site]
-                .chars()
-                .rev()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect();
+            let recv = ident_before(&text, site);
             // The generic launcher pushes its inputs and scalars in loops: its callers' kernels
             // are checked below.
             if file == "src/kernels.rs" && text[..site].rfind("fn launch_into_new").is_some() {
