@@ -135,15 +135,16 @@ impl EpisodeMethod {
                 (run(&KReciprocalClassifier { params: *params })?, None)
             }
             EpisodeMethod::KReciprocalGrid => {
-                // SSR's protocol: every grid point on these episodes, the best mean kept.
+                // SSR's protocol: every grid point on these episodes, the best mean kept (the
+                // mean reported, as `best_of_grid` compares them; ties to the first point).
                 let mut points = Vec::new();
                 for params in ssr_fewshot_grid() {
                     points.push((params, run(&KReciprocalClassifier { params })?));
                 }
-                let means: Vec<f64> = points
+                let means = points
                     .iter()
-                    .map(|(_, a)| a.iter().sum::<f64>() / a.len() as f64)
-                    .collect();
+                    .map(|(_, a)| Ok(accuracy_interval(a)?.mean))
+                    .collect::<Result<Vec<f64>>>()?;
                 let (params, acc) = points.swap_remove(argmax(&means));
                 (acc, Some(RerankMethod::KReciprocal(params).to_string()))
             }
@@ -507,7 +508,7 @@ mod tests {
             .episode_accuracies(&x, &labels, &config, 20, 3)
             .unwrap();
         assert_eq!(grid.accuracies, at_chosen.accuracies);
-        let mean = |a: &[f64]| a.iter().sum::<f64>() / a.len() as f64;
+        let mean = |a: &[f64]| accuracy_interval(a).unwrap().mean;
         for params in ssr_fewshot_grid() {
             let point = EpisodeMethod::KReciprocal(params)
                 .episode_accuracies(&x, &labels, &config, 20, 3)
