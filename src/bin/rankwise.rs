@@ -30,7 +30,8 @@ use rankwise::data::synthetic_on_disk::{
 };
 use rankwise::experiments::{self, ReproduceDirs, Scale};
 use rankwise::io::fewshot_results::{
-    write_fewshot_results, EpisodeVersus, FewShotRow, FewShotTable,
+    write_episode_accuracies, write_fewshot_results, EpisodeAccuracy, EpisodeVersus, FewShotRow,
+    FewShotTable,
 };
 use rankwise::io::{
     check_compatible_sets, check_output_file, write_labels_csv, write_npy, write_results,
@@ -488,6 +489,11 @@ struct FewshotArgs {
     /// Write the results (.json: the table with its settings; .csv: the rows), atomically.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Write every classifier's accuracy on every episode (.csv: ways, shots, episode,
+    /// classifier, accuracy), atomically: another features file or another tool scored on the
+    /// same episodes (same labels, --ways/--shots/--queries/--level and --seed) pairs with it.
+    #[arg(long, value_name = "FILE")]
+    per_episode: Option<PathBuf>,
     /// Print the table only (no progress on stderr).
     #[arg(short, long)]
     quiet: bool,
@@ -1004,6 +1010,12 @@ fn fewshot(args: &FewshotArgs) -> Result<()> {
         ResultFormat::from_path(out)?;
         check_output_file(out).context("--out")?;
     }
+    if let Some(path) = &args.per_episode {
+        if ResultFormat::from_path(path)? != ResultFormat::Csv {
+            bail!("--per-episode {}: write it as a .csv file", path.display());
+        }
+        check_output_file(path).context("--per-episode")?;
+    }
     let columns = (!args.label_columns.is_empty()).then_some(args.label_columns.as_slice());
     let set = LabelledEmbeddings::read(
         &args.features,
@@ -1044,6 +1056,7 @@ fn fewshot(args: &FewshotArgs) -> Result<()> {
     }
     let first = args.classifiers[0].to_string();
     let mut rows = Vec::new();
+    let mut per_episode = Vec::new();
     for &shots in &args.shots {
         let config = EpisodeConfig {
             ways: args.ways,
@@ -1069,6 +1082,17 @@ fn fewshot(args: &FewshotArgs) -> Result<()> {
                 results.len(),
                 started.elapsed().as_secs_f64()
             );
+        }
+        for r in &results {
+            per_episode.extend(r.accuracies.iter().enumerate().map(|(episode, &accuracy)| {
+                EpisodeAccuracy {
+                    ways: args.ways,
+                    shots,
+                    episode,
+                    classifier: r.method.clone(),
+                    accuracy,
+                }
+            }));
         }
         rows.extend(results.into_iter().map(|r| FewShotRow {
             ways: args.ways,
@@ -1109,6 +1133,12 @@ fn fewshot(args: &FewshotArgs) -> Result<()> {
         write_fewshot_results(out, &table)?;
         if !args.quiet {
             eprintln!("wrote {}", out.display());
+        }
+    }
+    if let Some(path) = &args.per_episode {
+        write_episode_accuracies(path, &per_episode)?;
+        if !args.quiet {
+            eprintln!("wrote {}", path.display());
         }
     }
     Ok(())

@@ -109,6 +109,76 @@ pub fn write_fewshot_results(path: &Path, table: &FewShotTable) -> Result<()> {
     }
 }
 
+/// One classifier's accuracy on one episode (`rankwise fewshot --per-episode`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EpisodeAccuracy {
+    /// N, classes per episode.
+    pub ways: usize,
+    /// K, support items per class.
+    pub shots: usize,
+    /// The episode's index: with the same labels, configuration and seed, episode `e` is the
+    /// same support and queries whatever the features.
+    pub episode: usize,
+    /// The classifier, in the form `--classifier` reads.
+    pub classifier: String,
+    /// Accuracy on the episode's queries, percent.
+    pub accuracy: f64,
+}
+
+/// Writes per-episode accuracies as CSV (`ways,shots,episode,classifier,accuracy`),
+/// atomically: the raw values behind a [`FewShotTable`], to pair with another tool's or another
+/// features file's accuracies on the same episodes. Errors on another extension than `.csv` and
+/// on a non-finite accuracy (naming its classifier and episode).
+///
+/// ```
+/// use rankwise::io::fewshot_results::{write_episode_accuracies, EpisodeAccuracy};
+/// let rows = [EpisodeAccuracy { ways: 5, shots: 1, episode: 0, classifier: "prototype".into(), accuracy: 80.0 }];
+/// let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("episodes.csv");
+/// write_episode_accuracies(&path, &rows)?;
+/// assert_eq!(std::fs::read_to_string(&path)?, "ways,shots,episode,classifier,accuracy\n5,1,0,prototype,80\n");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn write_episode_accuracies(path: &Path, rows: &[EpisodeAccuracy]) -> Result<()> {
+    if ResultFormat::from_path(path)? != ResultFormat::Csv {
+        return Err(Error::invalid(
+            "per-episode",
+            format!(
+                "{}: per-episode accuracies are written as .csv",
+                path.display()
+            ),
+        ));
+    }
+    if let Some(r) = rows.iter().find(|r| !r.accuracy.is_finite()) {
+        return Err(Error::invalid(
+            "per-episode",
+            format!(
+                "{} on episode {} ({}-way {}-shot): accuracy {}; refusing to write {}",
+                r.classifier,
+                r.episode,
+                r.ways,
+                r.shots,
+                r.accuracy,
+                path.display()
+            ),
+        ));
+    }
+    write_atomically(path, |w| {
+        let mut out = csv::Writer::from_writer(w);
+        out.write_record(["ways", "shots", "episode", "classifier", "accuracy"])?;
+        for r in rows {
+            out.write_record([
+                r.ways.to_string(),
+                r.shots.to_string(),
+                r.episode.to_string(),
+                r.classifier.clone(),
+                csv_f64(r.accuracy),
+            ])?;
+        }
+        out.flush()
+    })
+}
+
 fn write_csv(w: &mut dyn Write, rows: &[FewShotRow]) -> std::io::Result<()> {
     let mut out = csv::Writer::from_writer(w);
     out.write_record([

@@ -89,6 +89,9 @@ pub struct MethodResult {
     /// This classifier's accuracy minus the first one's, episode by episode (`None` for the
     /// first).
     pub versus_first: Option<PairedT>,
+    /// Accuracy (percent) on each episode, in order: what another tool or another features file
+    /// scored on the same episodes (same labels, configuration and seed) pairs with.
+    pub accuracies: Vec<f64>,
 }
 
 impl EpisodeMethod {
@@ -246,24 +249,25 @@ pub fn compare_methods(
         .iter()
         .map(|m| m.episode_accuracies(features, labels, config, n_episodes, seed))
         .collect::<Result<Vec<_>>>()?;
-    let first = &runs[0].accuracies;
-    runs.iter()
+    let first = runs[0].accuracies.clone();
+    runs.into_iter()
         .enumerate()
         .map(|(i, run)| {
             let versus_first = (i > 0).then(|| {
                 let d: Vec<f64> = run
                     .accuracies
                     .iter()
-                    .zip(first)
+                    .zip(&first)
                     .map(|(a, b)| a - b)
                     .collect();
                 paired_t(&d)
             });
             Ok(MethodResult {
-                method: run.method.clone(),
-                chosen: run.chosen.clone(),
+                method: run.method,
+                chosen: run.chosen,
                 accuracy: accuracy_interval(&run.accuracies)?,
                 versus_first,
+                accuracies: run.accuracies,
             })
         })
         .collect()
@@ -478,6 +482,7 @@ mod tests {
         for (m, row) in methods.iter().zip(&rows) {
             let alone = m.episode_accuracies(&x, &labels, &config, n, 7).unwrap();
             assert_eq!(row.accuracy, accuracy_interval(&alone.accuracies).unwrap());
+            assert_eq!(row.accuracies, alone.accuracies);
             assert_eq!(row.method, m.to_string());
         }
         let base = &rows[0].accuracy;

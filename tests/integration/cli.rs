@@ -1613,6 +1613,7 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
     let feats = npy_rows(dir.path(), "novel.npy", &x);
     let lab = labels_csv(dir.path(), "novel.csv", &labels);
     let json = dir.path().join("fewshot.json");
+    let episodes_csv = dir.path().join("episodes.csv");
     let classifiers = ["prototype", "soft-kmeans:2,10", "k-reciprocal:10,5,0.2"];
     let mut args = vec![
         "fewshot",
@@ -1630,6 +1631,8 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
         "3",
         "--out",
         s(&json),
+        "--per-episode",
+        s(&episodes_csv),
     ];
     for c in &classifiers {
         args.extend(["--classifier", c]);
@@ -1639,6 +1642,14 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(table.rows.len(), 6);
     assert_eq!(table.settings["level"], "0 (class_id)");
+    // The per-episode file: every classifier on every episode, in order.
+    let mut reader = csv::Reader::from_path(&episodes_csv).unwrap();
+    assert_eq!(
+        reader.headers().unwrap(),
+        vec!["ways", "shots", "episode", "classifier", "accuracy"]
+    );
+    let per_episode: Vec<csv::StringRecord> = reader.records().map(Result::unwrap).collect();
+    assert_eq!(per_episode.len(), 2 * 3 * 40);
     // The library on the same features (as the binary reads them) and the same episodes.
     let set = LabelledEmbeddings::read(&feats, &lab, None, None).unwrap();
     let methods: Vec<EpisodeMethod> = classifiers.iter().map(|c| c.parse().unwrap()).collect();
@@ -1652,6 +1663,12 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
         let lib = compare_methods(&methods, &set.embeddings, &set.labels, &config, 40, 3).unwrap();
         for (i, r) in lib.iter().enumerate() {
             let row = &table.rows[k * 3 + i];
+            for (e, acc) in r.accuracies.iter().enumerate() {
+                let line = &per_episode[(k * 3 + i) * 40 + e];
+                assert_eq!((&line[1], &line[2]), (&*shots.to_string(), &*e.to_string()));
+                assert_eq!(&line[3], r.method);
+                assert_eq!(line[4].parse::<f64>().unwrap(), *acc);
+            }
             assert_eq!(
                 (row.ways, row.shots, row.queries, row.episodes),
                 (5, shots, 5, 40)
@@ -1737,6 +1754,11 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
     assert!(e.contains("shots + queries = 15"), "{e}");
     let e = fails(&with(&["--out", "results.txt"]));
     assert!(e.contains("results.txt"), "{e}");
+    let e = fails(&with(&["--per-episode", "episodes.json"]));
+    assert!(
+        e.contains("--per-episode episodes.json") && e.contains(".csv"),
+        "{e}"
+    );
     for (bad, says) in [
         ("nearest", "unknown classifier"),
         (
