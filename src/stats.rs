@@ -639,7 +639,7 @@ pub fn paired_t(d: &[f64]) -> PairedT {
 
 /// The one-sample t-test of the paired differences `d` against 0 (`n − 1` degrees of freedom);
 /// `p = 1` below two differences, and a constant non-zero difference is certain (`p = 0`).
-pub(crate) fn paired(d: &[f64], test: Test) -> Comparison {
+fn paired(d: &[f64], test: Test) -> Comparison {
     let n = d.len();
     let difference = d.iter().sum::<f64>() / n as f64;
     let p = if n < 2 || !difference.is_finite() {

@@ -1084,23 +1084,27 @@ fn fewshot(args: &FewshotArgs) -> Result<()> {
             );
         }
         for r in &results {
-            per_episode.extend(r.accuracies.iter().enumerate().map(|(episode, &accuracy)| {
-                EpisodeAccuracy {
-                    ways: args.ways,
-                    shots,
-                    episode,
-                    classifier: r.method.clone(),
-                    accuracy,
-                }
-            }));
+            per_episode.extend(
+                r.run
+                    .accuracies
+                    .iter()
+                    .enumerate()
+                    .map(|(episode, &accuracy)| EpisodeAccuracy {
+                        ways: args.ways,
+                        shots,
+                        episode,
+                        classifier: r.run.method.clone(),
+                        accuracy,
+                    }),
+            );
         }
         rows.extend(results.into_iter().map(|r| FewShotRow {
             ways: args.ways,
             shots,
             queries: args.queries,
             episodes: r.accuracy.episodes,
-            classifier: r.method,
-            chosen: r.chosen,
+            classifier: r.run.method,
+            chosen: r.run.chosen,
             accuracy: r.accuracy.mean,
             std: r.accuracy.std,
             half_width: r.accuracy.half_width,

@@ -25,6 +25,7 @@
 
 use super::k_reciprocal::classifier::{ssr_fewshot_grid, KReciprocalClassifier};
 use super::k_reciprocal::KReciprocal;
+use super::method::param;
 use super::ssr::{SsrClassifier, SsrModel, SupportNodes, Task};
 use super::RerankMethod;
 use crate::error::{Error, Result};
@@ -80,18 +81,15 @@ pub struct MethodAccuracies {
 /// One classifier's result in a comparison.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MethodResult {
-    /// The classifier, as [`EpisodeMethod`]'s `Display` writes it.
-    pub method: String,
-    /// For `k-reciprocal:grid`, the grid point chosen.
-    pub chosen: Option<String>,
+    /// The classifier, its grid point if any, and its accuracy on each episode: what another
+    /// tool or another features file scored on the same episodes (same labels, configuration
+    /// and seed) pairs with.
+    pub run: MethodAccuracies,
     /// Mean accuracy (percent) ± the few-shot literature's 95% half-width.
     pub accuracy: AccuracyInterval,
     /// This classifier's accuracy minus the first one's, episode by episode (`None` for the
     /// first).
     pub versus_first: Option<PairedT>,
-    /// Accuracy (percent) on each episode, in order: what another tool or another features file
-    /// scored on the same episodes (same labels, configuration and seed) pairs with.
-    pub accuracies: Vec<f64>,
 }
 
 impl EpisodeMethod {
@@ -263,25 +261,12 @@ pub fn compare_methods(
                 paired_t(&d)
             });
             Ok(MethodResult {
-                method: run.method,
-                chosen: run.chosen,
                 accuracy: accuracy_interval(&run.accuracies)?,
                 versus_first,
-                accuracies: run.accuracies,
+                run,
             })
         })
         .collect()
-}
-
-/// Parameter `i` of `params`, parsed (errors name the method and the parameter).
-fn param<T: FromStr>(method: &str, params: &[&str], i: usize, name: &str) -> Result<T> {
-    let text = params[i].trim();
-    text.parse().map_err(|_| {
-        Error::invalid(
-            "classifier",
-            format!("{method}: {name} must be a number, got {text:?}"),
-        )
-    })
 }
 
 impl FromStr for EpisodeMethod {
@@ -317,8 +302,8 @@ impl FromStr for EpisodeMethod {
                 let c = match params.len() {
                     0 => SoftKMeansClassifier::default(),
                     2 => SoftKMeansClassifier {
-                        steps: param(name, &params, 0, "STEPS")?,
-                        scale: param(name, &params, 1, "SCALE")?,
+                        steps: param("classifier", name, &params, 0, "STEPS")?,
+                        scale: param("classifier", name, &params, 1, "SCALE")?,
                     },
                     n => {
                         return Err(Error::invalid(
@@ -482,8 +467,8 @@ mod tests {
         for (m, row) in methods.iter().zip(&rows) {
             let alone = m.episode_accuracies(&x, &labels, &config, n, 7).unwrap();
             assert_eq!(row.accuracy, accuracy_interval(&alone.accuracies).unwrap());
-            assert_eq!(row.accuracies, alone.accuracies);
-            assert_eq!(row.method, m.to_string());
+            assert_eq!(row.run, alone);
+            assert_eq!(row.run.method, m.to_string());
         }
         let base = &rows[0].accuracy;
         assert!(base.mean > 30.0 && base.mean < 100.0, "{base:?}");

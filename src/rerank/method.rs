@@ -66,12 +66,19 @@ impl RerankMethod {
     }
 }
 
-/// Parameter `i` of `params` (named `name` in errors), parsed.
-fn param<T: FromStr>(method: &str, params: &[&str], i: usize, name: &str) -> Result<T> {
+/// Parameter `i` of `params` (named `name` in errors, under the option `field`), parsed: the
+/// re-ranking methods' and the few-shot classifiers' (`super::episode_method`) strings.
+pub(super) fn param<T: FromStr>(
+    field: &str,
+    method: &str,
+    params: &[&str],
+    i: usize,
+    name: &str,
+) -> Result<T> {
     let text = params[i].trim();
     text.parse().map_err(|_| {
         Error::invalid(
-            "rerank",
+            field,
             format!("{method}: {name} must be a number, got {text:?}"),
         )
     })
@@ -106,9 +113,9 @@ impl FromStr for RerankMethod {
                     KReciprocal::default()
                 } else {
                     KReciprocal {
-                        k1: param(name, &params, 0, "K1")?,
-                        k2: param(name, &params, 1, "K2")?,
-                        lambda: param(name, &params, 2, "LAMBDA")?,
+                        k1: param("rerank", name, &params, 0, "K1")?,
+                        k2: param("rerank", name, &params, 1, "K2")?,
+                        lambda: param("rerank", name, &params, 2, "LAMBDA")?,
                     }
                 };
                 // The bounds that do not depend on the data (fit checks k1 and k2 against the
@@ -131,7 +138,7 @@ impl FromStr for RerankMethod {
             }
             "aqe" | "aqewd" | "dqe" => {
                 arity(&[1], &format!("{name}:K"))?;
-                let k = param(name, &params, 0, "K")?;
+                let k = param("rerank", name, &params, 0, "K")?;
                 RerankMethod::QueryExpansion(match name {
                     "aqe" => QueryExpansion::aqe(k),
                     "aqewd" => QueryExpansion::aqe_with_decay(k),
@@ -140,9 +147,9 @@ impl FromStr for RerankMethod {
             }
             "alpha-qe" => {
                 arity(&[1, 2], "alpha-qe:K or alpha-qe:K,ALPHA")?;
-                let mut qe = QueryExpansion::alpha_qe(param(name, &params, 0, "K")?);
+                let mut qe = QueryExpansion::alpha_qe(param("rerank", name, &params, 0, "K")?);
                 if params.len() == 2 {
-                    qe.weighting = Weighting::Alpha(param(name, &params, 1, "ALPHA")?);
+                    qe.weighting = Weighting::Alpha(param("rerank", name, &params, 1, "ALPHA")?);
                 }
                 RerankMethod::QueryExpansion(qe)
             }

@@ -1663,17 +1663,17 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
         let lib = compare_methods(&methods, &set.embeddings, &set.labels, &config, 40, 3).unwrap();
         for (i, r) in lib.iter().enumerate() {
             let row = &table.rows[k * 3 + i];
-            for (e, acc) in r.accuracies.iter().enumerate() {
+            for (e, acc) in r.run.accuracies.iter().enumerate() {
                 let line = &per_episode[(k * 3 + i) * 40 + e];
                 assert_eq!((&line[1], &line[2]), (&*shots.to_string(), &*e.to_string()));
-                assert_eq!(&line[3], r.method);
+                assert_eq!(&line[3], r.run.method);
                 assert_eq!(line[4].parse::<f64>().unwrap(), *acc);
             }
             assert_eq!(
                 (row.ways, row.shots, row.queries, row.episodes),
                 (5, shots, 5, 40)
             );
-            assert_eq!(row.classifier, r.method);
+            assert_eq!(row.classifier, r.run.method);
             assert_eq!(
                 (row.accuracy, row.std, row.half_width),
                 (r.accuracy.mean, r.accuracy.std, r.accuracy.half_width)

@@ -237,6 +237,22 @@ fn statement(text: &str, start: usize) -> &str {
     &text[start..]
 }
 
+/// The names a `let` pattern binds (`x`, `mut x`, `(a, mut b)`, `x: u32`), each with its type
+/// annotation if any.
+fn let_names(pattern: &str) -> Vec<(String, Option<String>)> {
+    pattern
+        .replace("mut ", "")
+        .trim()
+        .trim_start_matches('(')
+        .trim_end_matches(')')
+        .split(',')
+        .map(|n| match n.split_once(':') {
+            Some((n, ty)) => (n.trim().to_string(), Some(ty.trim().to_string())),
+            None => (n.trim().to_string(), None),
+        })
+        .collect()
+}
+
 /// The last `let NAME =` / `let mut NAME =` (or a tuple binding naming it) before `before`, in
 /// the function that encloses `before`.
 fn binding<'a>(text: &'a str, name: &str, before: usize) -> Option<&'a str> {
@@ -253,15 +269,7 @@ fn binding<'a>(text: &'a str, name: &str, before: usize) -> Option<&'a str> {
         at = start + 4;
         let stmt = statement(text, start);
         let Some(eq) = stmt.find('=') else { continue };
-        let pattern = stmt[4..eq].replace("mut ", "");
-        let names: Vec<&str> = pattern
-            .trim()
-            .trim_start_matches('(')
-            .trim_end_matches(')')
-            .split(',')
-            .map(|n| n.split(':').next().unwrap().trim())
-            .collect();
-        if names.contains(&name) {
+        if let_names(&stmt[4..eq]).iter().any(|(n, _)| n == name) {
             best = Some(stmt);
         }
     }
@@ -424,21 +432,10 @@ fn value_type(text: &str, expr: &str, site: usize) -> Option<String> {
     if !path.contains('.') {
         if let Some(stmt) = binding(text, last, site) {
             let eq = stmt.find('=').unwrap();
-            let (pattern, value) = (&stmt[4..eq], stmt[eq + 1..].trim());
-            let names: Vec<&str> = pattern
-                .replace("mut ", "")
-                .leak()
-                .trim()
-                .trim_start_matches('(')
-                .trim_end_matches(')')
-                .split(',')
-                .map(str::trim)
-                .collect();
-            let k = names
-                .iter()
-                .position(|n| n.split(':').next().unwrap().trim() == last)?;
-            if let Some((_, ty)) = names[k].split_once(':') {
-                return Some(ty.trim().to_string());
+            let (names, value) = (let_names(&stmt[4..eq]), stmt[eq + 1..].trim());
+            let k = names.iter().position(|(n, _)| n == last)?;
+            if let Some(ty) = &names[k].1 {
+                return Some(ty.clone());
             }
             let parts: Vec<&str> = if names.len() > 1 {
                 value
@@ -456,8 +453,8 @@ fn value_type(text: &str, expr: &str, site: usize) -> Option<String> {
             if let Some(s) = SCALARS.iter().find(|s| part.ends_with(**s)) {
                 return Some(s.to_string());
             }
-            if let Some(c) = part.strip_prefix("f32::").or(part.strip_prefix("f64::")) {
-                let _ = c;
+            // `f32::NAN`, `f64::MAX`: the type named by the path.
+            if part.starts_with("f32::") || part.starts_with("f64::") {
                 return Some(part[..3].to_string());
             }
             // A constant.
