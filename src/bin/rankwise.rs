@@ -28,7 +28,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use rankwise::data::synthetic_on_disk::{
     remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
 };
-use rankwise::experiments::{self, ReproduceDirs, Scale};
+use rankwise::experiments::compare::{
+    write_comparison, ArmSpec, Finding, MetricChoice, SeedComparison,
+};
+use rankwise::experiments::{self, ReproduceDirs, Runner, Scale};
 use rankwise::io::fewshot_results::{
     write_episode_accuracies, write_fewshot_results, EpisodeAccuracy, EpisodeVersus, FewShotRow,
     FewShotTable,
@@ -91,6 +94,11 @@ enum Command {
     /// metrics.csv/.parquet, checkpoint.safetensors, results.json).
     #[command(after_help = TRAIN_EXAMPLES)]
     Train(TrainArgs),
+    /// Train variants of a recipe ("arms") with the same seeds and test each metric's
+    /// difference to the first arm seed by seed (paired t-test, Holm-corrected): whether a
+    /// change beats the training's seed-to-seed noise.
+    #[command(after_help = COMPARE_EXAMPLES)]
+    Compare(CompareArgs),
     /// Embed the images of one split with a trained checkpoint (.npy + labels .csv, the files
     /// `rankwise eval` reads).
     #[command(after_help = EMBED_EXAMPLES)]
@@ -117,6 +125,22 @@ Examples:
 A run folder holds one run: training into a folder that holds one needs --resume (continue it) or
 --overwrite (replace it), and a second process writing the same folder is refused. A line per
 epoch (loss, R@1, images/s, ETA) goes to stderr, on a terminal or not; -q silences it.";
+
+const COMPARE_EXAMPLES: &str = "\
+Examples:
+  rankwise compare --config configs/embedded_smooth_ap.toml --seeds 5 \\
+                   --arm 'tau 0.01' --arm 'tau 0.1: loss.tau=0.1'
+  rankwise compare --config configs/embedded_smooth_ap.toml --seeds 8 --set epochs=8 \\
+                   --arm smooth-ap --arm 'fastap: loss.kind=fast_ap' \\
+                   --metric R@1 --metric mAP@R --metric H-AP --out compare.json
+  rankwise compare ... --seeds 8 --looks 4       # read at 4 seeds before: Pocock's level
+
+Every arm trains with seeds FIRST..FIRST+N-1 (the recipe's own seed is replaced), so arm and
+baseline share each seed's initial weights and batches, and each difference is tested seed by
+seed (two-sided paired t-test, n - 1 degrees of freedom) at 5%, Holm-corrected over the table's
+comparisons. Runs are kept in --cache by recipe and run code: more seeds or arms later train only
+the new runs; give --looks the seed counts at which you read the comparison before, so that
+adding seeds until a gap turns significant is not a way to find effects by chance.";
 
 const EMBED_EXAMPLES: &str = "\
 Examples:
@@ -253,6 +277,55 @@ struct TrainArgs {
     device: Option<String>,
     /// No progress (bars, per-epoch lines) and no information lines on stderr.
     #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct CompareArgs {
+    /// The recipe every arm starts from (TOML, as `rankwise train` reads it).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// An arm: LABEL, or LABEL: KEY=VALUE; KEY=VALUE (overrides of the recipe, as --set), the
+    /// first item possibly @FILE (another recipe). Repeat for each arm, at least two; the first
+    /// is the baseline every other arm is compared with.
+    #[arg(long = "arm", value_name = "LABEL[: ITEMS]", value_parser = parse_arm, required = true)]
+    arms: Vec<ArmSpec>,
+    /// Override a key of every arm's recipe (before the arm's own). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Seeds per arm (at least 2).
+    #[arg(long, default_value_t = 3)]
+    seeds: usize,
+    /// The first seed: the arms train with seeds FIRST, FIRST + 1, ….
+    #[arg(long, value_name = "FIRST", default_value_t = 0)]
+    first_seed: u64,
+    /// A metric to compare: NAME (its finest level, e.g. R@1, mAP@R, H-AP), NAME:LEVEL, or all.
+    /// Repeatable.
+    #[arg(long = "metric", value_name = "NAME[:LEVEL]", value_parser = parse_metric_choice,
+          default_values = ["R@1", "mAP@R"])]
+    metrics: Vec<MetricChoice>,
+    /// Seed counts at which these arms were compared before (increasing, below --seeds): each
+    /// comparison is then held to Pocock's per-look level instead of 5%.
+    #[arg(long, value_name = "N,…", value_delimiter = ',')]
+    looks: Vec<usize>,
+    /// Run cache: every run kept by its recipe and the run code.
+    #[arg(long, value_name = "DIR", default_value = "runs/cache")]
+    cache: PathBuf,
+    /// Keep no run (train every run, cache nothing).
+    #[arg(long)]
+    no_cache: bool,
+    /// Runs trained side by side (default: $RANKWISE_JOBS, else the CPUs, at most 4).
+    #[arg(long)]
+    jobs: Option<usize>,
+    /// Device: cpu, cuda or auto (overrides the recipes' `device`).
+    #[arg(long)]
+    device: Option<String>,
+    /// Write the comparison (.json: recipes, every seed's value and the tests; .csv: a line per
+    /// metric and arm), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// Print the tables only (no line per run on stderr).
+    #[arg(short, long)]
     quiet: bool,
 }
 
@@ -556,6 +629,7 @@ fn main() -> ExitCode {
         Command::Fewshot(args) => fewshot(&args),
         Command::GenEmbeddings(args) => gen_embeddings(&args),
         Command::Train(args) => train(&args),
+        Command::Compare(args) => compare(&args),
         Command::Embed(args) => embed(&args),
         Command::Reproduce(args) => reproduce(&args),
         Command::SynthData(args) => synth_data(&args),
@@ -977,6 +1051,11 @@ fn format_p(p: f64) -> String {
 /// Prints `header` and `cells` as columns two spaces apart: the first two left-aligned (names),
 /// the rest right-aligned (numbers).
 fn print_aligned(header: &[String], cells: &[Vec<String>]) {
+    print_columns(header, cells, |i| i < 2);
+}
+
+/// [`print_aligned`] with the columns `left(i)` left-aligned, the others right-aligned.
+fn print_columns(header: &[String], cells: &[Vec<String>], left: impl Fn(usize) -> bool) {
     let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in cells {
         for (w, c) in widths.iter_mut().zip(row) {
@@ -989,10 +1068,10 @@ fn print_aligned(header: &[String], cells: &[Vec<String>]) {
             .zip(&widths)
             .enumerate()
             .map(|(i, (c, &w))| {
-                if i >= 2 {
-                    format!("{c:>w$}")
-                } else {
+                if left(i) {
                     format!("{c:<w$}")
+                } else {
+                    format!("{c:>w$}")
                 }
             })
             .collect();
@@ -1293,6 +1372,171 @@ fn train(args: &TrainArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn parse_arm(s: &str) -> std::result::Result<ArmSpec, String> {
+    s.parse().map_err(|e: rankwise::Error| e.to_string())
+}
+
+fn parse_metric_choice(s: &str) -> std::result::Result<MetricChoice, String> {
+    s.parse().map_err(|e: rankwise::Error| e.to_string())
+}
+
+fn compare(args: &CompareArgs) -> Result<()> {
+    rankwise::cpu::alloc::tune_allocator();
+    rankwise::cpu::threads::tune_candle_threads();
+    let started = Instant::now();
+    // Every input is checked before the first run trains: a bad name is no reason to lose hours.
+    if let Some(out) = &args.out {
+        ResultFormat::from_path(out)?;
+        check_output_file(out)?;
+    }
+    let first = args.first_seed;
+    let seeds: Vec<u64> = (0..args.seeds as u64)
+        .map(|i| {
+            first
+                .checked_add(i)
+                .context("--first-seed: the seeds overflow u64")
+        })
+        .collect::<Result<_>>()?;
+    experiments::compare::check_looks(&args.looks, seeds.len())?;
+    let mut arms = Vec::with_capacity(args.arms.len());
+    for spec in &args.arms {
+        let mut arm = spec.resolve(&args.config, &args.set)?;
+        if let Some(d) = &args.device {
+            arm.config.device = DeviceChoice::parse(d).context("--device")?;
+            arm.config
+                .device
+                .check_available()
+                .with_context(|| format!("--device {d}"))?;
+        }
+        arms.push(arm);
+    }
+    let cache = (!args.no_cache).then(|| args.cache.clone());
+    let runner = Runner::new(cache, !args.quiet).progress_on_stderr();
+    let jobs = match args.jobs {
+        Some(0) => bail!("--jobs: at least 1"),
+        Some(j) => j,
+        None => experiments::runs::default_jobs()?,
+    };
+    if !args.quiet {
+        eprintln!(
+            "comparing {} arms × {} seeds ({}–{}), up to {jobs} run(s) side by side, run cache {}",
+            arms.len(),
+            seeds.len(),
+            seeds[0],
+            seeds[seeds.len() - 1],
+            if args.no_cache {
+                "off".to_string()
+            } else {
+                args.cache.display().to_string()
+            }
+        );
+    }
+    let comparison =
+        experiments::compare::compare(&runner, &arms, &seeds, jobs, &args.metrics, &args.looks)?;
+    print_comparison(&comparison);
+    if let Some(out) = &args.out {
+        write_comparison(out, &comparison)?;
+        println!("wrote {}", out.display());
+    }
+    if !args.quiet {
+        eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// The arms' means, then each arm against the baseline, then how to read them.
+fn print_comparison(c: &SeedComparison) {
+    let seeds = c.seeds.len();
+    println!(
+        "{} arms × {seeds} seeds ({}–{}), device {}, run code {}",
+        c.arms.len(),
+        c.seeds[0],
+        c.seeds[seeds - 1],
+        c.devices.join(", "),
+        c.run_code
+    );
+    let level_of = |l: Option<usize>| l.map_or("-".to_string(), |l| l.to_string());
+    let mut header = vec!["metric".to_string(), "level".to_string()];
+    header.extend(c.arms.iter().map(|a| a.label.clone()));
+    let cells: Vec<Vec<String>> = c
+        .rows
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.metric.clone(), level_of(r.level)];
+            row.extend(
+                r.arms
+                    .iter()
+                    .map(|a| format!("{:.4} ± {:.4}", a.mean, a.half_width)),
+            );
+            row
+        })
+        .collect();
+    println!();
+    print_aligned(&header, &cells);
+    let header: Vec<String> = [
+        "metric",
+        "level",
+        "arm",
+        "− baseline",
+        "95% interval",
+        "p",
+        "Holm p",
+        "finding",
+    ]
+    .map(String::from)
+    .into();
+    let mut cells = Vec::new();
+    let mut level = None;
+    for r in &c.rows {
+        for v in &r.versus {
+            level = Some(v.alpha);
+            let finding = match (v.finding, v.seeds_to_decide, v.beyond) {
+                (Finding::InsideTheNoise, Some(n), _) => {
+                    format!("inside the noise (≈ {n} seeds to decide)")
+                }
+                (Finding::InsideTheNoise, None, true) => format!(
+                    "inside the noise (a tie: > {} seeds)",
+                    rankwise::stats::SEEDS_CAP
+                ),
+                (f, _, _) => f.as_str().to_string(),
+            };
+            cells.push(vec![
+                r.metric.clone(),
+                level_of(r.level),
+                v.arm.clone(),
+                format!("{:+.4}", v.difference),
+                format!("[{:+.4}, {:+.4}]", v.interval_low, v.interval_high),
+                format_p(v.p),
+                format_p(v.p_holm),
+                finding,
+            ]);
+        }
+    }
+    println!();
+    // Names left, numbers right, the finding (words) left.
+    let last = header.len() - 1;
+    print_columns(&header, &cells, |i| i < 3 || i == last);
+    let level = level.unwrap_or(rankwise::stats::ALPHA);
+    println!(
+        "\nValues: mean ± half-width of the 95% interval over the seeds. Each arm − {}: the \
+         paired t-test over the {seeds} seeds' differences (two-sided, {} degrees of freedom), \
+         Holm-corrected over the {} comparisons, at {:.2}%{}. Inside the noise, `≈ m seeds` is \
+         the count per arm at which the same gap and noise would be decided.",
+        c.arms[0].label,
+        seeds - 1,
+        cells.len(),
+        100.0 * level,
+        if c.looks.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (Pocock's per-look level: read before at {:?} seeds)",
+                c.looks
+            )
+        }
+    );
 }
 
 /// Column names of the label file: the embedded dataset's levels by name, otherwise

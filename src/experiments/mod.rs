@@ -10,6 +10,7 @@
 //! recipe.
 
 pub mod claim;
+pub mod compare;
 pub mod convergence;
 pub mod experiment;
 pub mod notebook;

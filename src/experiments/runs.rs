@@ -107,6 +107,8 @@ pub struct RunSpec {
 pub struct Runner {
     cache_dir: Option<PathBuf>,
     verbose: bool,
+    /// The per-run lines go to standard error ([`Runner::progress_on_stderr`]).
+    stderr: bool,
     /// The run code whose runs are read back instead of this build's ([`Runner::reading_runs_of`]);
     /// `None`: this build's, and a missing run trains.
     runs_of: Option<String>,
@@ -119,7 +121,24 @@ impl Runner {
         Runner {
             cache_dir,
             verbose,
+            stderr: false,
             runs_of: None,
+        }
+    }
+
+    /// The same runner printing its per-run lines on standard error, for a command whose
+    /// standard output is its result (`rankwise compare`).
+    pub fn progress_on_stderr(mut self) -> Self {
+        self.stderr = true;
+        self
+    }
+
+    /// One progress line, where this runner prints them (nothing unless verbose).
+    fn say(&self, line: std::fmt::Arguments<'_>) {
+        match (self.verbose, self.stderr) {
+            (false, _) => {}
+            (true, false) => println!("{line}"),
+            (true, true) => eprintln!("{line}"),
         }
     }
 
@@ -286,9 +305,10 @@ impl Runner {
         else {
             return Ok(None);
         };
-        if self.verbose {
-            println!("{}: cached ({:.0} s when run)", spec.label, hit.seconds);
-        }
+        self.say(format_args!(
+            "{}: cached ({:.0} s when run)",
+            spec.label, hit.seconds
+        ));
         Ok(Some(RunResult {
             label: spec.label.clone(),
             ..hit
@@ -307,9 +327,10 @@ impl Runner {
         if !self.trains() {
             return Err(self.not_cached(&spec.label));
         }
-        if self.verbose {
-            println!("{}: training ({} epochs)…", spec.label, config.epochs);
-        }
+        self.say(format_args!(
+            "{}: training ({} epochs)…",
+            spec.label, config.epochs
+        ));
         let seed = config.seed;
         let start = Instant::now();
         let mut trainer = Trainer::from_config(config)
@@ -348,10 +369,11 @@ impl Runner {
             device,
             code: RUN_CODE.to_string(),
         };
-        if self.verbose {
-            let r1 = result.metric("R@1", Some(0)).unwrap_or(f64::NAN);
-            println!("{}: done in {seconds:.0} s, R@1 {r1:.4}", spec.label);
-        }
+        let r1 = result.metric("R@1", Some(0)).unwrap_or(f64::NAN);
+        self.say(format_args!(
+            "{}: done in {seconds:.0} s, R@1 {r1:.4}",
+            spec.label
+        ));
         Ok((result, trainer))
     }
 

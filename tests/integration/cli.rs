@@ -1775,3 +1775,226 @@ fn fewshot_scores_the_librarys_classifiers_on_shared_episodes() {
         );
     }
 }
+
+/// `rankwise compare` on the tiny recipe: `seeds` seeds of a baseline and a τ = 0.1 arm, one
+/// epoch, R@1 and H-AP, cached in `cache`, written to `out`.
+fn compare_args<'a>(
+    recipe: &'a Path,
+    cache: &'a Path,
+    seeds: &'a str,
+    out: &'a Path,
+) -> Vec<&'a str> {
+    vec![
+        "compare",
+        "--config",
+        s(recipe),
+        "--cache",
+        s(cache),
+        "--seeds",
+        seeds,
+        "--arm",
+        "base",
+        "--arm",
+        "tau: loss.tau=0.1",
+        "--set",
+        "epochs=1",
+        "--metric",
+        "R@1",
+        "--metric",
+        "H-AP",
+        "--jobs",
+        "2",
+        "--out",
+        s(out),
+    ]
+}
+
+#[test]
+fn compare_trains_every_arm_on_the_same_seeds_and_tests_them_as_the_library_does() {
+    use rankwise::experiments::compare::{holm, Finding, SeedComparison};
+    use rankwise::stats::{compare, Sample};
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let first = dir.path().join("two.json");
+    let mut args = compare_args(&recipe, &cache, "2", &first);
+    args.push("-q");
+    let table = succeeds(&args);
+    for says in [
+        "2 arms × 2 seeds (0–1)",
+        "base",
+        "tau",
+        "Holm p",
+        "paired t-test",
+    ] {
+        assert!(table.contains(says), "no `{says}` in:\n{table}");
+    }
+    let read = |p: &Path| -> SeedComparison {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let c = read(&first);
+    assert_eq!(c.seeds, vec![0, 1]);
+    assert_eq!(c.arms.len(), 2);
+    assert!(
+        c.arms[1].recipe.contains("tau = 0.1"),
+        "{}",
+        c.arms[1].recipe
+    );
+    let keys: Vec<(&str, Option<usize>)> = c
+        .rows
+        .iter()
+        .map(|r| (r.metric.as_str(), r.level))
+        .collect();
+    assert_eq!(keys, vec![("R@1", Some(0)), ("H-AP", None)]);
+
+    // Each value is the run `rankwise train` gives for that arm's recipe and seed, bit for bit:
+    // the arm's override and the seed reach the trainer, and nothing else changes.
+    let run = dir.path().join("alone");
+    succeeds(&[
+        "train",
+        "--config",
+        s(&recipe),
+        "--out",
+        s(&run),
+        "-q",
+        "--set",
+        "epochs=1",
+        "--set",
+        "loss.tau=0.1",
+        "--set",
+        "seed=1",
+    ]);
+    let alone = read_run_results(&run).r_at_1_final.unwrap();
+    assert_eq!(alone.to_bits(), c.rows[0].arms[1].values[1].to_bits());
+
+    // The tests are the library's paired test over the seeds, Holm-corrected over both rows.
+    let sample = |v: &[f64]| Sample::new(v.to_vec()).with_seeds(vec![0, 1]);
+    let p: Vec<f64> = c
+        .rows
+        .iter()
+        .map(|r| compare(&sample(&r.arms[1].values), &sample(&r.arms[0].values)).p)
+        .collect();
+    let adjusted = holm(&p);
+    for (r, (p, h)) in c.rows.iter().zip(p.iter().zip(&adjusted)) {
+        let v = &r.versus[0];
+        assert_eq!((v.p, v.p_holm), (*p, *h), "{}", r.metric);
+        let d = r.arms[1]
+            .values
+            .iter()
+            .zip(&r.arms[0].values)
+            .map(|(a, b)| a - b);
+        assert_eq!(v.difference, d.sum::<f64>() / 2.0);
+        assert!(matches!(
+            v.finding,
+            Finding::Higher | Finding::Lower | Finding::InsideTheNoise
+        ));
+    }
+
+    // A third seed later: the four runs of seeds 0 and 1 are read back, only seed 2 trains,
+    // and the first two seeds' values are unchanged. CSV this time.
+    let csv = dir.path().join("three.csv");
+    let out = rankwise(&compare_args(&recipe, &cache, "3", &csv));
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    for says in [
+        "base seed 0: cached",
+        "tau seed 1: cached",
+        "base seed 2: training",
+    ] {
+        assert!(err.contains(says), "no `{says}` in:\n{err}");
+    }
+    assert!(!err.contains("seed 0: training"), "{err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = text.lines();
+    assert!(lines
+        .next()
+        .unwrap()
+        .starts_with("metric,level,arm,n,mean,half_width,baseline,difference"));
+    let base_r1 = lines.next().unwrap();
+    assert!(base_r1.starts_with("R@1,0,base,3,"), "{base_r1}");
+    let json = dir.path().join("three.json");
+    let mut again = compare_args(&recipe, &cache, "3", &json);
+    again.push("-q");
+    succeeds(&again);
+    let c3 = read(&json);
+    assert_eq!(c3.rows[0].arms[1].values[..2], c.rows[0].arms[1].values[..]);
+    assert_eq!(c3.rows[0].arms[0].values.len(), 3);
+}
+
+#[test]
+fn compare_refuses_bad_designs_before_anything_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let r = s(&recipe);
+    let c = s(&cache);
+    let base = |extra: &[&'static str]| -> Vec<String> {
+        let mut a: Vec<String> = ["compare", "--config", r, "--cache", c, "-q"]
+            .iter()
+            .map(|x| x.to_string())
+            .collect();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let run = |extra: &[&'static str]| {
+        let a = base(extra);
+        fails(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    for (extra, says) in [
+        (&["--arm", "a"][..], "at least two"),
+        (
+            &["--arm", "a", "--arm", "a: loss.tau=0.1"],
+            "two arms are labelled `a`",
+        ),
+        (&["--arm", "a", "--arm", "b: epochs=2"], "same recipe"),
+        (&["--arm", "a", "--arm", "b: loss.tau=abc"], "arm `b`"),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--seeds", "1"],
+            "two distinct seeds",
+        ),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--looks", "3"],
+            "--looks",
+        ),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--metric", "NDGC"],
+            "not a metric",
+        ),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--metric", "R@4"],
+            "eval.recall_ks",
+        ),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--out", "c.txt"],
+            ".json or .csv",
+        ),
+        (
+            &[
+                "--arm",
+                "a",
+                "--arm",
+                "b: loss.tau=0.1",
+                "--set",
+                "epochz=1",
+            ],
+            "epochz",
+        ),
+    ] {
+        let e = run(extra);
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    // The tiny recipe trains 2 epochs; `b: epochs=2` is the same recipe as `a`.
+    assert!(!cache.exists(), "a refused comparison trained something");
+    // An arm clap cannot read is refused by clap (status 2), naming it.
+    let out = rankwise(&[
+        "compare",
+        "--config",
+        r,
+        "--arm",
+        ": epochs=1",
+        "--arm",
+        "b",
+    ]);
+    let err = stderr_of(&out);
+    assert!(!out.status.success() && err.contains("no label"), "{err}");
+}
