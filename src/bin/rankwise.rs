@@ -29,7 +29,7 @@ use rankwise::data::synthetic_on_disk::{
     remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
 };
 use rankwise::experiments::compare::{
-    write_comparison, ArmSpec, Finding, MetricChoice, SeedComparison,
+    write_comparison, ArmSpec, Finding, MetricChoice, Reading, SeedComparison,
 };
 use rankwise::experiments::{self, ReproduceDirs, Runner, Scale};
 use rankwise::io::fewshot_results::{
@@ -121,6 +121,8 @@ Examples:
                  --set loss.tau=0.05 --set optimizer.backbone.lr=1e-4
   rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --resume --set epochs=8
   rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --overwrite 2> train.log
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap_val \
+                 --set validation.fraction=0.2  # select the epoch on held-out training classes
 
 A run folder holds one run: training into a folder that holds one needs --resume (continue it) or
 --overwrite (replace it), and a second process writing the same folder is refused. A line per
@@ -134,6 +136,8 @@ Examples:
                    --arm smooth-ap --arm 'fastap: loss.kind=fast_ap' \\
                    --metric R@1 --metric mAP@R --metric H-AP --out compare.json
   rankwise compare ... --seeds 8 --looks 4       # read at 4 seeds before: Pocock's level
+  rankwise compare ... --set validation.fraction=0.2 --at selected
+                                                 # each run at its validation-selected epoch
 
 Every arm trains with seeds FIRST..FIRST+N-1 (the recipe's own seed is replaced), so arm and
 baseline share each seed's initial weights and batches, and each difference is tested seed by
@@ -308,6 +312,11 @@ struct CompareArgs {
     /// comparison is then held to Pocock's per-look level instead of 5%.
     #[arg(long, value_name = "N,…", value_delimiter = ',')]
     looks: Vec<usize>,
+    /// Which evaluation of each run to compare: last (the test metrics after the last epoch) or
+    /// selected (those of the epoch each run's held-out classes chose: every arm needs a
+    /// [validation] table).
+    #[arg(long, value_name = "last|selected", value_parser = parse_reading, default_value = "last")]
+    at: Reading,
     /// Run cache: every run kept by its recipe and the run code.
     #[arg(long, value_name = "DIR", default_value = "runs/cache")]
     cache: PathBuf,
@@ -340,8 +349,9 @@ struct EmbedArgs {
     /// The checkpoint (a run folder's checkpoint.safetensors).
     #[arg(long, value_name = "FILE")]
     checkpoint: PathBuf,
-    /// Which images: train, test (a test set ranked against itself), or query / gallery (a test
-    /// set with a separate gallery, e.g. In-Shop).
+    /// Which images: train, test (a test set ranked against itself), query / gallery (a test
+    /// set with a separate gallery, e.g. In-Shop), or val (the classes a recipe's
+    /// `[validation]` table holds out of train).
     #[arg(long, value_enum)]
     split: SplitArg,
     /// Embeddings file to write (.npy, float32, one row per image), atomically.
@@ -364,6 +374,7 @@ enum SplitArg {
     Test,
     Query,
     Gallery,
+    Val,
 }
 
 #[derive(Args, Debug)]
@@ -1364,6 +1375,23 @@ fn train(args: &TrainArgs) -> Result<()> {
         results.final_epoch,
         fmt(results.r_at_1_final)
     );
+    if let Some(s) = &results.selection {
+        let first = results
+            .final_metrics
+            .iter()
+            .find(|r| r.split != "val")
+            .map_or("test".to_string(), |r| r.split.clone());
+        println!(
+            "selected by val {}{} {:.4}: epoch {}, R@1 (fine, {first}) {} (network in {})",
+            s.metric,
+            s.level.map_or(String::new(), |l| format!(" (level {l})")),
+            s.value,
+            s.epoch,
+            fmt(s.test(&first, "R@1", Some(0))),
+            out.join(rankwise::train::trainer::BEST_CHECKPOINT_FILE)
+                .display()
+        );
+    }
     println!(
         "wrote {} ({} epochs, {} steps) in {:.1} s",
         out.join(RESULTS_FILE).display(),
@@ -1372,6 +1400,10 @@ fn train(args: &TrainArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+fn parse_reading(s: &str) -> std::result::Result<Reading, String> {
+    s.parse().map_err(|e: rankwise::Error| e.to_string())
 }
 
 fn parse_arm(s: &str) -> std::result::Result<ArmSpec, String> {
@@ -1433,8 +1465,15 @@ fn compare(args: &CompareArgs) -> Result<()> {
             }
         );
     }
-    let comparison =
-        experiments::compare::compare(&runner, &arms, &seeds, jobs, &args.metrics, &args.looks)?;
+    let comparison = experiments::compare::compare(
+        &runner,
+        &arms,
+        &seeds,
+        jobs,
+        &args.metrics,
+        &args.looks,
+        args.at,
+    )?;
     print_comparison(&comparison);
     if let Some(out) = &args.out {
         write_comparison(out, &comparison)?;
@@ -1457,6 +1496,22 @@ fn print_comparison(c: &SeedComparison) {
         c.devices.join(", "),
         c.run_code
     );
+    if c.reading == Reading::Selected {
+        // The epochs say how far from the last one the validation reached.
+        let epochs: Vec<String> = c
+            .arms
+            .iter()
+            .zip(&c.selected_epochs)
+            .map(|(a, e)| {
+                let e: Vec<String> = e.iter().map(u64::to_string).collect();
+                format!("{} {}", a.label, e.join(" "))
+            })
+            .collect();
+        println!(
+            "test metrics at the epoch each run's validation selected: {}",
+            epochs.join("; ")
+        );
+    }
     let level_of = |l: Option<usize>| l.map_or("-".to_string(), |l| l.to_string());
     let mut header = vec!["metric".to_string(), "level".to_string()];
     header.extend(c.arms.iter().map(|a| a.label.clone()));
@@ -1578,6 +1633,7 @@ fn embed(args: &EmbedArgs) -> Result<()> {
         SplitArg::Test => "test",
         SplitArg::Query => "query",
         SplitArg::Gallery => "gallery",
+        SplitArg::Val => "val",
     };
     let trainer = Trainer::from_config(config.clone()).map_err(|e| blame(e, &args.set))?;
     let (embeddings, labels) = trainer.embed_split(split)?;

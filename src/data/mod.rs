@@ -20,5 +20,5 @@ pub use embedded::EmbeddedConfig;
 pub use image_set::ImageSet;
 pub use loaders::{DatasetConfig, DiskDataset};
 pub use shapes::{Nuisance, ShapesConfig};
-pub use source::{ImageSource, InMemorySource, Normalization, OnDiskSource, View};
+pub use source::{ImageSource, InMemorySource, Normalization, OnDiskSource, SubsetSource, View};
 pub use splits::{few_shot_split, retrieval_split, FewShotFractions, FewShotSplit, RetrievalSplit};

@@ -350,6 +350,108 @@ pub fn output_size(transform: &Transform) -> Option<(u32, u32)> {
     None
 }
 
+/// The images of another source at `indices`, in that order: a training split with some of its
+/// classes held out ([`crate::train::validation`]), or those held-out classes. Index `i` of the
+/// subset is image `indices[i]` of the source, so its pixels, augmentation draws included
+/// (which [`OnDiskSource`] keys by the source's own index), are the source's.
+#[derive(Clone)]
+pub struct SubsetSource {
+    inner: Arc<dyn ImageSource>,
+    indices: Arc<Vec<usize>>,
+    labels: Labels,
+    what: String,
+}
+
+impl SubsetSource {
+    /// The images `indices` of `inner`, described as `what` (`"validation classes"`). Errors when
+    /// `indices` is empty or names an image `inner` does not have.
+    pub fn new(inner: Arc<dyn ImageSource>, indices: Vec<usize>, what: &str) -> Result<Self> {
+        if indices.is_empty() {
+            return Err(Error::invalid(
+                "indices",
+                format!(
+                    "{what}: a subset of {} needs at least one image",
+                    inner.describe()
+                ),
+            ));
+        }
+        let labels = inner.labels().select(&indices)?;
+        Ok(SubsetSource {
+            inner,
+            indices: Arc::new(indices),
+            labels,
+            what: what.to_string(),
+        })
+    }
+
+    /// The source's index of every image of the subset.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    fn outer(&self, local: &[usize]) -> Result<Vec<usize>> {
+        local
+            .iter()
+            .map(|&i| {
+                self.indices.get(i).copied().ok_or_else(|| {
+                    Error::invalid(
+                        "index",
+                        format!(
+                            "{i} out of range for {} images of {}",
+                            self.len(),
+                            self.what
+                        ),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+impl ImageSource for SubsetSource {
+    fn labels(&self) -> &Labels {
+        &self.labels
+    }
+
+    fn image_shape(&self) -> (usize, usize, usize) {
+        self.inner.image_shape()
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{}: {} of the images of {}",
+            self.what,
+            self.indices.len(),
+            self.inner.describe()
+        )
+    }
+
+    fn batch(&self, indices: &[usize], view: View, device: &Device) -> Result<Tensor> {
+        self.inner.batch(&self.outer(indices)?, view, device)
+    }
+
+    /// The source's own stream (an [`OnDiskSource`] keeps decoding ahead), its batches' indices
+    /// mapped back to the subset's.
+    fn stream(
+        &self,
+        batches: Vec<Vec<usize>>,
+        view: View,
+        device: &Device,
+    ) -> Result<BatchStream<'_>> {
+        let outer = batches
+            .iter()
+            .map(|b| self.outer(b))
+            .collect::<Result<Vec<_>>>()?;
+        let stream = self.inner.stream(outer, view, device)?;
+        Ok(Box::new(stream.zip(batches).map(|(item, local)| {
+            item.map(|batch| Batch {
+                indices: local,
+                images: batch.images,
+            })
+        })))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,5 +517,48 @@ mod tests {
         };
         let e = InMemorySource::new(set, bad).unwrap_err().to_string();
         assert!(e.contains("input_norm") && e.contains("channel 1"), "{e}");
+    }
+
+    #[test]
+    fn a_subset_reads_its_source_images_and_maps_stream_indices_back() {
+        // Image i holds the value i in every pixel, so each batch says which images it read.
+        let labels = Labels::from_fine(&[0, 0, 1, 1, 2]).unwrap();
+        let pixels: Vec<f32> = (0..5).flat_map(|i| vec![i as f32; 4]).collect();
+        let set = ImageSet::new(pixels, labels, 1, 2, 2).unwrap();
+        let src: Arc<dyn ImageSource> =
+            Arc::new(InMemorySource::new(set, Normalization::identity(1)).unwrap());
+        let sub = SubsetSource::new(Arc::clone(&src), vec![4, 1, 2], "held out").unwrap();
+        assert_eq!(sub.len(), 3);
+        assert_eq!(sub.labels().column(0), vec![2, 0, 1]);
+        let firsts = |t: &Tensor| -> Vec<f32> {
+            t.flatten_from(1)
+                .unwrap()
+                .narrow(1, 0, 1)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap()
+        };
+        let x = sub.batch(&[2, 0], View::Eval, &Device::Cpu).unwrap();
+        assert_eq!(firsts(&x), vec![2.0, 4.0]);
+        let streamed: Vec<Batch> = sub
+            .stream(vec![vec![1], vec![0, 2]], View::Eval, &Device::Cpu)
+            .unwrap()
+            .collect::<Result<_>>()
+            .unwrap();
+        assert_eq!(streamed[0].indices, vec![1]);
+        assert_eq!(streamed[1].indices, vec![0, 2]);
+        assert_eq!(firsts(&streamed[1].images), vec![4.0, 2.0]);
+        let e = sub
+            .batch(&[3], View::Eval, &Device::Cpu)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("3 out of range") && e.contains("held out"),
+            "{e}"
+        );
+        assert!(SubsetSource::new(Arc::clone(&src), vec![], "none").is_err());
+        assert!(SubsetSource::new(src, vec![5], "past the end").is_err());
     }
 }

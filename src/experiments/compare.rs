@@ -160,15 +160,8 @@ impl FromStr for MetricChoice {
             return Ok(MetricChoice::All);
         }
         let bad = |why: &str| Error::invalid(format!("--metric {text:?}"), why.to_string());
-        let (name, level) = match text.rsplit_once(':') {
-            Some((name, level)) => {
-                let level = level.trim().parse::<usize>().map_err(|_| {
-                    bad("expected NAME or NAME:LEVEL with LEVEL a number (0 = finest)")
-                })?;
-                (name.trim(), Some(level))
-            }
-            None => (text, None),
-        };
+        let (name, level) = crate::retrieval::split_metric_level(text)
+            .ok_or_else(|| bad("expected NAME or NAME:LEVEL with LEVEL a number (0 = finest)"))?;
         if name.is_empty() {
             return Err(bad("no metric name (e.g. R@1, mAP@R, H-AP, or all)"));
         }
@@ -237,7 +230,7 @@ pub fn resolve_metrics(
 /// measure: `mAP`, `mAP@R`, `R-precision`, `H-AP`, `ASI`, `NDCG`, and `R@k` / `P@k` for the `k`
 /// of every arm's `eval.recall_ks` (its levels are checked against the runs, [`resolve_metrics`]).
 pub fn check_metric_names(choices: &[MetricChoice], arms: &[Arm]) -> Result<()> {
-    const FIXED: [&str; 6] = ["mAP", "mAP@R", "R-precision", "H-AP", "ASI", "NDCG"];
+    const FIXED: [&str; 6] = crate::retrieval::METRIC_NAMES;
     for choice in choices {
         let MetricChoice::Named(name, _) = choice else {
             continue;
@@ -403,6 +396,43 @@ pub struct ArmRecipe {
     pub recipe: String,
 }
 
+/// Which evaluation of each run a comparison reads.
+///
+/// ```
+/// use rankwise::experiments::compare::Reading;
+/// assert_eq!("selected".parse::<Reading>()?, Reading::Selected);
+/// assert_eq!(Reading::default(), Reading::Last);
+/// assert!("best".parse::<Reading>().is_err());
+/// # Ok::<(), rankwise::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reading {
+    /// The last evaluation: the test metrics after the last epoch.
+    #[default]
+    Last,
+    /// The test metrics of the epoch each run's held-out training classes selected
+    /// ([`crate::train::validation`]): every arm needs a `[validation]` table. The selection
+    /// never looks at the test classes, so neither the epoch nor, through it, the comparison is
+    /// tuned on them.
+    Selected,
+}
+
+impl FromStr for Reading {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match text.trim() {
+            "last" => Ok(Reading::Last),
+            "selected" => Ok(Reading::Selected),
+            other => Err(Error::invalid(
+                "--at",
+                format!("`{other}`: expected last or selected"),
+            )),
+        }
+    }
+}
+
 /// A comparison of arms over seeds: what ran and what it found.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SeedComparison {
@@ -418,6 +448,12 @@ pub struct SeedComparison {
     pub devices: Vec<String>,
     /// One row per metric.
     pub rows: Vec<MetricComparison>,
+    /// Which evaluation of each run was compared.
+    #[serde(default)]
+    pub reading: Reading,
+    /// With [`Reading::Selected`]: the epoch each run's validation selected (`[arm][seed]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selected_epochs: Vec<Vec<u64>>,
 }
 
 /// The runs of every arm with every seed (`result[a][s]`), through `runner` (cached runs are
@@ -625,7 +661,7 @@ pub fn compare_runs(
 }
 
 /// Trains (or reads back) every arm with every seed and compares them on `metrics` (see
-/// [`run_arms`] and [`compare_runs`]).
+/// [`run_arms`] and [`compare_runs`]), each run read as `reading` says.
 pub fn compare(
     runner: &Runner,
     arms: &[Arm],
@@ -633,10 +669,27 @@ pub fn compare(
     jobs: usize,
     metrics: &[MetricChoice],
     looks: &[usize],
+    reading: Reading,
 ) -> Result<SeedComparison> {
     check_looks(looks, seeds.len())?;
     check_metric_names(metrics, arms)?;
+    check_reading(reading, arms)?;
     let runs = run_arms(runner, arms, seeds, jobs)?;
+    let (runs, selected_epochs) = match reading {
+        Reading::Last => (runs, Vec::new()),
+        Reading::Selected => {
+            let read = read_selected(arms, &runs)?;
+            let epochs = read
+                .iter()
+                .map(|arm| arm.iter().map(|(_, epoch)| *epoch).collect())
+                .collect();
+            let runs = read
+                .into_iter()
+                .map(|arm| arm.into_iter().map(|(run, _)| run).collect())
+                .collect();
+            (runs, epochs)
+        }
+    };
     let measured: Vec<(String, Option<usize>)> = runs[0][0]
         .metrics
         .iter()
@@ -662,7 +715,49 @@ pub fn compare(
         run_code: runner.run_code().to_string(),
         devices,
         rows,
+        reading,
+        selected_epochs,
     })
+}
+
+/// [`Reading::Selected`] needs every arm to hold classes out for validation: checked before
+/// anything trains, naming the arms without.
+pub fn check_reading(reading: Reading, arms: &[Arm]) -> Result<()> {
+    let without: Vec<&str> = arms
+        .iter()
+        .filter(|a| a.config.validation.is_none())
+        .map(|a| a.label.as_str())
+        .collect();
+    if reading == Reading::Selected && !without.is_empty() {
+        return Err(Error::invalid(
+            "--at selected",
+            format!(
+                "arm(s) {} have no [validation] table to select an epoch with (add one to the \
+                 recipe, or --set validation.fraction=0.2 for every arm)",
+                without.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Every run read at its selected epoch, with that epoch ([`RunResult::selected`]).
+fn read_selected(arms: &[Arm], runs: &[Vec<RunResult>]) -> Result<Vec<Vec<(RunResult, u64)>>> {
+    arms.iter()
+        .zip(runs)
+        .map(|(arm, arm_runs)| {
+            let validation = arm.config.validation.as_ref().ok_or_else(|| {
+                Error::invalid(
+                    "--at selected",
+                    format!("arm {} has no [validation]", arm.label),
+                )
+            })?;
+            arm_runs
+                .iter()
+                .map(|run| run.selected(validation))
+                .collect()
+        })
+        .collect()
 }
 
 /// Earlier looks must be increasing seed counts below this one's.
@@ -709,7 +804,12 @@ fn write_csv(w: &mut dyn Write, comparison: &SeedComparison) -> std::io::Result<
         "alpha",
         "finding",
         "seeds_to_decide",
+        "at",
     ])?;
+    let at = match comparison.reading {
+        Reading::Last => "last",
+        Reading::Selected => "selected",
+    };
     for row in &comparison.rows {
         let level = row.level.map_or(String::new(), |l| l.to_string());
         for arm in &row.arms {
@@ -735,6 +835,7 @@ fn write_csv(w: &mut dyn Write, comparison: &SeedComparison) -> std::io::Result<
                 ]),
                 None => record.extend(std::iter::repeat_n(String::new(), 9)),
             }
+            record.push(at.to_string());
             out.write_record(&record)?;
         }
     }

@@ -4,8 +4,9 @@
 //! The criterion (issue #21's `standard` scale): over the last 20% of the epochs (at least the
 //! last two evaluations), the test metric moves by less than half a point (0.005 as a
 //! fraction). The metric is each run's test R@1 at the finest level, which every recipe
-//! evaluates after each epoch; the embedded data has no separate validation split, so the test
-//! curve stands in for the validation curve.
+//! evaluates after each epoch. The experiments' recipes hold no classes out for validation
+//! (`[validation]`, [`crate::train::validation`], would change every paper's training set), so
+//! the test curve stands in for the validation curve; nothing is selected on it.
 //!
 //! How far a curve "moves" is read from the least-squares line through the tail: the rise (or
 //! fall) of that line from the tail's first epoch to its last. Not the tail's max − min: each

@@ -10,7 +10,8 @@
 
 use crate::error::{Error, Result};
 use crate::io::write_atomically;
-use crate::train::{LogRow, TrainConfig, Trainer};
+use crate::train::validation::select;
+use crate::train::{LogRow, TrainConfig, Trainer, ValidationConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -60,6 +61,43 @@ impl RunResult {
                     ),
                 )
             })
+    }
+
+    /// This run read at the epoch its held-out classes selected ([`crate::train::validation`]):
+    /// `metrics` are the test metrics of that epoch (of the same test split as the final ones),
+    /// and the epoch. Errors naming the run when its log has no validation value of
+    /// `validation`'s metric (a run trained without that `[validation]` table).
+    pub fn selected(&self, validation: &ValidationConfig) -> Result<(RunResult, u64)> {
+        let (metric, level) = validation.metric()?;
+        let selection = select(&self.log, &metric, level).ok_or_else(|| {
+            Error::invalid(
+                "run",
+                format!(
+                    "`{}` has no validation value of {} (trained without a [validation] table?)",
+                    self.label, validation.metric
+                ),
+            )
+        })?;
+        // The final metrics are the first test set's (`Runner::train`), which the log records
+        // first after the validation rows.
+        let split = selection.test_metrics.first().map(|r| r.split.clone());
+        let metrics = selection
+            .test_metrics
+            .iter()
+            .filter(|r| Some(&r.split) == split.as_ref())
+            .map(|r| MetricValue {
+                metric: r.metric.clone(),
+                level: r.level,
+                value: r.value,
+            })
+            .collect();
+        Ok((
+            RunResult {
+                metrics,
+                ..self.clone()
+            },
+            selection.epoch,
+        ))
     }
 
     /// `(epoch, value)` of a test metric over training (epoch 0 = before training).

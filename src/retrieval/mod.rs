@@ -168,6 +168,33 @@ impl EvalReport {
     }
 }
 
+/// The metrics an evaluation reports besides `R@k` and `P@k` (one per `k` of its recall list).
+pub const METRIC_NAMES: [&str; 6] = ["mAP", "mAP@R", "R-precision", "H-AP", "ASI", "NDCG"];
+
+/// The metrics of [`METRIC_NAMES`] measured over all label levels at once (level `None`).
+pub const HIERARCHICAL_METRICS: [&str; 3] = ["H-AP", "ASI", "NDCG"];
+
+/// The metrics of [`METRIC_NAMES`] measured per label column (level `Some(c)`), as are `R@k` and
+/// `P@k`. ASI is both: the hierarchical ASI and each column's binary ASI.
+pub const BINARY_METRICS: [&str; 4] = ["mAP", "mAP@R", "R-precision", "ASI"];
+
+/// A metric written `NAME` or `NAME:LEVEL` (`rankwise compare --metric`, `[validation]
+/// metric`): the trimmed name and the level, if given. `None` when `LEVEL` is not a number.
+///
+/// ```
+/// use rankwise::retrieval::split_metric_level;
+/// assert_eq!(split_metric_level("mAP@R:1"), Some(("mAP@R", Some(1))));
+/// assert_eq!(split_metric_level(" R@1 "), Some(("R@1", None)));
+/// assert_eq!(split_metric_level("R@1:x"), None);
+/// ```
+pub fn split_metric_level(text: &str) -> Option<(&str, Option<usize>)> {
+    let text = text.trim();
+    match text.rsplit_once(':') {
+        Some((name, level)) => Some((name.trim(), Some(level.trim().parse().ok()?))),
+        None => Some((text, None)),
+    }
+}
+
 /// One metric to compute on a ranked list of levels.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum MetricKind {
@@ -965,6 +992,49 @@ fn reduce(specs: &[MetricSpec], per_query: &[f64], nq: usize) -> Vec<MetricRow> 
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// The names other modules check a metric against (`validation.metric`, `rankwise compare
+    /// --metric`) are the names an evaluation reports.
+    #[test]
+    fn metric_names_are_the_names_an_evaluation_reports() {
+        let labels = Labels::new(vec![vec![0, 5], vec![0, 5], vec![1, 5], vec![2, 6]]).unwrap();
+        let x = Tensor::from_vec(
+            vec![1.0f32, 0.0, 0.9, 0.1, 0.5, 0.5, 0.0, 1.0],
+            (4, 2),
+            &Device::Cpu,
+        )
+        .unwrap();
+        let opts = EvalOptions {
+            recall_ks: vec![1, 2],
+            progress: false,
+            ..EvalOptions::default()
+        };
+        let report = evaluate(&x, &labels, None, &opts).unwrap();
+        let mut named: Vec<&str> = Vec::new();
+        for row in &report.rows {
+            let name = row.metric.as_str();
+            let fixed = METRIC_NAMES.contains(&name);
+            let k = name.strip_prefix("R@").or(name.strip_prefix("P@"));
+            assert!(fixed || k.is_some_and(|k| k == "1" || k == "2"), "{name}");
+            match row.level {
+                None => assert!(HIERARCHICAL_METRICS.contains(&name), "{name}"),
+                Some(_) => assert!(BINARY_METRICS.contains(&name) || k.is_some(), "{name}"),
+            }
+            if fixed && !named.contains(&name) {
+                named.push(name);
+            }
+        }
+        named.sort();
+        let mut all = METRIC_NAMES.to_vec();
+        all.sort();
+        assert_eq!(named, all, "every listed name is reported");
+        for name in BINARY_METRICS {
+            assert!(report.get(name, Some(1)).is_some(), "{name} per column");
+        }
+        for name in HIERARCHICAL_METRICS {
+            assert!(report.get(name, None).is_some(), "{name} over the levels");
+        }
+    }
 
     /// Chunks of `i + j` scores "computed off the host", counting the chunks that arrive
     /// without a buffer (fresh) rather than recycled.

@@ -3,6 +3,7 @@
 
 use super::optim::{AdamConfig, Algorithm};
 use super::schedule::LrSchedule;
+use super::validation::ValidationConfig;
 use crate::data::dataset::InputNorm;
 use crate::data::loaders::DatasetConfig;
 use crate::error::{Error, Result};
@@ -228,6 +229,10 @@ pub struct TrainConfig {
     pub large_batch_chunk: Option<usize>,
     /// Evaluation.
     pub eval: EvalConfig,
+    /// Classes of the training split held out to select the epoch
+    /// ([`super::validation`]); `None`: every training class trains, no selection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub validation: Option<ValidationConfig>,
     /// Output files.
     pub output: OutputConfig,
     /// Resume from this checkpoint.
@@ -254,6 +259,7 @@ impl Default for TrainConfig {
             backbone_warmup_epochs: 0,
             large_batch_chunk: None,
             eval: EvalConfig::default(),
+            validation: None,
             output: OutputConfig::default(),
             resume: None,
             progress: true,
@@ -291,6 +297,8 @@ impl TrainConfig {
             pretrain: None,
             resume: None,
             output: OutputConfig::default(),
+            // The run's data reaches the stage with its validation classes already held out.
+            validation: None,
             ..self.clone()
         })
     }
@@ -355,6 +363,9 @@ impl TrainConfig {
         self.optimizer.head.algorithm.validate()?;
         self.optimizer.loss.algorithm.validate()?;
         self.loss.validate()?;
+        if let Some(validation) = &self.validation {
+            validation.validate(&self.eval.recall_ks)?;
+        }
         self.dataset.validate(self.input_norm)?;
         if let Some(stage) = self.pretrain_recipe() {
             // The stage's own fields, named as the recipe writes them.

@@ -12,10 +12,11 @@
 //! [`evaluate_dyml`]: crate::retrieval::dyml::evaluate_dyml
 
 use super::config::TrainConfig;
+use super::validation::{held_out_classes, split_indices, ValidationConfig};
 use crate::data::dataset::InputNorm;
 use crate::data::loaders::ImageList;
 use crate::data::pipeline::{LoaderConfig, Normalize};
-use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource};
+use crate::data::source::{ImageSource, InMemorySource, Normalization, OnDiskSource, SubsetSource};
 use crate::data::{retrieval_split, EmbeddedConfig, ImageSet};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex};
@@ -76,6 +77,30 @@ impl RunData {
                 gallery: None,
             }]),
         })
+    }
+}
+
+impl RunData {
+    /// This data with the classes `config` holds out ([`held_out_classes`]) taken out of its
+    /// training images, and the images of those classes (the validation set,
+    /// [`super::validation`]).
+    pub fn hold_out(self, config: &ValidationConfig) -> Result<(RunData, Arc<dyn ImageSource>)> {
+        let classes = held_out_classes(self.train.labels(), config)?;
+        let (kept, held) = split_indices(self.train.labels(), &classes);
+        let val: Arc<dyn ImageSource> = Arc::new(SubsetSource::new(
+            Arc::clone(&self.train),
+            held,
+            "validation classes",
+        )?);
+        let train: Arc<dyn ImageSource> =
+            Arc::new(SubsetSource::new(self.train, kept, "training classes")?);
+        Ok((
+            RunData {
+                train,
+                test: self.test,
+            },
+            val,
+        ))
     }
 }
 

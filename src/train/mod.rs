@@ -1,8 +1,9 @@
 //! Training: optimizers with PyTorch semantics ([`optim`]), learning-rate schedules and
 //! HAPPIER's backbone warm-up ([`schedule`]), the exact large-batch gradient of FastAP / SupRank
 //! ([`large_batch`]), checkpoints ([`checkpoint`]), the metrics log ([`log`]), the run
-//! configuration ([`config`]), its data ([`data`]: the embedded dataset or a real one on disk)
-//! and the [`Trainer`] that ties them together ([`trainer`]).
+//! configuration ([`config`]), its data ([`data`]: the embedded dataset or a real one on disk),
+//! model selection on held-out training classes ([`validation`]) and the [`Trainer`] that ties
+//! them together ([`trainer`]).
 
 pub mod checkpoint;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod overrides;
 pub mod run_dir;
 pub mod schedule;
 pub mod trainer;
+pub mod validation;
 
 /// The recipe's dataset and input normalisation, defined with the datasets
 /// ([`crate::data::dataset`]).
@@ -35,3 +37,4 @@ pub use run_dir::{
 };
 pub use schedule::{BackboneWarmup, Decay, LrSchedule, ScheduleUnit, Warmup};
 pub use trainer::{run, run_config, EpochSummary, Evaluation, TrainReport, Trainer};
+pub use validation::{Selection, ValidationConfig};

@@ -1,6 +1,7 @@
 //! A training run written to a folder, what `rankwise train` does: the resolved configuration
 //! (`config.toml`), the metrics log (`metrics.csv`, `metrics.parquet`), the checkpoint
-//! (`checkpoint.safetensors`) and the final evaluation (`results.json`), every file written
+//! (`checkpoint.safetensors`; with a `[validation]` table also `best.safetensors`, the network
+//! of the selected epoch) and the final evaluation (`results.json`), every file written
 //! atomically.
 //!
 //! A run folder has one writer and one run: [`train_to_dir`] holds the folder's lock
@@ -11,7 +12,10 @@
 use super::config::TrainConfig;
 use super::log::LogRow;
 use super::overrides::blame;
-use super::trainer::{Trainer, CHECKPOINT_FILE, METRICS_CSV, METRICS_PARQUET};
+use super::trainer::{
+    Trainer, BEST_CHECKPOINT_FILE, CHECKPOINT_FILE, METRICS_CSV, METRICS_PARQUET,
+};
+use super::validation::Selection;
 use crate::error::{Error, Result};
 use crate::io::write_atomically;
 use serde::{Deserialize, Serialize};
@@ -27,9 +31,10 @@ pub const RESULTS_FILE: &str = "results.json";
 /// The lock file of a run folder, present while a process writes the run.
 pub const LOCK_FILE: &str = "run.lock";
 /// The files of a run: a folder holding any of them holds a run.
-pub const RUN_FILES: [&str; 5] = [
+pub const RUN_FILES: [&str; 6] = [
     CONFIG_FILE,
     CHECKPOINT_FILE,
+    BEST_CHECKPOINT_FILE,
     METRICS_CSV,
     METRICS_PARQUET,
     RESULTS_FILE,
@@ -60,6 +65,10 @@ pub struct RunResults {
     pub r_at_1_untrained: Option<f64>,
     /// Fine-level R@1 on the first test split after the last evaluation.
     pub r_at_1_final: Option<f64>,
+    /// With a `[validation]` table: the epoch the held-out classes selected and its test
+    /// metrics (its network is `best.safetensors`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selection: Option<Selection>,
 }
 
 /// What [`train_to_dir`] does with a folder that already holds a run ([`RUN_FILES`]).
@@ -161,7 +170,7 @@ pub fn train_to_dir(
     }
     write_atomically(&dir.join(CONFIG_FILE), |w| w.write_all(toml.as_bytes()))?;
     trainer.fit()?;
-    let results = summarize(&trainer, options, started.elapsed().as_secs_f64());
+    let results = summarize(&trainer, options, started.elapsed().as_secs_f64())?;
     let json = serde_json::to_string_pretty(&results)
         .map_err(|e| Error::invalid("results", e.to_string()))?;
     write_atomically(&dir.join(RESULTS_FILE), |w| {
@@ -319,7 +328,11 @@ fn same_file(_file: &File, path: &Path) -> bool {
 }
 
 /// The results of a trained [`Trainer`] from its metrics log.
-pub fn summarize(trainer: &Trainer<'_>, options: &RunOptions, wall_seconds: f64) -> RunResults {
+pub fn summarize(
+    trainer: &Trainer<'_>,
+    options: &RunOptions,
+    wall_seconds: f64,
+) -> Result<RunResults> {
     let log = trainer.log().rows();
     let evals: Vec<&LogRow> = log.iter().filter(|r| r.split != "train").collect();
     let final_epoch = evals.iter().map(|r| r.epoch).max().unwrap_or(0);
@@ -347,7 +360,7 @@ pub fn summarize(trainer: &Trainer<'_>, options: &RunOptions, wall_seconds: f64)
             .map(|r| r.value)
     };
     let final_metrics = at(final_epoch);
-    RunResults {
+    Ok(RunResults {
         recipe: options.recipe.clone(),
         overrides: options.overrides.clone(),
         epochs: trainer.epochs_done(),
@@ -358,7 +371,8 @@ pub fn summarize(trainer: &Trainer<'_>, options: &RunOptions, wall_seconds: f64)
         r_at_1_final: r1(&final_metrics),
         final_metrics,
         untrained_metrics,
-    }
+        selection: trainer.selection()?,
+    })
 }
 
 /// Reads a run folder's `results.json`.

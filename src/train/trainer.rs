@@ -26,6 +26,7 @@ use super::large_batch::{chunked_gradients, direct_gradients};
 use super::log::MetricsLog;
 use super::optim::{GroupState, Optimizer, ParamGroup};
 use super::schedule::{BackboneWarmup, ScheduleUnit};
+use super::validation::{self, Selection, VALIDATION_SPLIT};
 use crate::data::source::{ImageSource, View};
 use crate::data::ImageSet;
 use crate::error::{Error, Result};
@@ -53,6 +54,9 @@ pub const HEAD_GROUP: &str = "head";
 pub const LOSS_GROUP: &str = "loss";
 /// Checkpoint file name in the output folder.
 pub const CHECKPOINT_FILE: &str = "checkpoint.safetensors";
+/// The checkpoint of the epoch the validation selected ([`super::validation`]), in the output
+/// folder of a run with a `[validation]` table: rewritten at each new best validation value.
+pub const BEST_CHECKPOINT_FILE: &str = "best.safetensors";
 /// Metrics file names in the output folder.
 pub const METRICS_CSV: &str = "metrics.csv";
 /// Parquet version of the metrics.
@@ -98,6 +102,9 @@ pub struct Evaluation {
     pub reports: Vec<(String, EvalReport)>,
     /// The DyML protocol's per-scale and averaged mAP, ASI and R@1 (DyML-Vehicle / -Animal).
     pub dyml: Option<DymlResult>,
+    /// The held-out training classes' report (split `val`), in a run with a `[validation]`
+    /// table.
+    pub validation: Option<EvalReport>,
 }
 
 impl Evaluation {
@@ -119,6 +126,9 @@ pub struct TrainReport {
     pub last_eval: Option<Evaluation>,
     /// The summaries of the epochs trained in this session.
     pub epochs: Vec<EpochSummary>,
+    /// The epoch the validation selected and its test metrics, in a run with a `[validation]`
+    /// table ([`Trainer::selection`]).
+    pub selection: Option<Selection>,
 }
 
 /// A training run in progress.
@@ -135,6 +145,8 @@ pub struct Trainer<'a> {
     loss_from_config: bool,
     train: Arc<dyn ImageSource>,
     test: TestProtocol,
+    /// The held-out training classes, with a `[validation]` table.
+    validation: Option<Arc<dyn ImageSource>>,
     global_step: u64,
     log: MetricsLog,
 }
@@ -204,6 +216,27 @@ impl<'a> Trainer<'a> {
         loss_from_config: bool,
     ) -> Result<Self> {
         config.validate()?;
+        // Held out before anything sees the data: the pretraining stage, the loss's proxies and
+        // the sampler know only the kept classes.
+        let (data, validation) = match &config.validation {
+            Some(v) => {
+                let (data, val) = data.hold_out(v)?;
+                let levels = val.labels().num_levels();
+                if let (_, Some(level)) = v.metric()? {
+                    if level >= levels {
+                        return Err(Error::invalid(
+                            "validation.metric",
+                            format!(
+                                "`{}`: the labels have levels 0..{levels} (0 = finest)",
+                                v.metric
+                            ),
+                        ));
+                    }
+                }
+                (data, Some(val))
+            }
+            None => (data, None),
+        };
         let device = config.device.device()?;
         let params = ParamStore::new(config.seed);
         let model = EmbeddingNet::new(&config.model, params.var_builder(DType::F32, &device))?;
@@ -290,6 +323,7 @@ impl<'a> Trainer<'a> {
             loss_from_config,
             train,
             test,
+            validation,
             global_step: 0,
             log: MetricsLog::default(),
         };
@@ -499,7 +533,8 @@ impl<'a> Trainer<'a> {
         Ok(Tensor::cat(&parts, 0)?)
     }
 
-    /// The images of `split`: `train` (the training images, evaluation transform), `test` (the
+    /// The images of `split`: `train` (the training images, evaluation transform; without the
+    /// held-out classes of a `[validation]` table, which are `val`), `test` (the
     /// first test set when its queries are ranked against each other), `query` / `gallery` (the
     /// first test set's queries and gallery, when it has a separate gallery). Errors name the
     /// split and say which ones the dataset has: `query` on a set without a gallery is an error,
@@ -507,14 +542,24 @@ impl<'a> Trainer<'a> {
     pub fn split_source(&self, split: &str) -> Result<Arc<dyn ImageSource>> {
         let first = &self.test.sets()[0];
         let has_gallery = first.gallery.is_some();
-        let available = if has_gallery {
-            "train, query, gallery"
+        let val = if self.validation.is_some() {
+            ", val"
         } else {
-            "train, test (its images are ranked against each other: there is no separate query \
-             set or gallery)"
+            " (val: with a [validation] table)"
+        };
+        let available = if has_gallery {
+            format!("train, query, gallery{val}")
+        } else {
+            format!(
+                "train, test (its images are ranked against each other: there is no separate \
+                 query set or gallery){val}"
+            )
         };
         match split {
             "train" => Ok(Arc::clone(&self.train)),
+            VALIDATION_SPLIT if self.validation.is_some() => {
+                Ok(Arc::clone(self.validation.as_ref().expect("checked")))
+            }
             "test" if !has_gallery => Ok(Arc::clone(&first.queries)),
             "query" if has_gallery => Ok(Arc::clone(&first.queries)),
             "gallery" if has_gallery => Ok(Arc::clone(first.gallery.as_ref().expect("checked"))),
@@ -550,7 +595,11 @@ impl<'a> Trainer<'a> {
         let mut out = Evaluation {
             reports: Vec::new(),
             dyml: None,
+            validation: None,
         };
+        if let Some(val) = self.validation.clone() {
+            out.validation = Some(self.evaluate_validation(val.as_ref(), &opts)?);
+        }
         match self.test.clone() {
             TestProtocol::Separate(sets) => {
                 for set in sets {
@@ -610,6 +659,62 @@ impl<'a> Trainer<'a> {
             }
         }
         Ok(out)
+    }
+
+    /// The held-out classes' evaluation (each image a query against the others), logged under
+    /// `val`. Errors, naming `validation.metric`, when it does not measure the selecting metric.
+    fn evaluate_validation(
+        &mut self,
+        val: &dyn ImageSource,
+        opts: &EvalOptions,
+    ) -> Result<EvalReport> {
+        let embeddings = self.embed(val)?;
+        let report = evaluate(&embeddings, val.labels(), None, opts)?;
+        let (e, s) = (self.sampler_state.epoch, self.global_step);
+        for row in &report.rows {
+            self.log
+                .push(e, s, VALIDATION_SPLIT, &row.metric, row.level, row.value);
+        }
+        let (metric, level) = self
+            .selecting_metric()?
+            .expect("a validation set has a config");
+        if report.get(&metric, level).is_none() {
+            let measured: Vec<String> = report
+                .rows
+                .iter()
+                .map(|r| match r.level {
+                    Some(l) => format!("{}:{l}", r.metric),
+                    None => r.metric.clone(),
+                })
+                .collect();
+            return Err(Error::invalid(
+                "validation.metric",
+                format!(
+                    "`{}` is not measured on the held-out classes; they measure {}",
+                    self.config.validation.as_ref().expect("checked").metric,
+                    measured.join(", ")
+                ),
+            ));
+        }
+        Ok(report)
+    }
+
+    /// `(metric, level)` that selects the epoch, with a `[validation]` table.
+    fn selecting_metric(&self) -> Result<Option<(String, Option<usize>)>> {
+        self.config
+            .validation
+            .as_ref()
+            .map(|v| v.metric())
+            .transpose()
+    }
+
+    /// The epoch with the best validation value so far and its test metrics
+    /// ([`validation::select`] over the run's log, epochs before a resume included); `None`
+    /// without a `[validation]` table or before the first evaluation.
+    pub fn selection(&self) -> Result<Option<Selection>> {
+        Ok(self
+            .selecting_metric()?
+            .and_then(|(metric, level)| validation::select(self.log.rows(), &metric, level)))
     }
 
     /// Saves a checkpoint to `path` atomically.
@@ -676,6 +781,9 @@ impl<'a> Trainer<'a> {
         if old.pretrain != self.config.pretrain {
             return Err(mismatch("pretrain"));
         }
+        if old.validation != self.config.validation {
+            return Err(mismatch("validation"));
+        }
         if old.dataset.identity() != self.config.dataset.identity() {
             return Err(mismatch("dataset"));
         }
@@ -731,6 +839,7 @@ impl<'a> Trainer<'a> {
             .any(|r| r.split.starts_with("test") && r.epoch == 0);
         if self.config.eval.at_start && self.sampler_state.epoch == 0 && !evaluated_at_start {
             last_eval = Some(self.evaluate()?);
+            self.keep_if_best(out_dir.as_deref())?;
         }
         let total = self.config.epochs;
         let started = Instant::now();
@@ -741,6 +850,7 @@ impl<'a> Trainer<'a> {
             let done = self.sampler_state.epoch;
             if is_due(done, self.config.eval.every, total) {
                 last_eval = Some(self.evaluate()?);
+                self.keep_if_best(out_dir.as_deref())?;
             }
             if let Some(dir) = &out_dir {
                 if is_due(done, self.config.output.checkpoint_every, total) {
@@ -769,7 +879,21 @@ impl<'a> Trainer<'a> {
             log: self.log.clone(),
             last_eval,
             epochs,
+            selection: self.selection()?,
         })
+    }
+
+    /// After an evaluation: with a `[validation]` table and an output folder, writes the
+    /// network as `best.safetensors` when this evaluation is the selected one (a new best
+    /// validation value; a tie keeps the earlier epoch's file).
+    fn keep_if_best(&self, out_dir: Option<&Path>) -> Result<()> {
+        let (Some(dir), Some(best)) = (out_dir, self.selection()?) else {
+            return Ok(());
+        };
+        if best.epoch == self.sampler_state.epoch {
+            self.save_checkpoint(&dir.join(BEST_CHECKPOINT_FILE))?;
+        }
+        Ok(())
     }
 
     /// Writes `metrics.csv` and `metrics.parquet` into `dir`.

@@ -1979,6 +1979,25 @@ fn compare_refuses_bad_designs_before_anything_trains() {
             ],
             "epochz",
         ),
+        (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--at", "selected"],
+            "arm(s) a, b have no [validation]",
+        ),
+        (
+            &[
+                "--arm",
+                "a: validation.fraction=0.25",
+                "--arm",
+                "b: loss.tau=0.1",
+                "--at",
+                "selected",
+            ],
+            "arm(s) b have no [validation]",
+        ),
+        (
+            &["--arm", "a", "--arm", "b: validation.metric=R@4"],
+            "validation.metric",
+        ),
     ] {
         let e = run(extra);
         assert!(e.contains(says), "{extra:?}: {e}");
@@ -1997,4 +2016,103 @@ fn compare_refuses_bad_designs_before_anything_trains() {
     ]);
     let err = stderr_of(&out);
     assert!(!out.status.success() && err.contains("no label"), "{err}");
+}
+
+/// `[validation]` from the command line: `rankwise train` reports the selected epoch and keeps
+/// its network, `rankwise embed --split val` reads the held-out classes, and `rankwise compare
+/// --at selected` compares each run's selected epoch, the same value as `rankwise train` selects.
+#[test]
+fn validation_selects_the_epoch_from_train_to_compare() {
+    use rankwise::experiments::compare::{Reading, SeedComparison};
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let run = dir.path().join("run");
+    let settings = [
+        "--set",
+        "validation.fraction=0.25",
+        "--set",
+        "loss.tau=0.1",
+        "--set",
+        "seed=1",
+    ];
+    let mut args = vec!["train", "--config", s(&recipe), "--out", s(&run), "-q"];
+    args.extend(settings);
+    let out = succeeds(&args);
+    assert!(out.contains("selected by val R@1"), "{out}");
+    let results = read_run_results(&run);
+    let selection = results.selection.clone().unwrap();
+    assert!(selection.epoch <= 2);
+    assert!(run.join("best.safetensors").is_file());
+    // Validation rows are in the log, beside the test rows.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(csv.lines().any(|l| l.contains(",val,R@1,0,")), "{csv}");
+
+    // The held-out classes embedded with the selected network: 2 of the 8 training classes.
+    let best = run.join("best.safetensors");
+    let npy = dir.path().join("val.npy");
+    let labels = dir.path().join("val.csv");
+    let mut args = vec![
+        "embed",
+        "--config",
+        s(&recipe),
+        "--checkpoint",
+        s(&best),
+        "--split",
+        "val",
+        "--out",
+        s(&npy),
+        "--labels-out",
+        s(&labels),
+        "-q",
+    ];
+    args.extend(settings);
+    succeeds(&args);
+    let text = std::fs::read_to_string(&labels).unwrap();
+    let fine: std::collections::BTreeSet<&str> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').next().unwrap())
+        .collect();
+    assert_eq!((text.lines().count() - 1, fine.len()), (12, 2), "{text}");
+
+    // compare --at selected: every value is a run's selected test value; arm `tau` with seed 1
+    // is the run above.
+    let json = dir.path().join("selected.json");
+    let cache = dir.path().join("cache");
+    let out = succeeds(&[
+        "compare",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--seeds",
+        "2",
+        "--arm",
+        "base",
+        "--arm",
+        "tau: loss.tau=0.1",
+        "--set",
+        "validation.fraction=0.25",
+        "--metric",
+        "R@1",
+        "--at",
+        "selected",
+        "--jobs",
+        "2",
+        "--out",
+        s(&json),
+        "-q",
+    ]);
+    assert!(
+        out.contains("at the epoch each run's validation selected"),
+        "{out}"
+    );
+    let c: SeedComparison = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(c.reading, Reading::Selected);
+    assert_eq!(c.selected_epochs.len(), 2);
+    assert_eq!(c.selected_epochs[1][1], selection.epoch);
+    assert_eq!(
+        c.rows[0].arms[1].values[1].to_bits(),
+        selection.test("test", "R@1", Some(0)).unwrap().to_bits()
+    );
 }

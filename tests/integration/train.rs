@@ -842,3 +842,160 @@ fn the_loss_kinds_listed_in_the_recipes_are_valid() {
         assert!(e.contains("unknown variant"), "{e}");
     }
 }
+
+/// `[validation]`: held-out classes out of everything that trains, evaluated at each
+/// evaluation, the epoch of their best value selected, its test metrics reported and its network
+/// kept (`best.safetensors`, which gives the same metrics when evaluated again).
+#[test]
+fn held_out_classes_select_the_epoch_and_keep_its_network() {
+    use rankwise::losses::norm_softmax::NormSoftmaxConfig;
+    use rankwise::train::validation::{held_out_classes, select};
+    use rankwise::train::ValidationConfig;
+    use std::collections::BTreeSet;
+    let classes = |labels: &Labels| -> BTreeSet<i64> { labels.column(0).into_iter().collect() };
+    let validation = ValidationConfig {
+        fraction: 0.25,
+        seed: 7,
+        metric: "R@1".into(),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = tiny_config();
+    config.epochs = 3;
+    // A proxy loss: one proxy per training class, so the held-out classes must not have one.
+    config.loss = LossConfig::NormSoftmax(NormSoftmaxConfig::default());
+    let plain = Trainer::from_config(config.clone()).unwrap();
+    let all_train = classes(plain.train_set().labels());
+    assert_eq!(all_train.len(), 8);
+    assert!(plain
+        .split_source("val")
+        .err()
+        .unwrap()
+        .to_string()
+        .contains("[validation]"));
+    config.validation = Some(validation.clone());
+    config.output.dir = Some(dir.path().join("run"));
+    let mut t = Trainer::from_config(config.clone()).unwrap();
+    let kept = classes(t.train_set().labels());
+    let held = classes(t.split_source("val").unwrap().labels());
+    assert_eq!(
+        held,
+        held_out_classes(plain.train_set().labels(), &validation).unwrap()
+    );
+    assert_eq!((kept.len(), held.len()), (6, 2));
+    assert!(kept.is_disjoint(&held));
+    assert_eq!(
+        kept.union(&held).copied().collect::<BTreeSet<_>>(),
+        all_train
+    );
+    assert_eq!(t.split_source("val").unwrap().len(), 2 * 6);
+    let proxies = t.loss().trainable_vars();
+    assert_eq!(
+        proxies[0].1.as_tensor().dim(0).unwrap(),
+        6,
+        "a proxy per kept class"
+    );
+
+    let report = t.fit().unwrap();
+    let val = report.log.series("val", "R@1", Some(0));
+    assert_eq!(
+        val.iter().map(|(e, _)| *e).collect::<Vec<_>>(),
+        vec![0, 1, 2, 3]
+    );
+    let s = report.selection.clone().unwrap();
+    assert_eq!(Some(&s), select(report.log.rows(), "R@1", Some(0)).as_ref());
+    let best = val.iter().map(|(_, v)| *v).fold(f64::MIN, f64::max);
+    assert_eq!(s.value, best);
+    assert_eq!(s.epoch, val.iter().find(|(_, v)| *v == best).unwrap().0);
+    let test_r1 = report.log.series("test", "R@1", Some(0));
+    let at_selected = test_r1.iter().find(|(e, _)| *e == s.epoch).unwrap().1;
+    assert_eq!(s.test("test", "R@1", Some(0)), Some(at_selected));
+    assert!(s.test_metrics.iter().all(|r| r.split == "test"));
+
+    // The kept network is the selected epoch's: evaluated again, the same bits.
+    let kept_file = dir.path().join("run/best.safetensors");
+    assert!(kept_file.is_file());
+    let mut again = config.clone();
+    again.output.dir = None;
+    again.resume = Some(kept_file.clone());
+    let mut t2 = Trainer::from_config(again).unwrap();
+    assert_eq!(t2.epochs_done(), s.epoch);
+    let e = t2.evaluate().unwrap();
+    assert_eq!(
+        e.validation
+            .as_ref()
+            .unwrap()
+            .get("R@1", Some(0))
+            .unwrap()
+            .to_bits(),
+        s.value.to_bits()
+    );
+    assert_eq!(
+        e.report("test")
+            .unwrap()
+            .get("R@1", Some(0))
+            .unwrap()
+            .to_bits(),
+        at_selected.to_bits()
+    );
+    // A checkpoint holds its held-out classes: resuming it without them, or with others, fails.
+    for other in [
+        None,
+        Some(ValidationConfig {
+            seed: 8,
+            ..validation.clone()
+        }),
+    ] {
+        let mut c = config.clone();
+        c.output.dir = None;
+        c.validation = other;
+        c.resume = Some(kept_file.clone());
+        let e = Trainer::from_config(c).err().unwrap().to_string();
+        assert!(e.contains("`validation`"), "{e}");
+    }
+}
+
+#[test]
+fn a_validation_metric_the_evaluation_lacks_is_named() {
+    use rankwise::train::ValidationConfig;
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.epochs = 1;
+    // R@8 is not in eval.recall_ks: refused before anything runs.
+    config.validation = Some(ValidationConfig {
+        fraction: 0.25,
+        seed: 0,
+        metric: "R@8".into(),
+    });
+    let e = Trainer::new(config.clone(), &loss)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("validation.metric") && e.contains("eval.recall_ks"),
+        "{e}"
+    );
+    // A level the labels do not have: named once the data is known, before training.
+    config.validation = Some(ValidationConfig {
+        fraction: 0.25,
+        seed: 0,
+        metric: "mAP@R:5".into(),
+    });
+    let e = Trainer::new(config.clone(), &loss)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("validation.metric") && e.contains("mAP@R:5") && e.contains("0..3"),
+        "{e}"
+    );
+    // Too few training classes to hold any out.
+    config.validation = Some(ValidationConfig {
+        fraction: 0.1,
+        ..ValidationConfig::default()
+    });
+    let e = Trainer::new(config, &loss).err().unwrap().to_string();
+    assert!(
+        e.contains("validation.fraction") && e.contains("8 fine classes"),
+        "{e}"
+    );
+}
