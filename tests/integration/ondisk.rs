@@ -509,3 +509,58 @@ fn every_recipe_under_configs_is_valid() {
         );
     }
 }
+
+/// `[validation]` on a dataset read from disk: the held-out and the kept images go through the
+/// prefetching loader as images of the full training source (the same pixels and, for the
+/// training view, the same augmentation draws, which are keyed by the source's index), and a
+/// run trains and selects an epoch.
+#[test]
+fn on_disk_validation_holds_classes_out_through_the_prefetching_loader() {
+    use rankwise::train::validation::{held_out_classes, split_indices};
+    use rankwise::train::ValidationConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("Stanford_Online_Products");
+    sop_fixture(&root);
+    let plain = Trainer::from_config(tiny_config(sop_dataset(&root, 2))).unwrap();
+    let validation = ValidationConfig {
+        fraction: 0.5,
+        ..ValidationConfig::default()
+    };
+    let mut config = tiny_config(sop_dataset(&root, 2));
+    config.validation = Some(validation.clone());
+    let mut trainer = Trainer::from_config(config).unwrap();
+    let full = plain.train_set();
+    let classes = held_out_classes(full.labels(), &validation).unwrap();
+    let (kept, held) = split_indices(full.labels(), &classes);
+    assert_eq!((kept.len(), held.len()), (8, 8));
+    let val = trainer.split_source("val").unwrap();
+    let train = trainer.train_set();
+    assert_eq!(val.labels(), &full.labels().select(&held).unwrap());
+    assert_eq!(train.labels(), &full.labels().select(&kept).unwrap());
+    let bits = |t: &candle_core::Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.into_iter().map(f32::to_bits).collect()
+    };
+    let cpu = Device::Cpu;
+    for (subset, outer, view) in [
+        (&*val, &held, View::Eval),
+        (train, &kept, View::Train { epoch: 1 }),
+    ] {
+        let batches = vec![vec![3, 0], vec![7, 5, 1]];
+        let streamed: Vec<_> = subset
+            .stream(batches.clone(), view, &cpu)
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        for (batch, local) in streamed.iter().zip(&batches) {
+            assert_eq!(&batch.indices, local);
+            let direct: Vec<usize> = local.iter().map(|&i| outer[i]).collect();
+            let expected = full.batch(&direct, view, &cpu).unwrap();
+            assert_eq!(bits(&batch.images), bits(&expected), "{view:?}");
+        }
+    }
+    let report = trainer.fit().unwrap();
+    assert_eq!(report.log.series("val", "R@1", Some(0)).len(), 3);
+    let s = report.selection.unwrap();
+    assert!(s.test("test", "R@1", Some(0)).is_some());
+}
