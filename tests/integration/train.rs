@@ -999,3 +999,51 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
         "{e}"
     );
 }
+
+/// A run with `[validation]` stopped after one epoch and resumed selects the epoch a run that
+/// never stopped selects, and keeps the same network in `best.safetensors`.
+#[test]
+fn a_resumed_run_selects_as_one_that_never_stopped() {
+    use rankwise::train::ValidationConfig;
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.epochs = 4;
+    config.validation = Some(ValidationConfig {
+        fraction: 0.25,
+        seed: 2,
+        metric: "mAP@R".into(),
+    });
+    let straight_dir = tempfile::tempdir().unwrap();
+    let mut straight = config.clone();
+    straight.output.dir = Some(straight_dir.path().to_path_buf());
+    let a = Trainer::new(straight, &loss).unwrap().fit().unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = config.clone();
+    first.epochs = 1;
+    first.output.dir = Some(dir.path().to_path_buf());
+    Trainer::new(first, &loss).unwrap().fit().unwrap();
+    let mut second = config;
+    second.output.dir = Some(dir.path().to_path_buf());
+    second.resume = Some(dir.path().join("checkpoint.safetensors"));
+    let b = Trainer::new(second, &loss).unwrap().fit().unwrap();
+
+    assert_eq!(a.selection, b.selection);
+    assert!(a.selection.is_some());
+    assert_eq!(
+        a.log.series("val", "mAP@R", Some(0)),
+        b.log.series("val", "mAP@R", Some(0))
+    );
+    // The kept networks: the same variables, bit for bit.
+    let read = |d: &std::path::Path| {
+        let t = candle_core::safetensors::load(d.join("best.safetensors"), &cpu()).unwrap();
+        let mut v: Vec<(String, Vec<u64>)> = t
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("model."))
+            .map(|(k, t)| (k, values(&t).into_iter().map(f64::to_bits).collect()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(read(straight_dir.path()), read(dir.path()));
+}
