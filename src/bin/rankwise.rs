@@ -1376,18 +1376,17 @@ fn train(args: &TrainArgs) -> Result<()> {
         fmt(results.r_at_1_final)
     );
     if let Some(s) = &results.selection {
-        let first = results
-            .final_metrics
-            .iter()
-            .find(|r| r.split != "val")
-            .map_or("test".to_string(), |r| r.split.clone());
+        let first = s
+            .first_test_set()
+            .next()
+            .map_or("test", |r| r.split.as_str());
         println!(
             "selected by val {}{} {:.4}: epoch {}, R@1 (fine, {first}) {} (network in {})",
             s.metric,
             s.level.map_or(String::new(), |l| format!(" (level {l})")),
             s.value,
             s.epoch,
-            fmt(s.test(&first, "R@1", Some(0))),
+            fmt(s.test(first, "R@1", Some(0))),
             out.join(rankwise::train::trainer::BEST_CHECKPOINT_FILE)
                 .display()
         );

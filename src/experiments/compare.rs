@@ -238,10 +238,7 @@ pub fn check_metric_names(choices: &[MetricChoice], arms: &[Arm]) -> Result<()> 
         if FIXED.contains(&name.as_str()) {
             continue;
         }
-        let k = name
-            .strip_prefix("R@")
-            .or_else(|| name.strip_prefix("P@"))
-            .and_then(|k| k.parse::<usize>().ok());
+        let k = crate::retrieval::cutoff_k(name);
         let missing: Vec<&str> = arms
             .iter()
             .filter(|a| !k.is_some_and(|k| a.config.eval.recall_ks.contains(&k)))
@@ -416,6 +413,16 @@ pub enum Reading {
     /// never looks at the test classes, so neither the epoch nor, through it, the comparison is
     /// tuned on them.
     Selected,
+}
+
+impl Reading {
+    /// The reading as `--at` and the CSV's `at` column write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reading::Last => "last",
+            Reading::Selected => "selected",
+        }
+    }
 }
 
 impl FromStr for Reading {
@@ -806,10 +813,6 @@ fn write_csv(w: &mut dyn Write, comparison: &SeedComparison) -> std::io::Result<
         "seeds_to_decide",
         "at",
     ])?;
-    let at = match comparison.reading {
-        Reading::Last => "last",
-        Reading::Selected => "selected",
-    };
     for row in &comparison.rows {
         let level = row.level.map_or(String::new(), |l| l.to_string());
         for arm in &row.arms {
@@ -835,7 +838,7 @@ fn write_csv(w: &mut dyn Write, comparison: &SeedComparison) -> std::io::Result<
                 ]),
                 None => record.extend(std::iter::repeat_n(String::new(), 9)),
             }
-            record.push(at.to_string());
+            record.push(comparison.reading.as_str().to_string());
             out.write_record(&record)?;
         }
     }

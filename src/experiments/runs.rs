@@ -78,13 +78,9 @@ impl RunResult {
                 ),
             )
         })?;
-        // The final metrics are the first test set's (`Runner::train`), which the log records
-        // first after the validation rows.
-        let split = selection.test_metrics.first().map(|r| r.split.clone());
+        // The final metrics are the first test set's (`Runner::train`).
         let metrics = selection
-            .test_metrics
-            .iter()
-            .filter(|r| Some(&r.split) == split.as_ref())
+            .first_test_set()
             .map(|r| MetricValue {
                 metric: r.metric.clone(),
                 level: r.level,

@@ -178,6 +178,19 @@ pub const HIERARCHICAL_METRICS: [&str; 3] = ["H-AP", "ASI", "NDCG"];
 /// `P@k`. ASI is both: the hierarchical ASI and each column's binary ASI.
 pub const BINARY_METRICS: [&str; 4] = ["mAP", "mAP@R", "R-precision", "ASI"];
 
+/// The `k` of `R@k` or `P@k` (the metrics reported once per `k` of the recall list); `None` for
+/// any other name.
+///
+/// ```
+/// use rankwise::retrieval::cutoff_k;
+/// assert_eq!((cutoff_k("R@4"), cutoff_k("P@1"), cutoff_k("mAP@R"), cutoff_k("R@x")), (Some(4), Some(1), None, None));
+/// ```
+pub fn cutoff_k(name: &str) -> Option<usize> {
+    name.strip_prefix("R@")
+        .or_else(|| name.strip_prefix("P@"))
+        .and_then(|k| k.parse().ok())
+}
+
 /// A metric written `NAME` or `NAME:LEVEL` (`rankwise compare --metric`, `[validation]
 /// metric`): the trimmed name and the level, if given. `None` when `LEVEL` is not a number.
 ///
@@ -1014,8 +1027,8 @@ mod tests {
         for row in &report.rows {
             let name = row.metric.as_str();
             let fixed = METRIC_NAMES.contains(&name);
-            let k = name.strip_prefix("R@").or(name.strip_prefix("P@"));
-            assert!(fixed || k.is_some_and(|k| k == "1" || k == "2"), "{name}");
+            let k = cutoff_k(name);
+            assert!(fixed || k.is_some_and(|k| k == 1 || k == 2), "{name}");
             match row.level {
                 None => assert!(HIERARCHICAL_METRICS.contains(&name), "{name}"),
                 Some(_) => assert!(BINARY_METRICS.contains(&name) || k.is_some(), "{name}"),

@@ -78,9 +78,7 @@ impl RunData {
             }]),
         })
     }
-}
 
-impl RunData {
     /// This data with the classes `config` holds out ([`held_out_classes`]) taken out of its
     /// training images, and the images of those classes (the validation set,
     /// [`super::validation`]).

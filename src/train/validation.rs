@@ -25,7 +25,9 @@
 use super::log::LogRow;
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
-use crate::retrieval::{split_metric_level, BINARY_METRICS, HIERARCHICAL_METRICS, METRIC_NAMES};
+use crate::retrieval::{
+    cutoff_k, split_metric_level, BINARY_METRICS, HIERARCHICAL_METRICS, METRIC_NAMES,
+};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -71,8 +73,7 @@ impl ValidationConfig {
                 self.metric
             ))
         })?;
-        let per_column =
-            BINARY_METRICS.contains(&name) || name.starts_with("R@") || name.starts_with("P@");
+        let per_column = BINARY_METRICS.contains(&name) || cutoff_k(name).is_some();
         match level {
             // ASI is both: without a level, the hierarchical one.
             None if HIERARCHICAL_METRICS.contains(&name) => Ok((name.to_string(), None)),
@@ -97,11 +98,7 @@ impl ValidationConfig {
         if METRIC_NAMES.contains(&name.as_str()) {
             return Ok(());
         }
-        let k = name
-            .strip_prefix("R@")
-            .or_else(|| name.strip_prefix("P@"))
-            .and_then(|k| k.parse::<usize>().ok());
-        match k {
+        match cutoff_k(&name) {
             None => Err(Error::invalid(
                 "validation.metric",
                 format!(
@@ -163,6 +160,15 @@ pub struct Selection {
 }
 
 impl Selection {
+    /// The selected epoch's metrics of the protocol's first test set (the split the log records
+    /// first after `val`: `test` for a single set), the set whose final metrics a run reports.
+    pub fn first_test_set(&self) -> impl Iterator<Item = &LogRow> {
+        let first = self.test_metrics.first().map(|r| r.split.as_str());
+        self.test_metrics
+            .iter()
+            .filter(move |r| Some(r.split.as_str()) == first)
+    }
+
     /// The selected epoch's value of a test metric (`split` `test` for the single test set).
     pub fn test(&self, split: &str, metric: &str, level: Option<usize>) -> Option<f64> {
         self.test_metrics
