@@ -29,8 +29,9 @@ use rankwise::data::synthetic_on_disk::{
     remove_synthetic, write_dataset, OnDiskSpec, SyntheticKind,
 };
 use rankwise::experiments::compare::{
-    write_comparison, ArmSpec, Finding, MetricChoice, Reading, SeedComparison,
+    write_comparison, Arm, ArmSpec, Finding, MetricChoice, Reading, SeedComparison,
 };
+use rankwise::experiments::tune::{write_tuning, GridAxis, Tuning};
 use rankwise::experiments::{self, ReproduceDirs, Runner, Scale};
 use rankwise::io::fewshot_results::{
     write_episode_accuracies, write_fewshot_results, EpisodeAccuracy, EpisodeVersus, FewShotRow,
@@ -99,6 +100,12 @@ enum Command {
     /// change beats the training's seed-to-seed noise.
     #[command(after_help = COMPARE_EXAMPLES)]
     Compare(CompareArgs),
+    /// Search a grid of recipe overrides on classes held out of training ([validation]), never
+    /// on the test classes: every point trained with the same seeds, the best mean validation
+    /// value chosen, its test metrics reported, beside how sure the choice is and what choosing
+    /// on the test set would have reported.
+    #[command(after_help = TUNE_EXAMPLES)]
+    Tune(TuneArgs),
     /// Embed the images of one split with a trained checkpoint (.npy + labels .csv, the files
     /// `rankwise eval` reads).
     #[command(after_help = EMBED_EXAMPLES)]
@@ -113,6 +120,22 @@ enum Command {
     #[command(after_help = SYNTH_EXAMPLES)]
     SynthData(SynthDataArgs),
 }
+
+const TUNE_EXAMPLES: &str = "\
+Examples:
+  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \\
+                --grid loss.tau=0.001,0.01,0.1 --seeds 3
+  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \\
+                --grid loss.tau=0.01,0.1 --grid optimizer.backbone.lr=1e-4,5e-4 \\
+                --seeds 4 --set epochs=12 --metric all --out tune.json
+
+Every point trains with seeds FIRST..FIRST+N-1 and holds the same [validation] classes out of
+training; each run is read at the epoch its validation selected, and the point with the best
+mean validation value is chosen (the first on a tie). Its test metrics are the result to report.
+Each other point is compared with it on validation seed by seed (paired t-test, Holm-corrected):
+those inside the noise could as well have been chosen. The point with the best test value is
+shown too, with the optimism a choice on the test classes would have added. Runs are kept in
+--cache by recipe and run code, shared with rankwise compare.";
 
 const TRAIN_EXAMPLES: &str = "\
 Examples:
@@ -292,20 +315,16 @@ struct CompareArgs {
     /// An arm: LABEL, or LABEL: KEY=VALUE; KEY=VALUE (overrides of the recipe, as --set), the
     /// first item possibly @FILE (another recipe). Repeat for each arm, at least two; the first
     /// is the baseline every other arm is compared with.
-    #[arg(long = "arm", value_name = "LABEL[: ITEMS]", value_parser = parse_arm, required = true)]
+    #[arg(long = "arm", value_name = "LABEL[: ITEMS]", value_parser = parse_lib::<ArmSpec>, required = true)]
     arms: Vec<ArmSpec>,
     /// Override a key of every arm's recipe (before the arm's own). Repeatable.
     #[arg(long, value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Seeds per arm (at least 2).
-    #[arg(long, default_value_t = 3)]
-    seeds: usize,
-    /// The first seed: the arms train with seeds FIRST, FIRST + 1, ….
-    #[arg(long, value_name = "FIRST", default_value_t = 0)]
-    first_seed: u64,
+    #[command(flatten)]
+    runs: SeededRuns,
     /// A metric to compare: NAME (its finest level, e.g. R@1, mAP@R, H-AP), NAME:LEVEL, or all.
     /// Repeatable.
-    #[arg(long = "metric", value_name = "NAME[:LEVEL]", value_parser = parse_metric_choice,
+    #[arg(long = "metric", value_name = "NAME[:LEVEL]", value_parser = parse_lib::<MetricChoice>,
           default_values = ["R@1", "mAP@R"])]
     metrics: Vec<MetricChoice>,
     /// Seed counts at which these arms were compared before (increasing, below --seeds): each
@@ -315,8 +334,23 @@ struct CompareArgs {
     /// Which evaluation of each run to compare: last (the test metrics after the last epoch) or
     /// selected (those of the epoch each run's held-out classes chose: every arm needs a
     /// [validation] table).
-    #[arg(long, value_name = "last|selected", value_parser = parse_reading, default_value = "last")]
+    #[arg(long, value_name = "last|selected", value_parser = parse_lib::<Reading>, default_value = "last")]
     at: Reading,
+    /// Write the comparison (.json: recipes, every seed's value and the tests; .csv: a line per
+    /// metric and arm), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+/// How `compare` and `tune` train their runs: the seeds, the cache, the jobs, the device.
+#[derive(Args, Debug)]
+struct SeededRuns {
+    /// Seeds per arm or grid point (at least 2).
+    #[arg(long, default_value_t = 3)]
+    seeds: usize,
+    /// The first seed: every recipe trains with seeds FIRST, FIRST + 1, ….
+    #[arg(long, value_name = "FIRST", default_value_t = 0)]
+    first_seed: u64,
     /// Run cache: every run kept by its recipe and the run code.
     #[arg(long, value_name = "DIR", default_value = "runs/cache")]
     cache: PathBuf,
@@ -329,13 +363,87 @@ struct CompareArgs {
     /// Device: cpu, cuda or auto (overrides the recipes' `device`).
     #[arg(long)]
     device: Option<String>,
-    /// Write the comparison (.json: recipes, every seed's value and the tests; .csv: a line per
-    /// metric and arm), atomically.
-    #[arg(long, value_name = "FILE")]
-    out: Option<PathBuf>,
     /// Print the tables only (no line per run on stderr).
     #[arg(short, long)]
     quiet: bool,
+}
+
+impl SeededRuns {
+    /// FIRST, FIRST + 1, … (`--seeds` of them).
+    fn seed_list(&self) -> Result<Vec<u64>> {
+        (0..self.seeds as u64)
+            .map(|i| {
+                self.first_seed
+                    .checked_add(i)
+                    .context("--first-seed: the seeds overflow u64")
+            })
+            .collect()
+    }
+
+    /// `--device` applied to a recipe, checked against this build.
+    fn set_device(&self, arm: &mut Arm) -> Result<()> {
+        if let Some(d) = &self.device {
+            arm.config.device = DeviceChoice::parse(d).context("--device")?;
+            arm.config
+                .device
+                .check_available()
+                .with_context(|| format!("--device {d}"))?;
+        }
+        Ok(())
+    }
+
+    /// The runner (cached unless `--no-cache`) and the number of runs side by side, announced
+    /// on stderr as `what` (e.g. `comparing 3 arms`) unless `--quiet`.
+    fn runner(&self, what: &str, seeds: &[u64]) -> Result<(Runner, usize)> {
+        let cache = (!self.no_cache).then(|| self.cache.clone());
+        let runner = Runner::new(cache, !self.quiet).progress_on_stderr();
+        let jobs = match self.jobs {
+            Some(0) => bail!("--jobs: at least 1"),
+            Some(j) => j,
+            None => experiments::runs::default_jobs()?,
+        };
+        if !self.quiet {
+            eprintln!(
+                "{what} × {} seeds ({}–{}), up to {jobs} run(s) side by side, run cache {}",
+                seeds.len(),
+                seeds[0],
+                seeds[seeds.len() - 1],
+                if self.no_cache {
+                    "off".to_string()
+                } else {
+                    self.cache.display().to_string()
+                }
+            );
+        }
+        Ok((runner, jobs))
+    }
+}
+
+#[derive(Args, Debug)]
+struct TuneArgs {
+    /// The recipe every grid point starts from (TOML, as `rankwise train` reads it); it, or
+    /// --set, must hold classes out with a [validation] table.
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// An axis of the grid: a recipe key and its values, KEY=V1,V2,… (TOML values, as --set).
+    /// Repeat for more axes: every combination is a point.
+    #[arg(long = "grid", value_name = "KEY=V1,V2,…", value_parser = parse_lib::<GridAxis>,
+          required = true)]
+    grid: Vec<GridAxis>,
+    /// Override a key of every point's recipe (e.g. validation.fraction=0.2). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// A test metric to report for every point: NAME (its finest level), NAME:LEVEL, or all.
+    /// The validation's metric is always reported. Repeatable.
+    #[arg(long = "metric", value_name = "NAME[:LEVEL]", value_parser = parse_lib::<MetricChoice>,
+          default_values = ["R@1", "mAP@R"])]
+    metrics: Vec<MetricChoice>,
+    #[command(flatten)]
+    runs: SeededRuns,
+    /// Write the search (.json: recipes, every seed's value and the tests; .csv: a line per
+    /// point), atomically.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -497,7 +605,7 @@ struct EvalArgs {
     /// stages): k-reciprocal[:K1,K2,LAMBDA] (Zhong et al. 2017; default 20,6,0.3), aqe:K,
     /// aqewd:K, alpha-qe:K[,ALPHA] (default α = 3) or dqe:K, K the neighbours expanding a
     /// query.
-    #[arg(long, value_name = "METHOD", value_parser = parse_rerank)]
+    #[arg(long, value_name = "METHOD", value_parser = parse_lib::<RerankMethod>)]
     rerank: Option<RerankMethod>,
     /// Queries ranked per chunk (memory: chunk × references scores); default: the engine's.
     #[arg(long, value_name = "N")]
@@ -566,7 +674,7 @@ struct FewshotArgs {
     #[arg(
         long = "classifier",
         value_name = "METHOD",
-        value_parser = parse_episode_method,
+        value_parser = parse_lib::<EpisodeMethod>,
         default_value = "prototype"
     )]
     classifiers: Vec<EpisodeMethod>,
@@ -641,6 +749,7 @@ fn main() -> ExitCode {
         Command::GenEmbeddings(args) => gen_embeddings(&args),
         Command::Train(args) => train(&args),
         Command::Compare(args) => compare(&args),
+        Command::Tune(args) => tune(&args),
         Command::Embed(args) => embed(&args),
         Command::Reproduce(args) => reproduce(&args),
         Command::SynthData(args) => synth_data(&args),
@@ -785,11 +894,6 @@ fn read_versus(
         );
     }
     Ok(x)
-}
-
-/// `--rerank`'s method, or clap's error naming the forms.
-fn parse_rerank(s: &str) -> std::result::Result<RerankMethod, String> {
-    s.parse().map_err(|e: rankwise::Error| e.to_string())
 }
 
 /// The options that `--rerank` cannot honour: the re-rankers compute on the CPU from cosine
@@ -1088,10 +1192,6 @@ fn print_columns(header: &[String], cells: &[Vec<String>], left: impl Fn(usize) 
             .collect();
         println!("{}", line.join("  ").trim_end());
     }
-}
-
-fn parse_episode_method(s: &str) -> std::result::Result<EpisodeMethod, String> {
-    s.parse().map_err(|e: rankwise::Error| e.to_string())
 }
 
 fn fewshot(args: &FewshotArgs) -> Result<()> {
@@ -1401,69 +1501,39 @@ fn train(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_reading(s: &str) -> std::result::Result<Reading, String> {
+/// A value of the library's own syntax (`FromStr` with the library's error: `--rerank`'s
+/// method, an arm, a metric, …), for clap, whose error then names the forms.
+fn parse_lib<T: std::str::FromStr<Err = rankwise::Error>>(
+    s: &str,
+) -> std::result::Result<T, String> {
     s.parse().map_err(|e: rankwise::Error| e.to_string())
 }
 
-fn parse_arm(s: &str) -> std::result::Result<ArmSpec, String> {
-    s.parse().map_err(|e: rankwise::Error| e.to_string())
-}
-
-fn parse_metric_choice(s: &str) -> std::result::Result<MetricChoice, String> {
-    s.parse().map_err(|e: rankwise::Error| e.to_string())
-}
-
-fn compare(args: &CompareArgs) -> Result<()> {
+/// The start of `compare` and `tune`: the CPU settings, and the output file checked, since every
+/// input is checked before the first run trains (a bad name is no reason to lose hours).
+fn start_search(out: Option<&PathBuf>) -> Result<Instant> {
     rankwise::cpu::alloc::tune_allocator();
     rankwise::cpu::threads::tune_candle_threads();
-    let started = Instant::now();
-    // Every input is checked before the first run trains: a bad name is no reason to lose hours.
-    if let Some(out) = &args.out {
+    if let Some(out) = out {
         ResultFormat::from_path(out)?;
         check_output_file(out)?;
     }
-    let first = args.first_seed;
-    let seeds: Vec<u64> = (0..args.seeds as u64)
-        .map(|i| {
-            first
-                .checked_add(i)
-                .context("--first-seed: the seeds overflow u64")
-        })
-        .collect::<Result<_>>()?;
+    Ok(Instant::now())
+}
+
+fn compare(args: &CompareArgs) -> Result<()> {
+    let started = start_search(args.out.as_ref())?;
+    let seeds = args.runs.seed_list()?;
     experiments::compare::check_looks(&args.looks, seeds.len())?;
     let mut arms = Vec::with_capacity(args.arms.len());
     for spec in &args.arms {
         let mut arm = spec.resolve(&args.config, &args.set)?;
-        if let Some(d) = &args.device {
-            arm.config.device = DeviceChoice::parse(d).context("--device")?;
-            arm.config
-                .device
-                .check_available()
-                .with_context(|| format!("--device {d}"))?;
-        }
+        args.runs.set_device(&mut arm)?;
         arms.push(arm);
     }
-    let cache = (!args.no_cache).then(|| args.cache.clone());
-    let runner = Runner::new(cache, !args.quiet).progress_on_stderr();
-    let jobs = match args.jobs {
-        Some(0) => bail!("--jobs: at least 1"),
-        Some(j) => j,
-        None => experiments::runs::default_jobs()?,
-    };
-    if !args.quiet {
-        eprintln!(
-            "comparing {} arms × {} seeds ({}–{}), up to {jobs} run(s) side by side, run cache {}",
-            arms.len(),
-            seeds.len(),
-            seeds[0],
-            seeds[seeds.len() - 1],
-            if args.no_cache {
-                "off".to_string()
-            } else {
-                args.cache.display().to_string()
-            }
-        );
-    }
+    let (runner, jobs) = args
+        .runs
+        .runner(&format!("comparing {} arms", arms.len()), &seeds)?;
     let comparison = experiments::compare::compare(
         &runner,
         &arms,
@@ -1478,10 +1548,98 @@ fn compare(args: &CompareArgs) -> Result<()> {
         write_comparison(out, &comparison)?;
         println!("wrote {}", out.display());
     }
-    if !args.quiet {
+    if !args.runs.quiet {
         eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+fn tune(args: &TuneArgs) -> Result<()> {
+    let started = start_search(args.out.as_ref())?;
+    let seeds = args.runs.seed_list()?;
+    let mut arms = experiments::tune::candidates(&args.config, &args.set, &args.grid)?;
+    for arm in &mut arms {
+        args.runs.set_device(arm)?;
+    }
+    let (runner, jobs) = args
+        .runs
+        .runner(&format!("searching {} grid points", arms.len()), &seeds)?;
+    let tuning = experiments::tune::tune(&runner, &args.grid, &arms, &seeds, jobs, &args.metrics)?;
+    print_tuning(&tuning);
+    if let Some(out) = &args.out {
+        write_tuning(out, &tuning)?;
+        println!("wrote {}", out.display());
+    }
+    if !args.runs.quiet {
+        eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+    }
+    Ok(())
+}
+
+/// Every point's validation and test values, then the reading.
+fn print_tuning(t: &Tuning) {
+    let seeds = t.seeds.len();
+    let metric = t.selection_metric_name();
+    println!(
+        "{} grid points × {seeds} seeds ({}–{}), device {}, run code {}; chosen on {:.0}% of \
+         the training classes held out, by validation {metric}",
+        t.candidates.len(),
+        t.seeds[0],
+        t.seeds[seeds - 1],
+        t.devices.join(", "),
+        t.run_code,
+        100.0 * t.validation.fraction
+    );
+    let mut header: Vec<String> = vec![
+        "point".into(),
+        format!("val {metric}"),
+        "vs chosen (Holm p)".into(),
+        "epochs".into(),
+    ];
+    for (m, l) in &t.metrics {
+        header.push(match l {
+            Some(l) if *l > 0 => format!("test {m}:{l}"),
+            _ => format!("test {m}"),
+        });
+    }
+    let cells: Vec<Vec<String>> = t
+        .candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let mark = match (i == t.chosen, Some(i) == t.test_choice) {
+                (true, true) => " [chosen; test's choice too]",
+                (true, false) => " [chosen]",
+                (false, true) => " [test's choice]",
+                _ => "",
+            };
+            let versus = c.versus_chosen.as_ref().map_or("—".to_string(), |v| {
+                format!("{} ({})", v.finding.as_str(), format_p(v.p_holm))
+            });
+            let epochs: Vec<String> = c.selected_epochs.iter().map(u64::to_string).collect();
+            let mut row = vec![
+                format!("{}{mark}", c.label),
+                format!("{:.4} ± {:.4}", c.validation.mean, c.validation.half_width),
+                versus,
+                epochs.join(" "),
+            ];
+            row.extend(
+                c.test
+                    .iter()
+                    .map(|a| format!("{:.4} ± {:.4}", a.mean, a.half_width)),
+            );
+            row
+        })
+        .collect();
+    println!();
+    print_columns(&header, &cells, |i| i == 0 || i == 2);
+    println!(
+        "\nValues: mean ± half-width of the 95% interval over the seeds, each run read at the \
+         epoch its validation selected. vs chosen: each point − the chosen one on validation, \
+         the paired t-test over the {seeds} seeds, Holm-corrected over the {} other points.\n",
+        t.candidates.len() - 1
+    );
+    println!("{}", t.reading());
 }
 
 /// The arms' means, then each arm against the baseline, then how to read them.

@@ -584,9 +584,8 @@ pub fn compare_runs(
     }
     // Every arm's sample of every metric, then every comparison, so that Holm sees them all.
     let mut rows = Vec::with_capacity(metrics.len());
-    let mut tests: Vec<(usize, usize, Comparison, Vec<f64>)> = Vec::new();
     let mut samples: Vec<Vec<Sample>> = Vec::with_capacity(metrics.len());
-    for (m, (metric, level)) in metrics.iter().enumerate() {
+    for (metric, level) in metrics {
         let mut arm_samples = Vec::with_capacity(labels.len());
         let mut arms = Vec::with_capacity(labels.len());
         for (label, arm_runs) in labels.iter().zip(runs) {
@@ -597,24 +596,8 @@ pub fn compare_runs(
             let sample = Sample::new(values.clone())
                 .with_seeds(seeds.to_vec())
                 .with_looks(looks.to_vec());
-            arms.push(ArmValues {
-                arm: label.clone(),
-                values,
-                mean: sample.mean(),
-                half_width: sample.ci95(),
-            });
+            arms.push(arm_values(label, sample.clone()));
             arm_samples.push(sample);
-        }
-        for a in 1..labels.len() {
-            let c = stats::compare(&arm_samples[a], &arm_samples[0]);
-            debug_assert_eq!(c.test, Test::PairedSeeds);
-            let d: Vec<f64> = arm_samples[a]
-                .values
-                .iter()
-                .zip(&arm_samples[0].values)
-                .map(|(x, y)| x - y)
-                .collect();
-            tests.push((m, a, c, d));
         }
         rows.push(MetricComparison {
             metric: metric.clone(),
@@ -624,8 +607,48 @@ pub fn compare_runs(
         });
         samples.push(arm_samples);
     }
+    for (row, versus) in rows.iter_mut().zip(versus_baseline(labels, &samples, 0)) {
+        row.versus = versus;
+    }
+    Ok(rows)
+}
+
+/// An arm's values, their mean and the half-width of their 95% interval.
+pub(crate) fn arm_values(label: &str, sample: Sample) -> ArmValues {
+    ArmValues {
+        arm: label.to_string(),
+        mean: sample.mean(),
+        half_width: sample.ci95(),
+        values: sample.values,
+    }
+}
+
+/// Every arm against arm `baseline`, for each metric `m` of `samples[m][arm]` (samples over the
+/// same seeds): the paired t-test of each seed's difference, Holm-corrected over every
+/// comparison of all the metrics, each with its finding and, inside the noise, the seeds it
+/// would need. `result[m]` lists the arms but the baseline, in order.
+pub(crate) fn versus_baseline(
+    labels: &[String],
+    samples: &[Vec<Sample>],
+    baseline: usize,
+) -> Vec<Vec<Versus>> {
+    let mut tests: Vec<(usize, usize, Comparison, Vec<f64>)> = Vec::new();
+    for (m, arm_samples) in samples.iter().enumerate() {
+        for a in (0..labels.len()).filter(|&a| a != baseline) {
+            let c = stats::compare(&arm_samples[a], &arm_samples[baseline]);
+            debug_assert_eq!(c.test, Test::PairedSeeds);
+            let d: Vec<f64> = arm_samples[a]
+                .values
+                .iter()
+                .zip(&arm_samples[baseline].values)
+                .map(|(x, y)| x - y)
+                .collect();
+            tests.push((m, a, c, d));
+        }
+    }
     let adjusted = holm(&tests.iter().map(|t| t.2.p).collect::<Vec<_>>());
     let count = tests.len().max(1) as f64;
+    let mut out: Vec<Vec<Versus>> = vec![Vec::new(); samples.len()];
     for ((m, a, c, d), p_holm) in tests.into_iter().zip(adjusted) {
         let paired = stats::paired_t(&d);
         let defined = d.iter().all(|x| x.is_finite());
@@ -642,7 +665,8 @@ pub fn compare_runs(
         // decided whatever the other comparisons show.
         let (seeds_to_decide, beyond) = match finding {
             Finding::InsideTheNoise => {
-                match stats::seeds_to_decide(&samples[m][a], &samples[m][0], c.level / count) {
+                match stats::seeds_to_decide(&samples[m][a], &samples[m][baseline], c.level / count)
+                {
                     SeedsToDecide::At(n) => (Some(n), false),
                     SeedsToDecide::Beyond => (None, true),
                     SeedsToDecide::NotApplicable => (None, false),
@@ -650,9 +674,9 @@ pub fn compare_runs(
             }
             _ => (None, false),
         };
-        rows[m].versus.push(Versus {
+        out[m].push(Versus {
             arm: labels[a].clone(),
-            baseline: labels[0].clone(),
+            baseline: labels[baseline].clone(),
             difference: c.difference,
             interval_low: paired.interval.0,
             interval_high: paired.interval.1,
@@ -664,7 +688,7 @@ pub fn compare_runs(
             beyond,
         });
     }
-    Ok(rows)
+    out
 }
 
 /// Trains (or reads back) every arm with every seed and compares them on `metrics` (see

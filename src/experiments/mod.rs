@@ -19,6 +19,7 @@ pub mod recipe;
 pub mod runs;
 pub mod summary;
 pub mod table;
+pub mod tune;
 
 // Parts of one paper's experiments that are not a table of runs.
 pub mod minibatch_ap;

@@ -10,7 +10,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::write_atomically;
-use crate::train::validation::select;
+use crate::train::validation::{select, Selection};
 use crate::train::{LogRow, TrainConfig, Trainer, ValidationConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -68,16 +68,7 @@ impl RunResult {
     /// and the epoch. Errors naming the run when its log has no validation value of
     /// `validation`'s metric (a run trained without that `[validation]` table).
     pub fn selected(&self, validation: &ValidationConfig) -> Result<(RunResult, u64)> {
-        let (metric, level) = validation.metric()?;
-        let selection = select(&self.log, &metric, level).ok_or_else(|| {
-            Error::invalid(
-                "run",
-                format!(
-                    "`{}` has no validation value of {} (trained without a [validation] table?)",
-                    self.label, validation.metric
-                ),
-            )
-        })?;
+        let selection = self.selection(validation)?;
         // The final metrics are the first test set's (`Runner::train`).
         let metrics = selection
             .first_test_set()
@@ -94,6 +85,22 @@ impl RunResult {
             },
             selection.epoch,
         ))
+    }
+
+    /// The evaluation this run's held-out classes selected ([`select`]: the epoch, its
+    /// validation value of `validation`'s metric and its test metrics). Errors naming the run
+    /// when its log has no validation value of that metric.
+    pub fn selection(&self, validation: &ValidationConfig) -> Result<Selection> {
+        let (metric, level) = validation.metric()?;
+        select(&self.log, &metric, level).ok_or_else(|| {
+            Error::invalid(
+                "run",
+                format!(
+                    "`{}` has no validation value of {} (trained without a [validation] table?)",
+                    self.label, validation.metric
+                ),
+            )
+        })
     }
 
     /// `(epoch, value)` of a test metric over training (epoch 0 = before training).

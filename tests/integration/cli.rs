@@ -2116,3 +2116,145 @@ fn validation_selects_the_epoch_from_train_to_compare() {
         selection.test("test", "R@1", Some(0)).unwrap().to_bits()
     );
 }
+
+/// `rankwise tune`: a grid of τ searched on the held-out classes of the tiny recipe. The choice
+/// is the best mean validation value, every value is the one `rankwise compare --at selected`
+/// reads from the same cached runs (nothing retrains), and the table says what was chosen.
+#[test]
+fn tune_chooses_on_the_held_out_classes_what_compare_reads_at_the_selected_epochs() {
+    use rankwise::experiments::compare::SeedComparison;
+    use rankwise::experiments::tune::Tuning;
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let json = dir.path().join("tune.json");
+    let out = succeeds(&[
+        "tune",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--set",
+        "validation.fraction=0.25",
+        "--grid",
+        "loss.tau=0.01,0.1,1.0",
+        "--seeds",
+        "2",
+        "--metric",
+        "H-AP",
+        "--jobs",
+        "2",
+        "--out",
+        s(&json),
+        "-q",
+    ]);
+    for says in [
+        "3 grid points × 2 seeds (0–1)",
+        "by validation R@1",
+        "[chosen",
+        "vs chosen (Holm p)",
+        "Chosen on the held-out classes (25% of the training split's classes): loss.tau=",
+    ] {
+        assert!(out.contains(says), "no `{says}` in:\n{out}");
+    }
+    let t: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(t.candidates.len(), 3);
+    assert_eq!(t.candidates[2].overrides, ["loss.tau=1.0"]);
+    // The validation's metric is reported first, beside the one asked for.
+    assert_eq!(
+        t.metrics,
+        vec![("R@1".to_string(), Some(0)), ("H-AP".to_string(), None)]
+    );
+    let means: Vec<f64> = t.candidates.iter().map(|c| c.validation.mean).collect();
+    let top = means.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(t.chosen, means.iter().position(|&m| m == top).unwrap());
+    assert_eq!(
+        out.contains("[chosen; test's choice too]"),
+        t.test_choice == Some(t.chosen)
+    );
+    // compare --at selected on two of the points, from the cache: the same test values and
+    // the same selected epochs, bit for bit.
+    let cjson = dir.path().join("compare.json");
+    let out = rankwise(&[
+        "compare",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--seeds",
+        "2",
+        "--set",
+        "validation.fraction=0.25",
+        "--arm",
+        "a: loss.tau=0.01",
+        "--arm",
+        "b: loss.tau=1.0",
+        "--metric",
+        "R@1",
+        "--at",
+        "selected",
+        "--out",
+        s(&cjson),
+    ]);
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains(": training"), "retrained:\n{err}");
+    let c: SeedComparison =
+        serde_json::from_str(&std::fs::read_to_string(&cjson).unwrap()).unwrap();
+    for (arm, point) in [(0, 0), (1, 2)] {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&c.rows[0].arms[arm].values),
+            bits(&t.candidates[point].test[0].values)
+        );
+        assert_eq!(c.selected_epochs[arm], t.candidates[point].selected_epochs);
+    }
+}
+
+#[test]
+fn tune_refuses_bad_searches_before_anything_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let (r, c) = (s(&recipe), s(&cache));
+    let held = ["--set", "validation.fraction=0.25"];
+    let tau = ["--grid", "loss.tau=0.01,0.1"];
+    let with = |extra: &[&[&'static str]]| -> String {
+        let mut a = vec!["tune", "--config", r, "--cache", c, "-q"];
+        for e in extra {
+            a.extend_from_slice(e);
+        }
+        fails(&a)
+    };
+    for (extra, says) in [
+        (&[&tau[..]][..], "[validation]"),
+        (&[&held[..], &["--grid", "loss.tau=0.1"]], "at least two"),
+        (&[&held[..], &tau, &["--grid", "loss.tau=1"]], "two axes"),
+        (
+            &[&held[..], &["--grid", "loss.tau=0.1,abc"]],
+            "loss.tau=abc",
+        ),
+        (&[&held[..], &tau, &["--seeds", "1"]], "two distinct seeds"),
+        (&[&held[..], &tau, &["--metric", "NDGC"]], "not a metric"),
+        (&[&held[..], &tau, &["--metric", "R@4"]], "eval.recall_ks"),
+        (&[&held[..], &tau, &["--out", "t.txt"]], ".json or .csv"),
+        (
+            &[&held[..], &tau, &["--set", "validation.metric=R@4"]],
+            "validation.metric",
+        ),
+        (&[&held[..], &tau, &["--jobs", "0"]], "--jobs"),
+    ] {
+        let e = with(extra);
+        assert!(e.contains(says), "{extra:?}: {e}");
+    }
+    assert!(!cache.exists(), "a refused search trained something");
+    // Axes clap cannot read are refused by clap (status 2), naming the axis.
+    for (axis, says) in [
+        ("seed=1,2", "not a hyperparameter"),
+        ("validation.fraction=0.2,0.3", "held-out classes"),
+    ] {
+        let out = rankwise(&["tune", "--config", r, "--grid", axis]);
+        let err = stderr_of(&out);
+        assert!(!out.status.success() && err.contains(says), "{err}");
+    }
+}

@@ -1,0 +1,912 @@
+//! Hyperparameters chosen on classes held out of training, never on the test classes
+//! (`rankwise tune`).
+//!
+//! **Why.** The papers choose τ, the learning rate or the margin by their test metrics and then
+//! report those same test metrics. The value reported is then the grid's luckiest on the test
+//! classes, and the number carries that luck: Musgrave et al. (*A Metric Learning Reality Check*,
+//! ECCV 2020) found a decade of losses' gains shrinking to the noise once tuning left the test
+//! set. Here every point of a grid of recipe overrides trains with the same seeds, each run
+//! holding its `[validation]` classes out ([`crate::train::validation`]), and the point with the
+//! best mean validation value is chosen, each run read at the epoch its validation selected. The
+//! chosen point's test metrics at those epochs are the honest result: neither the
+//! hyperparameters nor the epochs saw the test classes.
+//!
+//! **What else a reader needs.** Two numbers say how much to trust the choice:
+//! - *How sure it is*: every other point against the chosen one on the validation values, seed
+//!   by seed (the paired t-test over the seeds, Holm-corrected over the other points, as
+//!   [`super::compare`]). A point inside the noise could as well have been chosen with other
+//!   seeds. This is descriptive: the chosen point is the largest of noisy means, so its lead is
+//!   biased upwards; a point found lower is lower beyond doubt, one inside the noise is not
+//!   shown worse.
+//! - *What tuning on the test classes would have reported*: the point with the best mean test
+//!   value of the validation's own metric (its epochs still chosen by validation), and its gap
+//!   to the honest result, the optimism of choosing on the test classes.
+//!
+//! ```text
+//! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \
+//!     --grid loss.tau=0.001,0.01,0.1 --seeds 3
+//! ```
+
+use super::compare::{
+    arm_values, check_metric_names, resolve_metrics, run_arms, versus_baseline, Arm, ArmSpec,
+    ArmValues, MetricChoice, Versus,
+};
+use super::runs::{RunResult, Runner};
+use crate::error::{Error, Result};
+use crate::io::results::{csv_f64, write_json, ResultFormat};
+use crate::io::write_atomically;
+use crate::stats::Sample;
+use crate::train::{Selection, ValidationConfig};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::Path;
+use std::str::FromStr;
+
+/// One axis of a grid: a recipe key and the values it takes, written `KEY=V1,V2,…` (each value
+/// a TOML value as `rankwise train --set` reads it; commas inside `[…]`, `{…}` or quotes belong
+/// to the value).
+///
+/// ```
+/// use rankwise::experiments::tune::GridAxis;
+/// let axis: GridAxis = "loss.tau=0.001, 0.01,0.1".parse()?;
+/// assert_eq!(axis.key, "loss.tau");
+/// assert_eq!(axis.values, ["0.001", "0.01", "0.1"]);
+/// let ks: GridAxis = "eval.recall_ks=[1,2],[1,4]".parse()?;
+/// assert_eq!(ks.values, ["[1,2]", "[1,4]"]);
+/// assert!("loss.tau".parse::<GridAxis>().is_err());
+/// assert!("loss.tau=0.1,,0.2".parse::<GridAxis>().is_err());
+/// # Ok::<(), rankwise::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GridAxis {
+    /// The dotted recipe key (`loss.tau`, `optimizer.backbone.lr`).
+    pub key: String,
+    /// Its values, in the order given (the grid's order, and the order ties are broken in).
+    pub values: Vec<String>,
+}
+
+impl FromStr for GridAxis {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let bad = |why: String| Error::invalid(format!("--grid {text:?}"), why);
+        let (key, values) = text
+            .split_once('=')
+            .ok_or_else(|| bad("expected KEY=V1,V2,… (e.g. loss.tau=0.001,0.01,0.1)".into()))?;
+        let key = key.trim();
+        if key.is_empty() {
+            return Err(bad("no key before `=`".into()));
+        }
+        // The recipe's seed is replaced by each seed of the search, and the validation table is
+        // the yardstick every point is measured with: a grid over either compares nothing.
+        if key == "seed" {
+            return Err(bad(
+                "the seed is not a hyperparameter: every point trains with each of --seeds".into(),
+            ));
+        }
+        if key == "validation" || key.starts_with("validation.") {
+            return Err(bad(format!(
+                "`{key}` defines the held-out classes every point is chosen on; set it once for \
+                 all points with --set"
+            )));
+        }
+        let values = split_top_level(values);
+        if values.iter().any(String::is_empty) {
+            return Err(bad(
+                "an empty value (two commas in a row, or a trailing one)".into(),
+            ));
+        }
+        for (i, v) in values.iter().enumerate() {
+            if values[..i].contains(v) {
+                return Err(bad(format!("value `{v}` is listed twice")));
+            }
+        }
+        Ok(GridAxis {
+            key: key.to_string(),
+            values,
+        })
+    }
+}
+
+/// `text` split at the commas outside brackets, braces and quotes, each piece trimmed.
+fn split_top_level(text: &str) -> Vec<String> {
+    let mut pieces = Vec::new();
+    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
+    for (i, c) in text.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '[' | '{') => depth += 1,
+            (None, ']' | '}') => depth -= 1,
+            (None, ',') if depth == 0 => {
+                pieces.push(text[start..i].trim().to_string());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    pieces.push(text[start..].trim().to_string());
+    pieces
+}
+
+/// The grid's points, each the `KEY=VALUE` overrides of one recipe: every combination of the
+/// axes' values, the first axis varying slowest. Needs distinct keys and at least two points.
+///
+/// ```
+/// use rankwise::experiments::tune::{grid, GridAxis};
+/// let axes: Vec<GridAxis> = vec!["loss.tau=0.01,0.1".parse()?, "epochs=4,8".parse()?];
+/// let points = grid(&axes)?;
+/// assert_eq!(points.len(), 4);
+/// assert_eq!(points[1], ["loss.tau=0.01", "epochs=8"]);
+/// assert!(grid(&axes[1..2].iter().map(|a| GridAxis { values: vec!["4".into()], ..a.clone() })
+///     .collect::<Vec<_>>()).is_err()); // one point: nothing to choose from
+/// # Ok::<(), rankwise::Error>(())
+/// ```
+pub fn grid(axes: &[GridAxis]) -> Result<Vec<Vec<String>>> {
+    for (i, axis) in axes.iter().enumerate() {
+        if axes[..i].iter().any(|a| a.key == axis.key) {
+            return Err(Error::invalid(
+                "--grid",
+                format!(
+                    "key `{}` has two axes; list all its values in one",
+                    axis.key
+                ),
+            ));
+        }
+    }
+    let mut points: Vec<Vec<String>> = vec![Vec::new()];
+    for axis in axes {
+        points = points
+            .into_iter()
+            .flat_map(|p| {
+                axis.values.iter().map(move |v| {
+                    let mut q = p.clone();
+                    q.push(format!("{}={v}", axis.key));
+                    q
+                })
+            })
+            .collect();
+    }
+    if axes.is_empty() || points.len() < 2 {
+        return Err(Error::invalid(
+            "--grid",
+            format!(
+                "{} point(s): a search needs at least two (e.g. --grid loss.tau=0.01,0.1)",
+                if axes.is_empty() { 0 } else { points.len() }
+            ),
+        ));
+    }
+    Ok(points)
+}
+
+/// The recipe of every grid point: `base` with the `shared` overrides, then the point's own
+/// (labelled by them, `loss.tau=0.01, epochs=8`). Every point must hold classes out for
+/// validation, all the same ones: an error says how to add a `[validation]` table.
+pub fn candidates(base: &Path, shared: &[String], axes: &[GridAxis]) -> Result<Vec<Arm>> {
+    let arms = grid(axes)?
+        .into_iter()
+        .map(|point| {
+            ArmSpec {
+                label: point.join(", "),
+                recipe: None,
+                overrides: point,
+            }
+            .resolve(base, shared)
+        })
+        .collect::<Result<Vec<Arm>>>()?;
+    validation_of(&arms)?;
+    Ok(arms)
+}
+
+/// The `[validation]` table every candidate shares.
+fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
+    let first = arms.first().and_then(|a| a.config.validation.clone());
+    let Some(validation) = first else {
+        return Err(Error::invalid(
+            "[validation]",
+            "the recipe holds no classes out to choose on: add a [validation] table, or --set \
+             validation.fraction=0.2",
+        ));
+    };
+    if let Some(a) = arms
+        .iter()
+        .find(|a| a.config.validation.as_ref() != Some(&validation))
+    {
+        return Err(Error::invalid(
+            "[validation]",
+            format!(
+                "point `{}` holds other classes out than `{}`: every point must be chosen on the \
+                 same ones",
+                a.label, arms[0].label
+            ),
+        ));
+    }
+    Ok(validation)
+}
+
+/// One grid point: what it trained and measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    /// The point's label (its overrides, joined by `, `).
+    pub label: String,
+    /// Its `KEY=VALUE` overrides.
+    pub overrides: Vec<String>,
+    /// Its resolved recipe (TOML, seed of the first run).
+    pub recipe: String,
+    /// The validation value of each seed's selected epoch (`arm` = the label).
+    pub validation: ArmValues,
+    /// The epoch each seed's validation selected.
+    pub selected_epochs: Vec<u64>,
+    /// The test metrics at those epochs, one per [`Tuning::metrics`] entry.
+    pub test: Vec<ArmValues>,
+    /// The point against the chosen one on the validation values (`None` for the chosen point).
+    pub versus_chosen: Option<Versus>,
+}
+
+/// A search of a grid on held-out training classes (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tuning {
+    /// The grid's axes.
+    pub axes: Vec<GridAxis>,
+    /// The seeds every point trained with.
+    pub seeds: Vec<u64>,
+    /// The run code of the build that trained the runs.
+    pub run_code: String,
+    /// The devices the runs trained on.
+    pub devices: Vec<String>,
+    /// The recipe's `[validation]` table: the classes held out and the metric that chooses.
+    pub validation: ValidationConfig,
+    /// The test metrics reported, `(name, level)`; the validation's metric among them.
+    pub metrics: Vec<(String, Option<usize>)>,
+    /// Every point, in the grid's order.
+    pub candidates: Vec<Candidate>,
+    /// The point chosen on the held-out classes: the best mean validation value (the first in
+    /// the grid's order on a tie).
+    pub chosen: usize,
+    /// The index in [`Tuning::metrics`] of the validation's metric read on the test set.
+    pub selection_metric: usize,
+    /// The point the test set would have chosen: the best mean test value of that metric
+    /// (`None` when no point has one).
+    pub test_choice: Option<usize>,
+    /// The test choice's mean test value minus the chosen point's: what choosing on the test
+    /// classes would have added to the reported number.
+    #[serde(with = "crate::io::json_f64")]
+    pub optimism: f64,
+}
+
+/// Trains (or reads back through `runner`'s cache) every candidate ([`candidates`]: `arms[i]`
+/// is the grid's point `i`) with every seed and makes the choice of [`tune_runs`]. Everything
+/// is checked before the first run trains.
+pub fn tune(
+    runner: &Runner,
+    axes: &[GridAxis],
+    arms: &[Arm],
+    seeds: &[u64],
+    jobs: usize,
+    metrics: &[MetricChoice],
+) -> Result<Tuning> {
+    let points = grid(axes)?;
+    if points.len() != arms.len() {
+        return Err(Error::Shape(format!(
+            "{} recipes for the {} points of the grid",
+            arms.len(),
+            points.len()
+        )));
+    }
+    let validation = validation_of(arms)?;
+    validation.metric()?;
+    check_metric_names(metrics, arms)?;
+    let runs = run_arms(runner, arms, seeds, jobs)?;
+    let labels: Vec<String> = arms.iter().map(|a| a.label.clone()).collect();
+    let mut tuning = tune_runs(axes, &labels, seeds, &runs, metrics, &validation)?;
+    tuning.run_code = runner.run_code().to_string();
+    Ok(tuning)
+}
+
+/// The choice among finished runs, `runs[p][s]` the run of grid point `p` (labelled
+/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]`: each run read at the
+/// epoch its validation selected ([`RunResult::selection`]), the point with the best mean
+/// validation value chosen (the first on a tie; NaN never), every other point tested against
+/// it on the validation values seed by seed (Holm-corrected), `metrics` read on the test set
+/// at the selected epochs (the validation's metric added first when not named), and the
+/// point the test set would have chosen. [`Tuning::run_code`] is left empty.
+///
+/// ```
+/// use rankwise::experiments::tune::{tune_runs, GridAxis};
+/// use rankwise::experiments::{MetricValue, RunResult};
+/// use rankwise::train::{MetricsLog, ValidationConfig};
+/// // A run whose validation R@1 peaks at epoch 1 while its test R@1 still rises at epoch 2.
+/// let run = |val: [f64; 2], test: [f64; 2]| {
+///     let mut log = MetricsLog::default();
+///     for e in 0..2 {
+///         log.push(e as u64 + 1, 0, "val", "R@1", Some(0), val[e]);
+///         log.push(e as u64 + 1, 0, "test", "R@1", Some(0), test[e]);
+///     }
+///     RunResult { label: String::new(), recipe: String::new(), log: log.rows().to_vec(),
+///                 metrics: vec![MetricValue { metric: "R@1".into(), level: Some(0),
+///                                             value: test[1] }],
+///                 seconds: 0.0, test_queries: 10, seed: 0, device: "cpu".into(),
+///                 code: String::new() }
+/// };
+/// let axes: Vec<GridAxis> = vec!["loss.tau=0.01,0.1".parse()?];
+/// let runs = vec![
+///     vec![run([0.50, 0.48], [0.30, 0.33]), run([0.52, 0.50], [0.31, 0.35])],
+///     vec![run([0.40, 0.45], [0.34, 0.36]), run([0.43, 0.47], [0.35, 0.37])],
+/// ];
+/// let t = tune_runs(&axes, &["tau 0.01".into(), "tau 0.1".into()], &[0, 1], &runs, &[],
+///                   &ValidationConfig::default())?;
+/// // τ = 0.01 wins on validation (0.51 against 0.46); its test R@1 is read at epoch 1.
+/// assert_eq!(t.chosen, 0);
+/// assert_eq!(t.candidates[0].selected_epochs, [1, 1]);
+/// assert!((t.candidates[0].test[0].mean - 0.305).abs() < 1e-12);
+/// // The test set would have chosen τ = 0.1 (0.365 at its epoch 2): 0.06 of optimism.
+/// assert_eq!(t.test_choice, Some(1));
+/// assert!((t.optimism - 0.06).abs() < 1e-12);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
+pub fn tune_runs(
+    axes: &[GridAxis],
+    labels: &[String],
+    seeds: &[u64],
+    runs: &[Vec<RunResult>],
+    metrics: &[MetricChoice],
+    validation: &ValidationConfig,
+) -> Result<Tuning> {
+    let points = grid(axes)?;
+    if runs.len() != points.len()
+        || labels.len() != points.len()
+        || runs.iter().any(|r| r.len() != seeds.len())
+    {
+        return Err(Error::Shape(format!(
+            "{} points of runs and {} labels for a grid of {} points, each needing {} seeds",
+            runs.len(),
+            labels.len(),
+            points.len(),
+            seeds.len()
+        )));
+    }
+    let selections: Vec<Vec<Selection>> = runs
+        .iter()
+        .map(|point| point.iter().map(|r| r.selection(validation)).collect())
+        .collect::<Result<_>>()?;
+    let read: Vec<Vec<RunResult>> = runs
+        .iter()
+        .map(|point| {
+            point
+                .iter()
+                .map(|r| r.selected(validation).map(|(run, _)| run))
+                .collect()
+        })
+        .collect::<Result<_>>()?;
+    let measured: Vec<(String, Option<usize>)> = read[0][0]
+        .metrics
+        .iter()
+        .map(|m| (m.metric.clone(), m.level))
+        .collect();
+    let mut keys = resolve_metrics(metrics, &measured)?;
+    let key = validation.metric()?;
+    let selection_metric = match keys.iter().position(|k| *k == key) {
+        Some(i) => i,
+        None => {
+            keys.insert(0, key);
+            0
+        }
+    };
+    let samples: Vec<Sample> = selections
+        .iter()
+        .map(|s| Sample::new(s.iter().map(|s| s.value).collect()).with_seeds(seeds.to_vec()))
+        .collect();
+    let chosen = best(samples.iter().map(Sample::mean)).ok_or_else(|| {
+        Error::invalid(
+            "[validation]",
+            "no point has a validation value that is a number: nothing to choose on",
+        )
+    })?;
+    let mut versus = versus_baseline(labels, std::slice::from_ref(&samples), chosen)
+        .remove(0)
+        .into_iter();
+    let mut candidates = Vec::with_capacity(points.len());
+    for (p, point) in points.into_iter().enumerate() {
+        let test = keys
+            .iter()
+            .map(|(m, l)| {
+                let values = read[p]
+                    .iter()
+                    .map(|r| r.metric(m, *l))
+                    .collect::<Result<Vec<f64>>>()?;
+                Ok(arm_values(&labels[p], Sample::new(values)))
+            })
+            .collect::<Result<Vec<ArmValues>>>()?;
+        candidates.push(Candidate {
+            label: labels[p].clone(),
+            overrides: point,
+            recipe: runs[p][0].recipe.clone(),
+            validation: arm_values(&labels[p], samples[p].clone()),
+            selected_epochs: selections[p].iter().map(|s| s.epoch).collect(),
+            test,
+            versus_chosen: if p == chosen { None } else { versus.next() },
+        });
+    }
+    let test_choice = best(candidates.iter().map(|c| c.test[selection_metric].mean));
+    let optimism = test_choice.map_or(f64::NAN, |t| {
+        candidates[t].test[selection_metric].mean - candidates[chosen].test[selection_metric].mean
+    });
+    let mut devices: Vec<String> = runs.iter().flatten().map(|r| r.device.clone()).collect();
+    devices.sort();
+    devices.dedup();
+    Ok(Tuning {
+        axes: axes.to_vec(),
+        seeds: seeds.to_vec(),
+        run_code: String::new(),
+        devices,
+        validation: validation.clone(),
+        metrics: keys,
+        candidates,
+        chosen,
+        selection_metric,
+        test_choice,
+        optimism,
+    })
+}
+
+/// The index of the largest value, the first on a tie; NaN never wins. `None` when every value
+/// is NaN (or there is none).
+fn best(values: impl Iterator<Item = f64>) -> Option<usize> {
+    values
+        .enumerate()
+        .filter(|(_, v)| !v.is_nan())
+        .fold(None::<(usize, f64)>, |b, (i, v)| match b {
+            Some((_, bv)) if bv >= v => b,
+            _ => Some((i, v)),
+        })
+        .map(|(i, _)| i)
+}
+
+impl Tuning {
+    /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
+    pub fn selection_metric_name(&self) -> String {
+        let (m, l) = &self.metrics[self.selection_metric];
+        match l {
+            Some(l) if *l > 0 => format!("{m}:{l}"),
+            _ => m.clone(),
+        }
+    }
+
+    /// The points the validation cannot tell from the chosen one (inside the seeds' noise).
+    pub fn indistinct(&self) -> Vec<&Candidate> {
+        self.candidates
+            .iter()
+            .filter(|c| {
+                c.versus_chosen
+                    .as_ref()
+                    .is_some_and(|v| v.finding != super::compare::Finding::Lower)
+            })
+            .collect()
+    }
+
+    /// What the search found, in sentences generated from its numbers: the choice and its test
+    /// result, how sure the choice is, and what a choice on the test classes would have
+    /// reported.
+    pub fn reading(&self) -> String {
+        let metric = self.selection_metric_name();
+        let chosen = &self.candidates[self.chosen];
+        let test = &chosen.test[self.selection_metric];
+        let mut text = format!(
+            "Chosen on the held-out classes ({:.0}% of the training split's classes): {} \
+             (validation {metric} {:.4}). Its test {metric} \
+             at the epochs its validation selected is {:.4} ± {:.4} over {} seeds: the result \
+             to report, since neither the point nor the epochs saw the test classes.",
+            100.0 * self.validation.fraction,
+            chosen.label,
+            chosen.validation.mean,
+            test.mean,
+            test.half_width,
+            self.seeds.len()
+        );
+        let close = self.indistinct();
+        if close.is_empty() {
+            text.push_str(&format!(
+                " Every other point is lower on validation beyond the seeds' noise (paired \
+                 t-tests over the {} seeds, Holm-corrected).",
+                self.seeds.len()
+            ));
+        } else {
+            let names: Vec<String> = close.iter().map(|c| format!("`{}`", c.label)).collect();
+            text.push_str(&format!(
+                " The validation cannot tell it from {} (paired t-tests over the {} seeds, \
+                 Holm-corrected): with other seeds, {} could as well have been chosen.",
+                names.join(", "),
+                self.seeds.len(),
+                if close.len() == 1 {
+                    "that point"
+                } else {
+                    "those points"
+                }
+            ));
+        }
+        match self.test_choice {
+            Some(t) if t == self.chosen => text.push_str(&format!(
+                " The test classes would have chosen the same point: the choice of \
+                 hyperparameters added no optimism here ({metric} read at the epochs the \
+                 validation selected)."
+            )),
+            Some(t) => {
+                let other = &self.candidates[t];
+                text.push_str(&format!(
+                    " Chosen on the test classes instead, the grid would have reported {} with \
+                     test {metric} {:.4}: {:+.4} over the honest result, the optimism of tuning \
+                     on the test set.",
+                    other.label, other.test[self.selection_metric].mean, self.optimism
+                ));
+            }
+            None => text.push_str(&format!(
+                " No point has a test {metric} that is a number: no test choice to set beside it."
+            )),
+        }
+        text
+    }
+}
+
+/// Writes `tuning` to `path`, atomically: `.json`, all of it (recipes and every seed's value);
+/// `.csv`, one line per point (`point,chosen,test_choice,n,val_metric,val_mean,val_half_width,
+/// selected_epochs,p_holm_vs_chosen,finding_vs_chosen`, then `mean` and `half_width` of each
+/// test metric).
+pub fn write_tuning(path: &Path, tuning: &Tuning) -> Result<()> {
+    match ResultFormat::from_path(path)? {
+        ResultFormat::Json => write_json(path, tuning),
+        ResultFormat::Csv => write_atomically(path, |w| write_csv(w, tuning)),
+    }
+}
+
+fn write_csv(w: &mut dyn Write, tuning: &Tuning) -> std::io::Result<()> {
+    let mut out = csv::Writer::from_writer(w);
+    let mut header: Vec<String> = [
+        "point",
+        "chosen",
+        "test_choice",
+        "n",
+        "val_metric",
+        "val_mean",
+        "val_half_width",
+        "selected_epochs",
+        "p_holm_vs_chosen",
+        "finding_vs_chosen",
+    ]
+    .map(String::from)
+    .into();
+    for (m, l) in &tuning.metrics {
+        let name = l.map_or(m.clone(), |l| format!("{m}:{l}"));
+        header.push(format!("test {name} mean"));
+        header.push(format!("test {name} half_width"));
+    }
+    out.write_record(&header)?;
+    let metric = tuning.selection_metric_name();
+    for (i, c) in tuning.candidates.iter().enumerate() {
+        let epochs: Vec<String> = c.selected_epochs.iter().map(u64::to_string).collect();
+        let mut record = vec![
+            c.label.clone(),
+            (i == tuning.chosen).to_string(),
+            (Some(i) == tuning.test_choice).to_string(),
+            c.validation.values.len().to_string(),
+            metric.clone(),
+            csv_f64(c.validation.mean),
+            csv_f64(c.validation.half_width),
+            epochs.join(" "),
+        ];
+        match &c.versus_chosen {
+            Some(v) => record.extend([csv_f64(v.p_holm), v.finding.as_str().to_string()]),
+            None => record.extend([String::new(), String::new()]),
+        }
+        for t in &c.test {
+            record.extend([csv_f64(t.mean), csv_f64(t.half_width)]);
+        }
+        out.write_record(&record)?;
+    }
+    out.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experiments::compare::Finding;
+    use crate::experiments::MetricValue;
+
+    #[test]
+    fn axes_parse_and_refuse_what_cannot_be_searched() {
+        let a: GridAxis = "optimizer.backbone.lr = 1e-4,5e-4".parse().unwrap();
+        assert_eq!(
+            (a.key.as_str(), a.values.clone()),
+            (
+                "optimizer.backbone.lr",
+                vec!["1e-4".to_string(), "5e-4".to_string()]
+            )
+        );
+        let a: GridAxis = r#"loss.kind="smooth_ap",'fast_ap', {x = 1, y = 2}"#
+            .parse()
+            .unwrap();
+        assert_eq!(a.values, [r#""smooth_ap""#, "'fast_ap'", "{x = 1, y = 2}"]);
+        let a: GridAxis = r#"name="a,b",c"#.parse().unwrap();
+        assert_eq!(a.values, [r#""a,b""#, "c"]);
+        for (text, want) in [
+            ("loss.tau", "KEY=V1,V2"),
+            ("=0.1,0.2", "no key"),
+            ("seed=1,2", "not a hyperparameter"),
+            ("validation.fraction=0.1,0.2", "held-out classes"),
+            ("validation={fraction=0.1}", "held-out classes"),
+            ("loss.tau=0.1,", "empty value"),
+            ("loss.tau=0.1,0.1", "listed twice"),
+        ] {
+            let e = text.parse::<GridAxis>().unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("--grid"), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_grid_is_every_combination_first_axis_slowest() {
+        let axes: Vec<GridAxis> = ["a=1,2,3", "b=x,y"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        let g = grid(&axes).unwrap();
+        assert_eq!(g.len(), 6);
+        assert_eq!(g[0], ["a=1", "b=x"]);
+        assert_eq!(g[1], ["a=1", "b=y"]);
+        assert_eq!(g[5], ["a=3", "b=y"]);
+        let e = grid(&[]).unwrap_err().to_string();
+        assert!(e.contains("0 point(s)"), "{e}");
+        let twice = vec![axes[0].clone(), axes[0].clone()];
+        let e = grid(&twice).unwrap_err().to_string();
+        assert!(e.contains("two axes"), "{e}");
+    }
+
+    /// A run whose log has, at each epoch `e + 1`, validation R@1 `val[e]` and test R@1 and
+    /// mAP@R `test[e]` and `test[e] / 4`; its final metrics are the last epoch's.
+    fn run(label: &str, val: &[f64], test: &[f64]) -> RunResult {
+        let mut log = crate::train::MetricsLog::default();
+        for (e, (&v, &t)) in val.iter().zip(test).enumerate() {
+            let e = e as u64 + 1;
+            log.push(e, 10 * e, "train", "loss_mean", None, 1.0);
+            log.push(e, 10 * e, "val", "R@1", Some(0), v);
+            log.push(e, 10 * e, "test", "R@1", Some(0), t);
+            log.push(e, 10 * e, "test", "mAP@R", Some(0), t / 4.0);
+        }
+        let last = *test.last().unwrap();
+        RunResult {
+            label: label.into(),
+            recipe: format!("# {label}"),
+            metrics: vec![
+                MetricValue {
+                    metric: "R@1".into(),
+                    level: Some(0),
+                    value: last,
+                },
+                MetricValue {
+                    metric: "mAP@R".into(),
+                    level: Some(0),
+                    value: last / 4.0,
+                },
+            ],
+            log: log.rows().to_vec(),
+            seconds: 1.0,
+            test_queries: 10,
+            seed: 0,
+            device: "cpu".into(),
+            code: String::new(),
+        }
+    }
+
+    fn axis(n: usize) -> Vec<GridAxis> {
+        let values: Vec<String> = (0..n).map(|i| format!("0.{}", i + 1)).collect();
+        vec![format!("loss.tau={}", values.join(",")).parse().unwrap()]
+    }
+
+    fn labels(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("p{i}")).collect()
+    }
+
+    #[test]
+    fn the_choice_is_the_best_mean_validation_and_each_other_point_is_tested_against_it() {
+        // Four seeds. p0: validation far below p1 on every seed. p1: the best. p2: a hair
+        // below p1 on average, above it on two seeds: inside the noise. The test set prefers
+        // p2 (its R@1 peaks after the epoch its validation selected, so the selected reading
+        // is what counts).
+        let runs = vec![
+            vec![
+                run("p0 s0", &[0.20, 0.21], &[0.10, 0.11]),
+                run("p0 s1", &[0.22, 0.23], &[0.10, 0.12]),
+                run("p0 s2", &[0.21, 0.20], &[0.11, 0.10]),
+                run("p0 s3", &[0.23, 0.24], &[0.12, 0.12]),
+            ],
+            vec![
+                run("p1 s0", &[0.50, 0.40], &[0.30, 0.50]),
+                run("p1 s1", &[0.52, 0.45], &[0.31, 0.50]),
+                run("p1 s2", &[0.48, 0.51], &[0.29, 0.32]),
+                run("p1 s3", &[0.53, 0.50], &[0.30, 0.50]),
+            ],
+            vec![
+                run("p2 s0", &[0.51, 0.30], &[0.33, 0.50]),
+                run("p2 s1", &[0.49, 0.30], &[0.34, 0.50]),
+                run("p2 s2", &[0.50, 0.30], &[0.35, 0.50]),
+                run("p2 s3", &[0.52, 0.30], &[0.32, 0.50]),
+            ],
+        ];
+        let t = tune_runs(
+            &axis(3),
+            &labels(3),
+            &[0, 1, 2, 3],
+            &runs,
+            &["mAP@R".parse().unwrap()],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(t.chosen, 1);
+        let c1 = &t.candidates[1];
+        assert_eq!(c1.validation.values, vec![0.50, 0.52, 0.51, 0.53]);
+        assert_eq!(c1.selected_epochs, vec![1, 1, 2, 1]);
+        // The validation's metric was not named: added first.
+        assert_eq!(t.selection_metric, 0);
+        assert_eq!(
+            t.metrics,
+            vec![("R@1".to_string(), Some(0)), ("mAP@R".to_string(), Some(0))]
+        );
+        assert_eq!(c1.test[0].values, vec![0.30, 0.31, 0.32, 0.30]);
+        assert_eq!(c1.test[1].values, vec![0.075, 0.0775, 0.08, 0.075]);
+        assert!(c1.versus_chosen.is_none());
+        assert_eq!(c1.overrides, ["loss.tau=0.2"]);
+        let v0 = t.candidates[0].versus_chosen.as_ref().unwrap();
+        let v2 = t.candidates[2].versus_chosen.as_ref().unwrap();
+        assert_eq!(
+            (v0.finding, v2.finding),
+            (Finding::Lower, Finding::InsideTheNoise)
+        );
+        assert_eq!((v0.baseline.as_str(), v2.arm.as_str()), ("p1", "p2"));
+        // Holm over the two comparisons, and the library's paired test.
+        let d: Vec<f64> = [0.51, 0.49, 0.50, 0.52]
+            .iter()
+            .zip([0.50, 0.52, 0.51, 0.53])
+            .map(|(a, b)| a - b)
+            .collect();
+        assert!((v2.p - crate::stats::paired_t(&d).p).abs() < 1e-12);
+        assert!(v2.p_holm >= v2.p && v2.p_holm <= 2.0 * v2.p + 1e-15);
+        assert_eq!(t.indistinct().len(), 1);
+        // The test set would have chosen p2 (mean 0.335 against 0.3075).
+        assert_eq!(t.test_choice, Some(2));
+        assert!((t.optimism - (0.335 - 0.3075)).abs() < 1e-12);
+        let reading = t.reading();
+        for says in [
+            "Chosen on the held-out classes (20% of the training split's classes): p1",
+            "0.3075",
+            "cannot tell it from `p2`",
+            "that point could as well",
+            "would have reported p2 with test R@1 0.3350: +0.0275",
+        ] {
+            assert!(reading.contains(says), "no `{says}` in: {reading}");
+        }
+        // The validation's metric named second: found there, not added.
+        let t = tune_runs(
+            &axis(3),
+            &labels(3),
+            &[0, 1, 2, 3],
+            &runs,
+            &["mAP@R".parse().unwrap(), "R@1".parse().unwrap()],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!((t.selection_metric, t.metrics.len()), (1, 2));
+    }
+
+    #[test]
+    fn ties_go_to_the_first_point_and_a_nan_epoch_is_never_selected() {
+        let same = |l| vec![run(l, &[0.4], &[0.2]), run(l, &[0.5], &[0.3])];
+        // p0's first seed: a NaN validation value at epoch 1 and 0.9 at epoch 2, selected.
+        let nan = vec![
+            run("n", &[f64::NAN, 0.9], &[0.9, 0.1]),
+            run("n", &[0.1, 0.2], &[0.9, 0.9]),
+        ];
+        let runs = vec![same("a"), nan, same("b")];
+        let t = tune_runs(
+            &axis(3),
+            &labels(3),
+            &[0, 1],
+            &runs,
+            &[],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(t.candidates[1].selected_epochs, [2, 2]);
+        assert_eq!(t.candidates[1].test[0].values, [0.1, 0.9]);
+        // p1's mean 0.55 beats the tie of p0 and p2 (0.45): chosen, then the tie alone.
+        assert_eq!(t.chosen, 1);
+        let tie = tune_runs(
+            &axis(2),
+            &labels(2),
+            &[0, 1],
+            &[same("a"), same("b")],
+            &[],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(tie.chosen, 0);
+        let v = tie.candidates[1].versus_chosen.as_ref().unwrap();
+        // Equal values: no gap and no noise, nothing to decide.
+        assert_eq!((v.finding, v.difference), (Finding::InsideTheNoise, 0.0));
+        assert_eq!(tie.test_choice, Some(0));
+        assert!(tie.reading().contains("would have chosen the same point"));
+    }
+
+    #[test]
+    fn runs_without_validation_or_of_another_shape_are_errors() {
+        let mut plain = run("p1 seed 1", &[0.3], &[0.2]);
+        plain.log.retain(|r| r.split != "val");
+        let runs = vec![
+            vec![run("a", &[0.3], &[0.2]), run("a", &[0.3], &[0.2])],
+            vec![run("b", &[0.3], &[0.2]), plain],
+        ];
+        let v = ValidationConfig::default();
+        let e = tune_runs(&axis(2), &labels(2), &[0, 1], &runs, &[], &v)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("p1 seed 1") && e.contains("no validation value"),
+            "{e}"
+        );
+        let e = tune_runs(&axis(3), &labels(2), &[0, 1], &runs, &[], &v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("grid of 3 points"), "{e}");
+        let e = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &runs, &[], &v)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("3 seeds"), "{e}");
+    }
+
+    #[test]
+    fn a_search_is_written_as_json_and_csv() {
+        let runs: Vec<Vec<RunResult>> = (0..2)
+            .map(|p| {
+                (0..3)
+                    .map(|s| run("r", &[0.3 + 0.1 * p as f64 + 0.01 * s as f64], &[0.2]))
+                    .collect()
+            })
+            .collect();
+        let t = tune_runs(
+            &axis(2),
+            &labels(2),
+            &[0, 1, 2],
+            &runs,
+            &["all".parse().unwrap()],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(t.chosen, 1);
+        // Equal test values: the first point is the test's choice, the optimism negative.
+        assert_eq!(t.test_choice, Some(0));
+        assert!(t.optimism.abs() < 1e-15);
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("t.json");
+        write_tuning(&json, &t).unwrap();
+        let back: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(back, t);
+        let csv = dir.path().join("t.csv");
+        write_tuning(&csv, &t).unwrap();
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert!(lines[0].starts_with("point,chosen,test_choice,n,val_metric,val_mean"));
+        assert!(lines[0].ends_with("test mAP@R:0 mean,test mAP@R:0 half_width"));
+        assert!(lines[1].starts_with("p0,false,true,3,R@1,"), "{}", lines[1]);
+        assert!(lines[2].starts_with("p1,true,false,3,R@1,"), "{}", lines[2]);
+        assert!(lines[1].contains(",lower,"), "{}", lines[1]);
+        assert!(write_tuning(&dir.path().join("t.txt"), &t).is_err());
+    }
+
+    #[test]
+    fn best_takes_the_first_maximum_and_never_nan() {
+        assert_eq!(best([0.1, 0.3, 0.3, 0.2].into_iter()), Some(1));
+        assert_eq!(best([f64::NAN, 0.1, f64::NAN].into_iter()), Some(1));
+        assert_eq!(best([f64::NAN].into_iter()), None);
+        assert_eq!(best(std::iter::empty()), None);
+        assert_eq!(best([-1.0, -0.5].into_iter()), Some(1));
+    }
+}
