@@ -266,8 +266,8 @@ pub struct Tuning {
     pub chosen: usize,
     /// The index in [`Tuning::metrics`] of the validation's metric read on the test set.
     pub selection_metric: usize,
-    /// The point the test set would have chosen: the best mean test value of that metric
-    /// (`None` when no point has one).
+    /// The point the test set would have chosen: the best mean test value of that metric (the
+    /// chosen point when it ties for the best; `None` when no point has a value).
     pub test_choice: Option<usize>,
     /// The test choice's mean test value minus the chosen point's: what choosing on the test
     /// classes would have added to the reported number.
@@ -428,7 +428,18 @@ pub fn tune_runs(
             versus_chosen: if p == chosen { None } else { versus.next() },
         });
     }
-    let test_choice = best(candidates.iter().map(|c| c.test[selection_metric].mean));
+    // On a tie with the chosen point, the test set's choice is the chosen point: no optimism.
+    let test_means: Vec<f64> = candidates
+        .iter()
+        .map(|c| c.test[selection_metric].mean)
+        .collect();
+    let test_choice = best(test_means.iter().copied()).map(|t| {
+        if test_means[t] == test_means[chosen] {
+            chosen
+        } else {
+            t
+        }
+    });
     let optimism = test_choice.map_or(f64::NAN, |t| {
         candidates[t].test[selection_metric].mean - candidates[chosen].test[selection_metric].mean
     });
@@ -880,9 +891,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t.chosen, 1);
-        // Equal test values: the first point is the test's choice, the optimism negative.
-        assert_eq!(t.test_choice, Some(0));
-        assert!(t.optimism.abs() < 1e-15);
+        // Equal test values: the test set's choice is the chosen point (a tie is no optimism).
+        assert_eq!((t.test_choice, t.optimism), (Some(1), 0.0));
         let dir = tempfile::tempdir().unwrap();
         let json = dir.path().join("t.json");
         write_tuning(&json, &t).unwrap();
@@ -895,8 +905,12 @@ mod tests {
         assert_eq!(lines.len(), 3);
         assert!(lines[0].starts_with("point,chosen,test_choice,n,val_metric,val_mean"));
         assert!(lines[0].ends_with("test mAP@R:0 mean,test mAP@R:0 half_width"));
-        assert!(lines[1].starts_with("p0,false,true,3,R@1,"), "{}", lines[1]);
-        assert!(lines[2].starts_with("p1,true,false,3,R@1,"), "{}", lines[2]);
+        assert!(
+            lines[1].starts_with("p0,false,false,3,R@1,"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].starts_with("p1,true,true,3,R@1,"), "{}", lines[2]);
         assert!(lines[1].contains(",lower,"), "{}", lines[1]);
         assert!(write_tuning(&dir.path().join("t.txt"), &t).is_err());
     }
