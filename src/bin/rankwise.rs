@@ -371,6 +371,12 @@ struct SeededRuns {
 impl SeededRuns {
     /// FIRST, FIRST + 1, … (`--seeds` of them).
     fn seed_list(&self) -> Result<Vec<u64>> {
+        if self.seeds < 2 {
+            bail!(
+                "--seeds {}: a test over seeds needs at least two distinct seeds",
+                self.seeds
+            );
+        }
         (0..self.seeds as u64)
             .map(|i| {
                 self.first_seed

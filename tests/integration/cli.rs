@@ -1953,6 +1953,10 @@ fn compare_refuses_bad_designs_before_anything_trains() {
             "two distinct seeds",
         ),
         (
+            &["--arm", "a", "--arm", "b: loss.tau=0.1", "--seeds", "0"],
+            "--seeds 0",
+        ),
+        (
             &["--arm", "a", "--arm", "b: loss.tau=0.1", "--looks", "3"],
             "--looks",
         ),
@@ -2235,6 +2239,7 @@ fn tune_refuses_bad_searches_before_anything_trains() {
             "loss.tau=abc",
         ),
         (&[&held[..], &tau, &["--seeds", "1"]], "two distinct seeds"),
+        (&[&held[..], &tau, &["--seeds", "0"]], "--seeds 0"),
         (&[&held[..], &tau, &["--metric", "NDGC"]], "not a metric"),
         (&[&held[..], &tau, &["--metric", "R@4"]], "eval.recall_ks"),
         (&[&held[..], &tau, &["--out", "t.txt"]], ".json or .csv"),
