@@ -26,7 +26,7 @@ use super::large_batch::{chunked_gradients, direct_gradients};
 use super::log::MetricsLog;
 use super::optim::{GroupState, Optimizer, ParamGroup};
 use super::schedule::{BackboneWarmup, ScheduleUnit};
-use super::validation::{self, Selection, VALIDATION_SPLIT};
+use super::validation::{self, Selection, ValidationConfig, VALIDATION_SPLIT};
 use crate::data::source::{ImageSource, View};
 use crate::data::ImageSet;
 use crate::error::{Error, Result};
@@ -708,6 +708,18 @@ impl<'a> Trainer<'a> {
             .transpose()
     }
 
+    /// Whether early stopping ends the run now: a `[validation]` table with `patience`, and that
+    /// many evaluations since the selected one ([`validation::patience_spent`]).
+    pub fn stops_early(&self) -> Result<bool> {
+        let patience = self.config.validation.as_ref().and_then(|v| v.patience);
+        Ok(match (self.selecting_metric()?, patience) {
+            (Some((metric, level)), Some(p)) => {
+                validation::patience_spent(self.log.rows(), &metric, level, p)
+            }
+            _ => false,
+        })
+    }
+
     /// The epoch with the best validation value so far and its test metrics
     /// ([`validation::select`] over the run's log, epochs before a resume included); `None`
     /// without a `[validation]` table or before the first evaluation.
@@ -781,7 +793,15 @@ impl<'a> Trainer<'a> {
         if old.pretrain != self.config.pretrain {
             return Err(mismatch("pretrain"));
         }
-        if old.validation != self.config.validation {
+        // The patience may change on resume, as the epochs may; the held-out classes and the
+        // selecting metric may not.
+        let held_out = |v: &Option<ValidationConfig>| {
+            v.clone().map(|v| ValidationConfig {
+                patience: None,
+                ..v
+            })
+        };
+        if held_out(&old.validation) != held_out(&self.config.validation) {
             return Err(mismatch("validation"));
         }
         if old.dataset.identity() != self.config.dataset.identity() {
@@ -844,16 +864,21 @@ impl<'a> Trainer<'a> {
         let total = self.config.epochs;
         let started = Instant::now();
         let first = self.sampler_state.epoch;
-        while self.sampler_state.epoch < total {
+        // A run resumed after it stopped early stays stopped.
+        let mut stopped = self.stops_early()?;
+        while self.sampler_state.epoch < total && !stopped {
             let epoch_started = Instant::now();
             let summary = self.train_epoch()?;
             let done = self.sampler_state.epoch;
             if is_due(done, self.config.eval.every, total) {
                 last_eval = Some(self.evaluate()?);
                 self.keep_if_best(out_dir.as_deref())?;
+                stopped = self.stops_early()?;
             }
             if let Some(dir) = &out_dir {
-                if is_due(done, self.config.output.checkpoint_every, total) {
+                // The last epoch's checkpoint is written when the run stops early too, so that a
+                // resume finds it stopped rather than an epoch behind.
+                if stopped || is_due(done, self.config.output.checkpoint_every, total) {
                     self.save_checkpoint(&dir.join(CHECKPOINT_FILE))?;
                 }
                 self.write_metrics(dir)?;
@@ -874,6 +899,23 @@ impl<'a> Trainer<'a> {
                 );
             }
             epochs.push(summary);
+        }
+        if stopped && self.config.progress {
+            if let Some(s) = self.selection()? {
+                eprintln!(
+                    "stopped early after epoch {}: no better validation {} than epoch {}'s {:.4} \
+                     in {} evaluation(s)",
+                    self.sampler_state.epoch,
+                    s.metric,
+                    s.epoch,
+                    s.value,
+                    self.config
+                        .validation
+                        .as_ref()
+                        .and_then(|v| v.patience)
+                        .unwrap_or(0)
+                );
+            }
         }
         Ok(TrainReport {
             log: self.log.clone(),

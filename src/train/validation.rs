@@ -15,6 +15,7 @@
 //! fraction = 0.2    # of the training split's fine classes
 //! seed = 0          # which classes: the same for every seed of a comparison
 //! metric = "R@1"    # NAME or NAME:LEVEL (0 = finest), as `rankwise compare --metric`
+//! patience = 5      # optional early stopping: evaluations without a better value
 //! ```
 //!
 //! The held-out classes depend only on the training labels and `seed`, not on the run's seed,
@@ -49,6 +50,11 @@ pub struct ValidationConfig {
     /// The metric that selects the epoch: `NAME` or `NAME:LEVEL` (`R@1`, `mAP@R:1`, `H-AP`); a
     /// binary metric without a level is read at level 0 (the finest).
     pub metric: String,
+    /// Early stopping: training stops once this many evaluations in a row have brought no
+    /// better validation value than the selected one ([`patience_spent`]); `None` (the
+    /// default) trains every epoch. At least 1.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patience: Option<u64>,
 }
 
 impl Default for ValidationConfig {
@@ -57,6 +63,7 @@ impl Default for ValidationConfig {
             fraction: 0.2,
             seed: 0,
             metric: "R@1".into(),
+            patience: None,
         }
     }
 }
@@ -92,6 +99,13 @@ impl ValidationConfig {
             return Err(Error::invalid(
                 "validation.fraction",
                 format!("must be in (0, 1), got {}", self.fraction),
+            ));
+        }
+        if self.patience == Some(0) {
+            return Err(Error::invalid(
+                "validation.patience",
+                "must be at least 1 (evaluations without a better validation value before \
+                 training stops); leave it out to train every epoch",
             ));
         }
         let (name, _) = self.metric()?;
@@ -223,6 +237,33 @@ pub fn select(rows: &[LogRow], metric: &str, level: Option<usize>) -> Option<Sel
     })
 }
 
+/// Whether early stopping ends a run whose log is `rows`: at least `patience` validation
+/// evaluations of `metric` at `level` came after the one [`select`] chooses, none of them better.
+/// Decided from the log alone, so a resumed run stops where one that never stopped does.
+///
+/// ```
+/// use rankwise::train::validation::patience_spent;
+/// use rankwise::train::MetricsLog;
+/// let mut log = MetricsLog::default();
+/// for (epoch, val) in [(1, 0.30), (2, 0.35), (3, 0.35), (4, 0.33)] {
+///     log.push(epoch, 10 * epoch, "val", "R@1", Some(0), val);
+/// }
+/// // Epoch 2 is selected (epoch 3 only ties it); two evaluations have come since.
+/// assert!(patience_spent(log.rows(), "R@1", Some(0), 2));
+/// assert!(!patience_spent(log.rows(), "R@1", Some(0), 3));
+/// ```
+pub fn patience_spent(rows: &[LogRow], metric: &str, level: Option<usize>, patience: u64) -> bool {
+    let Some(best) = select(rows, metric, level) else {
+        return false;
+    };
+    let since = rows
+        .iter()
+        .filter(|r| r.split == VALIDATION_SPLIT && r.metric == metric && r.level == level)
+        .filter(|r| r.epoch > best.epoch)
+        .count() as u64;
+    since >= patience
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +338,32 @@ mod tests {
             };
             assert!(c.validate(&[1]).is_err(), "{fraction}");
         }
+    }
+
+    #[test]
+    fn patience_counts_the_evaluations_since_the_selected_one() {
+        let mut log = MetricsLog::default();
+        assert!(!patience_spent(log.rows(), "R@1", Some(0), 1));
+        log.push(0, 0, "val", "R@1", Some(0), 0.2);
+        assert!(!patience_spent(log.rows(), "R@1", Some(0), 1));
+        // A NaN is an evaluation without a better value; another level or split is not one.
+        log.push(1, 5, "val", "R@1", Some(0), f64::NAN);
+        log.push(1, 5, "val", "R@1", Some(1), 0.9);
+        log.push(1, 5, "test", "R@1", Some(0), 0.9);
+        assert!(patience_spent(log.rows(), "R@1", Some(0), 1));
+        assert!(!patience_spent(log.rows(), "R@1", Some(0), 2));
+        // A new best restarts the count.
+        log.push(2, 10, "val", "R@1", Some(0), 0.3);
+        assert!(!patience_spent(log.rows(), "R@1", Some(0), 1));
+        log.push(3, 15, "val", "R@1", Some(0), 0.1);
+        log.push(4, 20, "val", "R@1", Some(0), 0.3);
+        assert!(patience_spent(log.rows(), "R@1", Some(0), 2));
+        let c = ValidationConfig {
+            patience: Some(0),
+            ..ValidationConfig::default()
+        };
+        let e = c.validate(&[1]).unwrap_err().to_string();
+        assert!(e.contains("validation.patience"), "{e}");
     }
 
     #[test]

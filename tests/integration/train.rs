@@ -857,6 +857,7 @@ fn held_out_classes_select_the_epoch_and_keep_its_network() {
         fraction: 0.25,
         seed: 7,
         metric: "R@1".into(),
+        patience: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let mut config = tiny_config();
@@ -965,6 +966,7 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
         fraction: 0.25,
         seed: 0,
         metric: "R@8".into(),
+        patience: None,
     });
     let e = Trainer::new(config.clone(), &loss)
         .err()
@@ -979,6 +981,7 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
         fraction: 0.25,
         seed: 0,
         metric: "mAP@R:5".into(),
+        patience: None,
     });
     let e = Trainer::new(config.clone(), &loss)
         .err()
@@ -1012,6 +1015,7 @@ fn a_resumed_run_selects_as_one_that_never_stopped() {
         fraction: 0.25,
         seed: 2,
         metric: "mAP@R".into(),
+        patience: None,
     });
     let straight_dir = tempfile::tempdir().unwrap();
     let mut straight = config.clone();
@@ -1046,4 +1050,90 @@ fn a_resumed_run_selects_as_one_that_never_stopped() {
         v
     };
     assert_eq!(read(straight_dir.path()), read(dir.path()));
+}
+
+/// `[validation] patience`: the run stops once that many evaluations bring no better validation
+/// value, having trained exactly what the same run without patience trains in those epochs (bit
+/// for bit); its checkpoint is of the stopping epoch, and resuming it — with more epochs, or
+/// another patience — trains nothing more, while a longer patience continues it as a run that
+/// never stopped.
+#[test]
+fn patience_stops_the_run_and_a_resume_stays_stopped() {
+    use rankwise::train::validation::patience_spent;
+    use rankwise::train::ValidationConfig;
+    let loss = Contrastive { margin: 0.2 };
+    let mut config = tiny_config();
+    config.epochs = 8;
+    let validation = ValidationConfig {
+        fraction: 0.25,
+        seed: 2,
+        metric: "mAP@R".into(),
+        patience: Some(1),
+    };
+    config.validation = Some(validation.clone());
+    let dir = tempfile::tempdir().unwrap();
+    let mut stopping = config.clone();
+    stopping.output.dir = Some(dir.path().to_path_buf());
+    let a = Trainer::new(stopping.clone(), &loss)
+        .unwrap()
+        .fit()
+        .unwrap();
+    let stop = a.epochs.len() as u64;
+    let selected = a.selection.as_ref().unwrap().epoch;
+    assert!(
+        stop < 8,
+        "the tiny run never stopped: {:?}",
+        a.log.series("val", "mAP@R", Some(0))
+    );
+    assert_eq!(
+        stop,
+        selected + 1,
+        "patience 1 stops one evaluation after the best"
+    );
+    assert!(patience_spent(a.log.rows(), "mAP@R", Some(0), 1));
+
+    // The run without patience trains the same first `stop` epochs, bit for bit.
+    let mut full = config.clone();
+    full.validation = Some(ValidationConfig {
+        patience: None,
+        ..validation.clone()
+    });
+    let b = Trainer::new(full, &loss).unwrap().fit().unwrap();
+    assert_eq!(b.epochs.len(), 8);
+    let bits = |rows: Vec<(u64, f64)>, upto: u64| -> Vec<(u64, u64)> {
+        rows.into_iter()
+            .filter(|(e, _)| *e <= upto)
+            .map(|(e, v)| (e, v.to_bits()))
+            .collect()
+    };
+    for (split, metric) in [("val", "mAP@R"), ("test", "R@1"), ("train", "loss_mean")] {
+        let level = (split != "train").then_some(0);
+        assert_eq!(
+            bits(a.log.series(split, metric, level), stop),
+            bits(b.log.series(split, metric, level), stop),
+            "{split} {metric}"
+        );
+    }
+
+    // Resumed with more epochs: nothing more trains, and the selection is the same.
+    let mut resumed = stopping.clone();
+    resumed.epochs = 12;
+    resumed.resume = Some(dir.path().join("checkpoint.safetensors"));
+    let mut trainer = Trainer::new(resumed.clone(), &loss).unwrap();
+    assert_eq!(trainer.epochs_done(), stop);
+    let c = trainer.fit().unwrap();
+    assert!(c.epochs.is_empty());
+    assert_eq!(c.selection, a.selection);
+    // A longer patience continues it, as the run without patience trained.
+    resumed.validation = Some(ValidationConfig {
+        patience: Some(100),
+        ..validation
+    });
+    resumed.epochs = 8;
+    let d = Trainer::new(resumed, &loss).unwrap().fit().unwrap();
+    assert_eq!(d.epochs.len() as u64, 8 - stop);
+    assert_eq!(
+        bits(d.log.series("val", "mAP@R", Some(0)), 8),
+        bits(b.log.series("val", "mAP@R", Some(0)), 8)
+    );
 }
