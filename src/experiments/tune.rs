@@ -4,8 +4,8 @@
 //! **Why.** The papers choose τ, the learning rate or the margin by their test metrics and then
 //! report those same test metrics. The value reported is then the grid's luckiest on the test
 //! classes, and the number carries that luck: Musgrave et al. (*A Metric Learning Reality Check*,
-//! ECCV 2020) found a decade of losses' gains shrinking to the noise once tuning left the test
-//! set. Here every point of a grid of recipe overrides trains with the same seeds, each run
+//! ECCV 2020) found most of a decade of losses' reported gains gone once every loss was tuned on
+//! held-out training classes under one protocol. Here every point of a grid of recipe overrides trains with the same seeds, each run
 //! holding its `[validation]` classes out ([`crate::train::validation`]), and the point with the
 //! best mean validation value is chosen, each run read at the epoch its validation selected. The
 //! chosen point's test metrics at those epochs are the honest result: neither the
