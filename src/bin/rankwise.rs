@@ -31,7 +31,7 @@ use rankwise::data::synthetic_on_disk::{
 use rankwise::experiments::compare::{
     write_comparison, Arm, ArmSpec, Finding, MetricChoice, Reading, SeedComparison,
 };
-use rankwise::experiments::tune::{write_tuning, GridAxis, Tuning};
+use rankwise::experiments::tune::{metric_label, write_tuning, GridAxis, Tuning};
 use rankwise::experiments::{self, ReproduceDirs, Runner, Scale};
 use rankwise::io::fewshot_results::{
     write_episode_accuracies, write_fewshot_results, EpisodeAccuracy, EpisodeVersus, FewShotRow,
@@ -1603,10 +1603,7 @@ fn print_tuning(t: &Tuning) {
         "epochs".into(),
     ];
     for (m, l) in &t.metrics {
-        header.push(match l {
-            Some(l) if *l > 0 => format!("test {m}:{l}"),
-            _ => format!("test {m}"),
-        });
+        header.push(format!("test {}", metric_label(m, *l)));
     }
     let cells: Vec<Vec<String>> = t
         .candidates

@@ -729,9 +729,7 @@ pub fn compare(
     let keys = resolve_metrics(metrics, &measured)?;
     let labels: Vec<String> = arms.iter().map(|a| a.label.clone()).collect();
     let rows = compare_runs(&labels, seeds, &runs, &keys, looks)?;
-    let mut devices: Vec<String> = runs.iter().flatten().map(|r| r.device.clone()).collect();
-    devices.sort();
-    devices.dedup();
+    let devices = devices_of(&runs);
     Ok(SeedComparison {
         arms: arms
             .iter()
@@ -749,6 +747,14 @@ pub fn compare(
         reading,
         selected_epochs,
     })
+}
+
+/// The devices `runs` trained on, each once, sorted.
+pub(crate) fn devices_of(runs: &[Vec<RunResult>]) -> Vec<String> {
+    let mut devices: Vec<String> = runs.iter().flatten().map(|r| r.device.clone()).collect();
+    devices.sort();
+    devices.dedup();
+    devices
 }
 
 /// [`Reading::Selected`] needs every arm to hold classes out for validation: checked before

@@ -69,6 +69,12 @@ impl RunResult {
     /// `validation`'s metric (a run trained without that `[validation]` table).
     pub fn selected(&self, validation: &ValidationConfig) -> Result<(RunResult, u64)> {
         let selection = self.selection(validation)?;
+        Ok((self.at_selection(&selection), selection.epoch))
+    }
+
+    /// This run with `metrics` replaced by the test metrics of `selection` (one of this run's
+    /// [`RunResult::selection`]s), of the same test split as the final ones.
+    pub fn at_selection(&self, selection: &Selection) -> RunResult {
         // The final metrics are the first test set's (`Runner::train`).
         let metrics = selection
             .first_test_set()
@@ -78,13 +84,10 @@ impl RunResult {
                 value: r.value,
             })
             .collect();
-        Ok((
-            RunResult {
-                metrics,
-                ..self.clone()
-            },
-            selection.epoch,
-        ))
+        RunResult {
+            metrics,
+            ..self.clone()
+        }
     }
 
     /// The evaluation this run's held-out classes selected ([`select`]: the epoch, its

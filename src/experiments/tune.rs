@@ -28,8 +28,8 @@
 //! ```
 
 use super::compare::{
-    arm_values, check_metric_names, resolve_metrics, run_arms, versus_baseline, Arm, ArmSpec,
-    ArmValues, MetricChoice, Versus,
+    arm_values, check_metric_names, devices_of, resolve_metrics, run_arms, versus_baseline, Arm,
+    ArmSpec, ArmValues, MetricChoice, Versus,
 };
 use super::runs::{RunResult, Runner};
 use crate::error::{Error, Result};
@@ -372,13 +372,15 @@ pub fn tune_runs(
         .collect::<Result<_>>()?;
     let read: Vec<Vec<RunResult>> = runs
         .iter()
-        .map(|point| {
+        .zip(&selections)
+        .map(|(point, s)| {
             point
                 .iter()
-                .map(|r| r.selected(validation).map(|(run, _)| run))
+                .zip(s)
+                .map(|(r, s)| r.at_selection(s))
                 .collect()
         })
-        .collect::<Result<_>>()?;
+        .collect();
     let measured: Vec<(String, Option<usize>)> = read[0][0]
         .metrics
         .iter()
@@ -443,9 +445,7 @@ pub fn tune_runs(
     let optimism = test_choice.map_or(f64::NAN, |t| {
         candidates[t].test[selection_metric].mean - candidates[chosen].test[selection_metric].mean
     });
-    let mut devices: Vec<String> = runs.iter().flatten().map(|r| r.device.clone()).collect();
-    devices.sort();
-    devices.dedup();
+    let devices = devices_of(runs);
     Ok(Tuning {
         axes: axes.to_vec(),
         seeds: seeds.to_vec(),
@@ -459,6 +459,15 @@ pub fn tune_runs(
         test_choice,
         optimism,
     })
+}
+
+/// A metric as the tables name it: `NAME` at the finest level or without one, else
+/// `NAME:LEVEL`.
+pub fn metric_label(metric: &str, level: Option<usize>) -> String {
+    match level {
+        Some(l) if l > 0 => format!("{metric}:{l}"),
+        _ => metric.to_string(),
+    }
 }
 
 /// The index of the largest value, the first on a tie; NaN never wins. `None` when every value
@@ -478,10 +487,7 @@ impl Tuning {
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
     pub fn selection_metric_name(&self) -> String {
         let (m, l) = &self.metrics[self.selection_metric];
-        match l {
-            Some(l) if *l > 0 => format!("{m}:{l}"),
-            _ => m.clone(),
-        }
+        metric_label(m, *l)
     }
 
     /// The points the validation cannot tell from the chosen one (inside the seeds' noise).

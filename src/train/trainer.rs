@@ -711,13 +711,17 @@ impl<'a> Trainer<'a> {
     /// Whether early stopping ends the run now: a `[validation]` table with `patience`, and that
     /// many evaluations since the selected one ([`validation::patience_spent`]).
     pub fn stops_early(&self) -> Result<bool> {
-        let patience = self.config.validation.as_ref().and_then(|v| v.patience);
-        Ok(match (self.selecting_metric()?, patience) {
+        Ok(match (self.selecting_metric()?, self.patience()) {
             (Some((metric, level)), Some(p)) => {
                 validation::patience_spent(self.log.rows(), &metric, level, p)
             }
             _ => false,
         })
+    }
+
+    /// `[validation] patience`, if any.
+    fn patience(&self) -> Option<u64> {
+        self.config.validation.as_ref().and_then(|v| v.patience)
     }
 
     /// The epoch with the best validation value so far and its test metrics
@@ -909,11 +913,7 @@ impl<'a> Trainer<'a> {
                     s.metric,
                     s.epoch,
                     s.value,
-                    self.config
-                        .validation
-                        .as_ref()
-                        .and_then(|v| v.patience)
-                        .unwrap_or(0)
+                    self.patience().unwrap_or(0)
                 );
             }
         }
