@@ -128,13 +128,18 @@ Examples:
   rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \\
                 --grid loss.tau=0.01,0.1 --grid optimizer.backbone.lr=1e-4,5e-4 \\
                 --seeds 4 --set epochs=12 --metric all --out tune.json
+  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \
+                --grid loss.tau=0.01,0.1 --seeds 3   # class-disjoint 4-fold cross-validation
 
 Every point trains with seeds FIRST..FIRST+N-1 and holds the same [validation] classes out of
 training; each run is read at the epoch its validation selected, and the point with the best
 mean validation value is chosen (the first on a tie). Its test metrics are the result to report.
 Each other point is compared with it on validation seed by seed (paired t-test, Holm-corrected):
 those inside the noise could as well have been chosen. The point with the best test value is
-shown too, with the optimism a choice on the test classes would have added. Runs are kept in
+shown too, with the optimism a choice on the test classes would have added. With
+validation.folds=K (no validation.fold) every point trains once per fold and seed, each fold
+holding another K-th of the classes out, and each seed's values are the mean over its folds.
+Runs are kept in
 --cache by recipe and run code, shared with rankwise compare.";
 
 const TRAIN_EXAMPLES: &str = "\
@@ -436,7 +441,8 @@ struct TuneArgs {
     #[arg(long = "grid", value_name = "KEY=V1,V2,…", value_parser = parse_lib::<GridAxis>,
           required = true)]
     grid: Vec<GridAxis>,
-    /// Override a key of every point's recipe (e.g. validation.fraction=0.2). Repeatable.
+    /// Override a key of every point's recipe (e.g. validation.fraction=0.2, or
+    /// validation.folds=4 to cross-validate: every point trains on each fold). Repeatable.
     #[arg(long, value_name = "KEY=VALUE")]
     set: Vec<String>,
     /// A test metric to report for every point: NAME (its finest level), NAME:LEVEL, or all.
@@ -1439,6 +1445,9 @@ fn train(args: &TrainArgs) -> Result<()> {
     let started = Instant::now();
     let mut config = load_recipe(&args.config, &args.set, args.device.as_deref())?;
     config.progress = !args.quiet;
+    if let Some(validation) = &config.validation {
+        validation.check_fold()?;
+    }
     let out = match &args.out {
         Some(dir) => dir.clone(),
         None => {
@@ -1587,14 +1596,18 @@ fn print_tuning(t: &Tuning) {
     let seeds = t.seeds.len();
     let metric = t.selection_metric_name();
     println!(
-        "{} grid points × {seeds} seeds ({}–{}), device {}, run code {}; chosen on {:.0}% of \
-         the training classes held out, by validation {metric}",
+        "{} grid points × {seeds} seeds ({}–{}){}, device {}, run code {}; chosen on {}, by \
+         validation {metric}",
         t.candidates.len(),
         t.seeds[0],
         t.seeds[seeds - 1],
+        match t.folds() {
+            1 => String::new(),
+            k => format!(" × {k} folds"),
+        },
         t.devices.join(", "),
         t.run_code,
-        100.0 * t.validation.fraction
+        t.held_out_text()
     );
     let mut header: Vec<String> = vec![
         "point".into(),
@@ -1619,12 +1632,11 @@ fn print_tuning(t: &Tuning) {
             let versus = c.versus_chosen.as_ref().map_or("—".to_string(), |v| {
                 format!("{} ({})", v.finding.as_str(), format_p(v.p_holm))
             });
-            let epochs: Vec<String> = c.selected_epochs.iter().map(u64::to_string).collect();
             let mut row = vec![
                 format!("{}{mark}", c.label),
                 format!("{:.4} ± {:.4}", c.validation.mean, c.validation.half_width),
                 versus,
-                epochs.join(" "),
+                epochs_text(&c.selected_epochs, seeds),
             ];
             row.extend(
                 c.test
@@ -1638,11 +1650,30 @@ fn print_tuning(t: &Tuning) {
     print_columns(&header, &cells, |i| i == 0 || i == 2);
     println!(
         "\nValues: mean ± half-width of the 95% interval over the seeds, each run read at the \
-         epoch its validation selected. vs chosen: each point − the chosen one on validation, \
+         epoch its validation selected{}. vs chosen: each point − the chosen one on validation, \
          the paired t-test over the {seeds} seeds, Holm-corrected over the {} other points.\n",
+        match t.folds() {
+            1 => String::new(),
+            k => format!(
+                ", each seed's value the mean of its {k} fold runs (epochs: fold by fold, `|` \
+                 between folds)"
+            ),
+        },
         t.candidates.len() - 1
     );
     println!("{}", t.reading());
+}
+
+/// Selected epochs listed seed by seed, folds (groups of `seeds`) separated by ` | `.
+fn epochs_text(epochs: &[u64], seeds: usize) -> String {
+    epochs
+        .chunks(seeds.max(1))
+        .map(|fold| {
+            let e: Vec<String> = fold.iter().map(u64::to_string).collect();
+            e.join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// The arms' means, then each arm against the baseline, then how to read them.

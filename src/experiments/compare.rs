@@ -526,6 +526,22 @@ fn check_design(arms: &[Arm], seeds: &[u64]) -> Result<()> {
             }
         }
     }
+    // A recipe with folds but no fold stands for all of its folds: only `tune` trains those.
+    if let Some(a) = arms.iter().find(|a| {
+        a.config
+            .validation
+            .as_ref()
+            .is_some_and(|v| v.cross_validation_folds() > 1)
+    }) {
+        return Err(Error::invalid(
+            "validation.fold",
+            format!(
+                "arm `{}` cuts its classes into validation.folds but names no fold to hold out: \
+                 set validation.fold (rankwise tune cross-validates over every fold)",
+                a.label
+            ),
+        ));
+    }
     let mut distinct = seeds.to_vec();
     distinct.sort_unstable();
     distinct.dedup();

@@ -22,9 +22,20 @@
 //!   value of the validation's own metric (its epochs still chosen by validation), and its gap
 //!   to the honest result, the optimism of choosing on the test classes.
 //!
+//! **Cross-validation.** One split of the classes is itself a draw: another 20% held out may
+//! prefer another point. With `[validation] folds = K` (and no `fold`), every point trains once
+//! per fold and seed, fold `i` holding the `i`-th of `K` class-disjoint parts out, so every
+//! training class validates once (Musgrave et al. use 4 folds). A point's value for a seed is
+//! the mean over its `K` fold runs, of the validation metric and of each test metric, and the
+//! tests stay paired over the seeds: the seed is the replicate (it fixes the initial weights
+//! and batches of every fold's run), the folds are the yardstick's fixed design, as SSR's
+//! episodes are for [`crate::experiments::claim`].
+//!
 //! ```text
 //! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \
 //!     --grid loss.tau=0.001,0.01,0.1 --seeds 3
+//! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \
+//!     --grid loss.tau=0.01,0.1 --seeds 3
 //! ```
 
 use super::compare::{
@@ -200,13 +211,13 @@ pub fn candidates(base: &Path, shared: &[String], axes: &[GridAxis]) -> Result<V
 }
 
 /// The `[validation]` table every candidate shares.
-fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
+pub(crate) fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
     let first = arms.first().and_then(|a| a.config.validation.clone());
     let Some(validation) = first else {
         return Err(Error::invalid(
             "[validation]",
             "the recipe holds no classes out to choose on: add a [validation] table, or --set \
-             validation.fraction=0.2",
+             validation.fraction=0.2 (or validation.folds=4 to cross-validate)",
         ));
     };
     if let Some(a) = arms
@@ -234,11 +245,18 @@ pub struct Candidate {
     pub overrides: Vec<String>,
     /// Its resolved recipe (TOML, seed of the first run).
     pub recipe: String,
-    /// The validation value of each seed's selected epoch (`arm` = the label).
+    /// The validation value of each seed's selected epoch (`arm` = the label); with folds, each
+    /// seed's mean over its fold runs.
     pub validation: ArmValues,
-    /// The epoch each seed's validation selected.
+    /// With folds, each fold's validation values (`[fold][seed]`) that
+    /// [`Candidate::validation`] averages; empty for a single split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fold_validation: Vec<Vec<f64>>,
+    /// The epoch each run's validation selected: one per seed, or with folds fold by fold
+    /// (`[fold × seeds + seed]`).
     pub selected_epochs: Vec<u64>,
-    /// The test metrics at those epochs, one per [`Tuning::metrics`] entry.
+    /// The test metrics at those epochs, one per [`Tuning::metrics`] entry (with folds, each
+    /// seed's mean over its fold models).
     pub test: Vec<ArmValues>,
     /// The point against the chosen one on the validation values (`None` for the chosen point).
     pub versus_chosen: Option<Versus>,
@@ -297,20 +315,46 @@ pub fn tune(
     let validation = validation_of(arms)?;
     validation.metric()?;
     check_metric_names(metrics, arms)?;
-    let runs = run_arms(runner, arms, seeds, jobs)?;
+    let folds = validation.cross_validation_folds();
+    let runs = run_arms(runner, &fold_arms(arms, folds), seeds, jobs)?;
+    // run_arms gives `[point × folds + fold][seed]`; tune_runs reads `[point][fold × seeds + seed]`.
+    let runs: Vec<Vec<RunResult>> = runs.chunks(folds).map(<[_]>::concat).collect();
     let labels: Vec<String> = arms.iter().map(|a| a.label.clone()).collect();
     let mut tuning = tune_runs(axes, &labels, seeds, &runs, metrics, &validation)?;
     tuning.run_code = runner.run_code().to_string();
     Ok(tuning)
 }
 
+/// Each point's recipes, one per fold to cross-validate over (`folds` from
+/// [`ValidationConfig::cross_validation_folds`]): point by point, fold by fold, each holding its
+/// fold out and labelled `LABEL · fold i`; the points themselves for a single split.
+pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
+    if folds <= 1 {
+        return arms.to_vec();
+    }
+    arms.iter()
+        .flat_map(|arm| {
+            (0..folds as u64).map(move |f| {
+                let mut config = arm.config.clone();
+                config.validation = config.validation.map(|v| v.with_fold(f));
+                Arm {
+                    label: format!("{} · fold {f}", arm.label),
+                    config,
+                }
+            })
+        })
+        .collect()
+}
+
 /// The choice among finished runs, `runs[p][s]` the run of grid point `p` (labelled
-/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]`: each run read at the
-/// epoch its validation selected ([`RunResult::selection`]), the point with the best mean
-/// validation value chosen (the first on a tie; NaN never), every other point tested against
-/// it on the validation values seed by seed (Holm-corrected), `metrics` read on the test set
-/// at the selected epochs (the validation's metric added first when not named), and the
-/// point the test set would have chosen. [`Tuning::run_code`] is left empty.
+/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]` — with `validation`
+/// cross-validating over `F` folds, `runs[p][f × seeds + s]` that of fold `f` — : each run read
+/// at the epoch its validation selected ([`RunResult::selection`]; with folds, each seed's
+/// values averaged over its fold runs), the point with the best mean validation value chosen
+/// (the first on a tie; NaN never), every other point tested against it on the validation
+/// values seed by seed (Holm-corrected), `metrics` read on the test set at the selected epochs
+/// (the validation's metric added first when not named), and the point the test set would
+/// have chosen. [`Tuning::run_code`] is left empty.
 ///
 /// ```
 /// use rankwise::experiments::tune::{tune_runs, GridAxis};
@@ -354,18 +398,33 @@ pub fn tune_runs(
     validation: &ValidationConfig,
 ) -> Result<Tuning> {
     let points = grid(axes)?;
+    let folds = validation.cross_validation_folds();
+    let per_point = folds * seeds.len();
     if runs.len() != points.len()
         || labels.len() != points.len()
-        || runs.iter().any(|r| r.len() != seeds.len())
+        || runs.iter().any(|r| r.len() != per_point)
     {
         return Err(Error::Shape(format!(
-            "{} points of runs and {} labels for a grid of {} points, each needing {} seeds",
+            "{} points of runs and {} labels for a grid of {} points, each needing {} seeds × \
+             {folds} fold(s)",
             runs.len(),
             labels.len(),
             points.len(),
             seeds.len()
         )));
     }
+    // Each seed's value over its folds: the mean of `value(run)` over runs f × S + s.
+    let per_seed = |value: &dyn Fn(usize) -> Result<f64>| -> Result<Vec<f64>> {
+        (0..seeds.len())
+            .map(|s| {
+                let mut sum = 0.0;
+                for f in 0..folds {
+                    sum += value(f * seeds.len() + s)?;
+                }
+                Ok(sum / folds as f64)
+            })
+            .collect()
+    };
     let selections: Vec<Vec<Selection>> = runs
         .iter()
         .map(|point| point.iter().map(|r| r.selection(validation)).collect())
@@ -397,8 +456,11 @@ pub fn tune_runs(
     };
     let samples: Vec<Sample> = selections
         .iter()
-        .map(|s| Sample::new(s.iter().map(|s| s.value).collect()).with_seeds(seeds.to_vec()))
-        .collect();
+        .map(|s| {
+            let values = per_seed(&|i| Ok(s[i].value))?;
+            Ok(Sample::new(values).with_seeds(seeds.to_vec()))
+        })
+        .collect::<Result<_>>()?;
     let chosen = best(samples.iter().map(Sample::mean)).ok_or_else(|| {
         Error::invalid(
             "[validation]",
@@ -413,18 +475,24 @@ pub fn tune_runs(
         let test = keys
             .iter()
             .map(|(m, l)| {
-                let values = read[p]
-                    .iter()
-                    .map(|r| r.metric(m, *l))
-                    .collect::<Result<Vec<f64>>>()?;
+                let values = per_seed(&|i| read[p][i].metric(m, *l))?;
                 Ok(arm_values(&labels[p], Sample::new(values)))
             })
             .collect::<Result<Vec<ArmValues>>>()?;
+        let fold_validation = if folds > 1 {
+            selections[p]
+                .chunks(seeds.len())
+                .map(|fold| fold.iter().map(|s| s.value).collect())
+                .collect()
+        } else {
+            Vec::new()
+        };
         candidates.push(Candidate {
             label: labels[p].clone(),
             overrides: point,
             recipe: runs[p][0].recipe.clone(),
             validation: arm_values(&labels[p], samples[p].clone()),
+            fold_validation,
             selected_epochs: selections[p].iter().map(|s| s.epoch).collect(),
             test,
             versus_chosen: if p == chosen { None } else { versus.next() },
@@ -484,6 +552,20 @@ fn best(values: impl Iterator<Item = f64>) -> Option<usize> {
 }
 
 impl Tuning {
+    /// The folds each point was cross-validated over (1: a single split).
+    pub fn folds(&self) -> usize {
+        self.validation.cross_validation_folds()
+    }
+
+    /// What the choice was made on, for a table's heading: `20% of the training split's classes
+    /// held out`, or `4-fold cross-validation over the training split's classes`.
+    pub fn held_out_text(&self) -> String {
+        match self.folds() {
+            1 => format!("{} held out", self.validation.describe()),
+            k => format!("{k}-fold cross-validation over the training split's classes"),
+        }
+    }
+
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
     pub fn selection_metric_name(&self) -> String {
         let (m, l) = &self.metrics[self.selection_metric];
@@ -509,12 +591,26 @@ impl Tuning {
         let metric = self.selection_metric_name();
         let chosen = &self.candidates[self.chosen];
         let test = &chosen.test[self.selection_metric];
+        let folds = self.folds();
+        let (on, models) = if folds > 1 {
+            (
+                format!(
+                    "by {folds}-fold cross-validation over the training split's classes (every \
+                     class held out by one fold; a point's value is the mean of its {folds} fold \
+                     runs)"
+                ),
+                format!("(the mean of its {folds} fold models, each at the epoch its validation selected)"),
+            )
+        } else {
+            (
+                format!("on the held-out classes ({})", self.validation.describe()),
+                "at the epochs its validation selected".to_string(),
+            )
+        };
         let mut text = format!(
-            "Chosen on the held-out classes ({:.0}% of the training split's classes): {} \
-             (validation {metric} {:.4}). Its test {metric} \
-             at the epochs its validation selected is {:.4} ± {:.4} over {} seeds: the result \
-             to report, since neither the point nor the epochs saw the test classes.",
-            100.0 * self.validation.fraction,
+            "Chosen {on}: {} (validation {metric} {:.4}). Its test {metric} {models} is {:.4} ± \
+             {:.4} over {} seeds: the result to report, since neither the point nor the epochs \
+             saw the test classes.",
             chosen.label,
             chosen.validation.mean,
             test.mean,
@@ -811,6 +907,123 @@ mod tests {
         )
         .unwrap();
         assert_eq!((t.selection_metric, t.metrics.len()), (1, 2));
+    }
+
+    #[test]
+    fn with_folds_each_seed_is_the_mean_of_its_fold_runs_and_the_tests_pair_the_seeds() {
+        // Two points, 3 seeds, 2 folds: runs[p][f × 3 + s]. On fold 0 p0 leads; on fold 1 p1
+        // leads by more, so the fold means choose p1 though one split alone would not.
+        let v = |p: usize, f: usize, s: usize| match (p, f) {
+            (0, 0) => 0.60 + 0.01 * s as f64,
+            (0, _) => 0.30 + 0.01 * s as f64,
+            (_, 0) => 0.55 + 0.01 * s as f64,
+            _ => 0.50 + 0.02 * s as f64,
+        };
+        let runs: Vec<Vec<RunResult>> = (0..2)
+            .map(|p| {
+                (0..2)
+                    .flat_map(|f| {
+                        (0..3).map(move |s| {
+                            // The test R@1 at the selected epoch 1 encodes (p, f, s).
+                            let t = 0.1 * (p + 1) as f64 + 0.01 * f as f64 + 0.001 * s as f64;
+                            run("r", &[v(p, f, s), v(p, f, s) - 0.1], &[t, 0.99])
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let cv = ValidationConfig {
+            folds: Some(2),
+            ..ValidationConfig::default()
+        };
+        let t = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &runs, &[], &cv).unwrap();
+        assert_eq!(t.folds(), 2);
+        assert_eq!(t.chosen, 1);
+        let c = &t.candidates[1];
+        let want = [
+            (0.55 + 0.50) / 2.0,
+            (0.56 + 0.52) / 2.0,
+            (0.57 + 0.54) / 2.0,
+        ];
+        for (got, want) in c.validation.values.iter().zip(want) {
+            assert!((got - want).abs() < 1e-12, "{got} {want}");
+        }
+        assert_eq!(c.fold_validation.len(), 2);
+        assert_eq!(c.fold_validation[1], [0.50, 0.52, 0.54]);
+        assert_eq!(c.selected_epochs, [1, 1, 1, 1, 1, 1]);
+        // Test R@1 per seed: the mean of fold 0's 0.20 + s/1000 and fold 1's 0.21 + s/1000.
+        for (s, got) in c.test[0].values.iter().enumerate() {
+            assert!((got - (0.205 + 0.001 * s as f64)).abs() < 1e-12, "{got}");
+        }
+        // The paired test over the 3 seeds' fold means, not over 6 runs.
+        let vs = t.candidates[0].versus_chosen.as_ref().unwrap();
+        let d: Vec<f64> = (0..3)
+            .map(|s| (v(0, 0, s) + v(0, 1, s)) / 2.0 - (v(1, 0, s) + v(1, 1, s)) / 2.0)
+            .collect();
+        assert!((vs.p - crate::stats::paired_t(&d).p).abs() < 1e-12);
+        let reading = t.reading();
+        assert!(
+            reading.contains("by 2-fold cross-validation")
+                && reading.contains("the mean of its 2 fold models"),
+            "{reading}"
+        );
+        assert_eq!(
+            t.held_out_text(),
+            "2-fold cross-validation over the training split's classes"
+        );
+        // Runs of one fold only are the wrong shape.
+        let one_fold: Vec<Vec<RunResult>> = runs.iter().map(|r| r[..3].to_vec()).collect();
+        let e = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &one_fold, &[], &cv)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("2 fold(s)"), "{e}");
+        // A named fold is a single split: no fold means.
+        let single = ValidationConfig {
+            fold: Some(1),
+            ..cv.clone()
+        };
+        let t = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &one_fold, &[], &single).unwrap();
+        assert_eq!((t.folds(), t.chosen), (1, 0));
+        assert!(t.candidates[0].fold_validation.is_empty());
+        assert!(t
+            .reading()
+            .contains("(fold 1 of 2 of the training split's classes)"));
+    }
+
+    #[test]
+    fn fold_arms_hold_each_fold_out_point_by_point() {
+        let arm = |label: &str, tau: f64| Arm {
+            label: label.into(),
+            config: crate::train::TrainConfig {
+                validation: Some(ValidationConfig {
+                    folds: Some(3),
+                    ..ValidationConfig::default()
+                }),
+                epochs: (tau * 100.0) as u64,
+                ..crate::train::TrainConfig::default()
+            },
+        };
+        let arms = [arm("a", 0.01), arm("b", 0.1)];
+        let folds = fold_arms(&arms, 3);
+        let labels: Vec<&str> = folds.iter().map(|a| a.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "a · fold 0",
+                "a · fold 1",
+                "a · fold 2",
+                "b · fold 0",
+                "b · fold 1",
+                "b · fold 2"
+            ]
+        );
+        let held: Vec<Option<u64>> = folds
+            .iter()
+            .map(|a| a.config.validation.as_ref().unwrap().fold)
+            .collect();
+        assert_eq!(held, [Some(0), Some(1), Some(2), Some(0), Some(1), Some(2)]);
+        assert_eq!(folds[4].config.epochs, 10);
+        assert_eq!(fold_arms(&arms, 1), arms.to_vec());
     }
 
     #[test]

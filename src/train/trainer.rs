@@ -799,12 +799,8 @@ impl<'a> Trainer<'a> {
         }
         // The patience may change on resume, as the epochs may; the held-out classes and the
         // selecting metric may not.
-        let held_out = |v: &Option<ValidationConfig>| {
-            v.clone().map(|v| ValidationConfig {
-                patience: None,
-                ..v
-            })
-        };
+        let held_out =
+            |v: &Option<ValidationConfig>| v.as_ref().map(ValidationConfig::held_out_key);
         if held_out(&old.validation) != held_out(&self.config.validation) {
             return Err(mismatch("validation"));
         }

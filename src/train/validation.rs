@@ -12,11 +12,17 @@
 //!
 //! ```toml
 //! [validation]
-//! fraction = 0.2    # of the training split's fine classes
+//! fraction = 0.2    # of the training split's fine classes (the default)
 //! seed = 0          # which classes: the same for every seed of a comparison
 //! metric = "R@1"    # NAME or NAME:LEVEL (0 = finest), as `rankwise compare --metric`
 //! patience = 5      # optional early stopping: evaluations without a better value
 //! ```
+//!
+//! **Folds** (`folds = K`, `fold = i` in place of `fraction`): the shuffled classes are cut into
+//! `K` parts of near-equal size and run `i` holds part `i` out, so that the `K` runs of a
+//! class-disjoint cross-validation (Musgrave et al.'s protocol, 4 folds) hold every training
+//! class out exactly once. `rankwise tune` on a recipe that names `folds` but no `fold` trains
+//! every fold itself ([`crate::experiments::tune`]); a single run must name its fold.
 //!
 //! The held-out classes depend only on the training labels and `seed`, not on the run's seed,
 //! so that runs compared seed by seed select on the same classes. In-memory images are
@@ -38,14 +44,19 @@ use std::collections::BTreeSet;
 /// The split the validation metrics are logged under.
 pub const VALIDATION_SPLIT: &str = "val";
 
+/// The fraction of the training classes held out when neither `fraction` nor `folds` is given.
+pub const DEFAULT_FRACTION: f64 = 0.2;
+
 /// The recipe's `[validation]` table (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ValidationConfig {
     /// Fraction of the training split's fine classes held out, in `(0, 1)`; rounded to a whole
-    /// number of classes, at least 2 held out and 2 kept.
-    pub fraction: f64,
-    /// Seed of the choice of classes.
+    /// number of classes, at least 2 held out and 2 kept. `None`: [`DEFAULT_FRACTION`], or
+    /// `1 / folds` with `folds`. Not given with `folds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Seed of the choice of classes (and of the folds' partition).
     pub seed: u64,
     /// The metric that selects the epoch: `NAME` or `NAME:LEVEL` (`R@1`, `mAP@R:1`, `H-AP`); a
     /// binary metric without a level is read at level 0 (the finest).
@@ -55,15 +66,25 @@ pub struct ValidationConfig {
     /// default) trains every epoch. At least 1.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub patience: Option<u64>,
+    /// Class-disjoint cross-validation: the classes cut into this many parts (at least 2), one
+    /// of which, [`ValidationConfig::fold`], is held out ([`held_out_classes`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub folds: Option<u64>,
+    /// With `folds`: the part this run holds out, `0..folds`. Needed to train; left out, the
+    /// recipe stands for all of its folds (what `rankwise tune` cross-validates over).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fold: Option<u64>,
 }
 
 impl Default for ValidationConfig {
     fn default() -> Self {
         ValidationConfig {
-            fraction: 0.2,
+            fraction: None,
             seed: 0,
             metric: "R@1".into(),
             patience: None,
+            folds: None,
+            fold: None,
         }
     }
 }
@@ -92,14 +113,115 @@ impl ValidationConfig {
         }
     }
 
+    /// The fraction of the classes held out: `fraction`, else `1 / folds`, else
+    /// [`DEFAULT_FRACTION`] (nominal: rounded to whole classes by [`held_out_classes`]).
+    pub fn held_out_fraction(&self) -> f64 {
+        match (self.fraction, self.folds) {
+            (Some(f), _) => f,
+            (None, Some(k)) => 1.0 / k as f64,
+            (None, None) => DEFAULT_FRACTION,
+        }
+    }
+
+    /// The folds a search cross-validates over: `folds` when the recipe names no `fold`, else 1
+    /// (a single split: the fraction's, or the named fold).
+    pub fn cross_validation_folds(&self) -> usize {
+        match (self.folds, self.fold) {
+            (Some(k), None) => k as usize,
+            _ => 1,
+        }
+    }
+
+    /// What a single run needs: with `folds`, the `fold` it holds out. The error names
+    /// `validation.fold`.
+    pub fn check_fold(&self) -> Result<()> {
+        match (self.folds, self.fold) {
+            (Some(folds), None) => Err(Error::invalid(
+                "validation.fold",
+                format!(
+                    "with validation.folds = {folds}, name the fold this run holds out (0 to \
+                     {}); `rankwise tune` trains every fold itself",
+                    folds.saturating_sub(1)
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// This table holding out fold `fold` (of `folds`).
+    pub fn with_fold(&self, fold: u64) -> ValidationConfig {
+        ValidationConfig {
+            fold: Some(fold),
+            ..self.clone()
+        }
+    }
+
+    /// The same held-out classes and selecting metric, whatever spelling: the fraction made
+    /// explicit and the patience left out (a resumed run may change its patience, not these).
+    pub fn held_out_key(&self) -> ValidationConfig {
+        ValidationConfig {
+            fraction: self.folds.is_none().then(|| self.held_out_fraction()),
+            patience: None,
+            ..self.clone()
+        }
+    }
+
+    /// The held-out classes in words: `20% of the training split's classes`, `fold 2 of 4 of
+    /// the training split's classes`, or, for a recipe that stands for all its folds,
+    /// `each of 4 folds of the training split's classes`.
+    pub fn describe(&self) -> String {
+        match (self.folds, self.fold) {
+            (Some(k), Some(f)) => format!("fold {f} of {k} of the training split's classes"),
+            (Some(k), None) => format!("each of {k} folds of the training split's classes"),
+            _ => format!(
+                "{:.0}% of the training split's classes",
+                100.0 * self.held_out_fraction()
+            ),
+        }
+    }
+
     /// Errors naming the field when the fraction is not in `(0, 1)` or the metric is not one
     /// that an evaluation with `recall_ks` measures.
     pub fn validate(&self, recall_ks: &[usize]) -> Result<()> {
-        if !(self.fraction > 0.0 && self.fraction < 1.0) {
-            return Err(Error::invalid(
-                "validation.fraction",
-                format!("must be in (0, 1), got {}", self.fraction),
-            ));
+        if let Some(fraction) = self.fraction {
+            if !(fraction > 0.0 && fraction < 1.0) {
+                return Err(Error::invalid(
+                    "validation.fraction",
+                    format!("must be in (0, 1), got {fraction}"),
+                ));
+            }
+            if let Some(folds) = self.folds {
+                return Err(Error::invalid(
+                    "validation.fraction",
+                    format!(
+                        "give either a fraction or folds, not both: {folds} folds hold out                          1/{folds} of the classes each"
+                    ),
+                ));
+            }
+        }
+        match (self.folds, self.fold) {
+            (Some(folds), _) if folds < 2 => {
+                return Err(Error::invalid(
+                    "validation.folds",
+                    format!("must be at least 2, got {folds}"),
+                ))
+            }
+            (Some(folds), Some(fold)) if fold >= folds => {
+                return Err(Error::invalid(
+                    "validation.fold",
+                    format!(
+                        "{fold} is not one of the {folds} folds (0 to {})",
+                        folds - 1
+                    ),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "validation.fold",
+                    "a fold needs validation.folds, the number of parts the classes are cut into",
+                ))
+            }
+            _ => {}
         }
         if self.patience == Some(0) {
             return Err(Error::invalid(
@@ -129,26 +251,66 @@ impl ValidationConfig {
     }
 }
 
-/// The fine classes of `labels` held out by `config`: `round(fraction × classes)` of them
-/// (at least 2, leaving at least 2), drawn by a seeded shuffle of the sorted class ids. Errors
-/// name `validation.fraction` when the training split has too few classes.
+/// The fine classes of `labels` held out by `config`, drawn by a seeded shuffle of the sorted
+/// class ids: the first `round(fraction × classes)` of them (at least 2, leaving at least 2),
+/// or with `folds = K` the shuffled ids cut into `K` consecutive parts of `⌊n/K⌋` or `⌈n/K⌉`
+/// classes and part `fold` of them, so that the `K` folds of one seed partition the classes.
+/// Errors name `validation.fraction` or `validation.folds` when the training split has too few
+/// classes (for folds: when any fold would hold out fewer than 2), and `validation.fold` when
+/// a recipe with folds names none.
+///
+/// ```
+/// use rankwise::hierarchy::Labels;
+/// use rankwise::train::validation::held_out_classes;
+/// use rankwise::train::ValidationConfig;
+/// let labels = Labels::from_fine(&(0..10).flat_map(|c| [c, c]).collect::<Vec<_>>())?;
+/// let fold = |f| ValidationConfig { folds: Some(4), fold: Some(f), ..Default::default() };
+/// let parts: Vec<_> = (0..4).map(|f| held_out_classes(&labels, &fold(f))).collect::<Result<_, _>>()?;
+/// // 10 classes in 4 folds of 2 or 3, every class held out by exactly one of them.
+/// assert_eq!(parts.iter().map(|p| p.len()).collect::<Vec<_>>(), [2, 3, 2, 3]);
+/// let all: std::collections::BTreeSet<_> = parts.iter().flatten().copied().collect();
+/// assert_eq!(all.len(), 10);
+/// # Ok::<(), rankwise::Error>(())
+/// ```
 pub fn held_out_classes(labels: &Labels, config: &ValidationConfig) -> Result<BTreeSet<ClassId>> {
     let classes: BTreeSet<ClassId> = labels.column(0).into_iter().collect();
     let n = classes.len();
-    let k = (config.fraction * n as f64).round() as usize;
-    if n < 4 || k < 2 || k > n - 2 {
-        return Err(Error::invalid(
-            "validation.fraction",
-            format!(
-                "{} of the training split's {n} fine classes is {k}: at least 2 classes must be \
-                 held out and 2 kept for training",
-                config.fraction
-            ),
-        ));
-    }
+    let (start, end) = match config.folds {
+        None => {
+            let fraction = config.held_out_fraction();
+            let k = (fraction * n as f64).round() as usize;
+            if n < 4 || k < 2 || k > n - 2 {
+                return Err(Error::invalid(
+                    "validation.fraction",
+                    format!(
+                        "{fraction} of the training split's {n} fine classes is {k}: at least 2 \
+                         classes must be held out and 2 kept for training"
+                    ),
+                ));
+            }
+            (0, k)
+        }
+        Some(folds) => {
+            let k = folds as usize;
+            // The smallest fold holds ⌊n/K⌋ out, the largest keeps n − ⌈n/K⌉.
+            if n / k < 2 || n - n.div_ceil(k) < 2 {
+                return Err(Error::invalid(
+                    "validation.folds",
+                    format!(
+                        "{folds} folds of the training split's {n} fine classes: every fold must \
+                         hold out at least 2 classes and keep 2 for training (at most {} folds)",
+                        n / 2
+                    ),
+                ));
+            }
+            config.check_fold()?;
+            let fold = config.fold.unwrap_or(0) as usize;
+            (fold * n / k, (fold + 1) * n / k)
+        }
+    };
     let mut order: Vec<ClassId> = classes.into_iter().collect();
     order.shuffle(&mut ChaCha8Rng::seed_from_u64(config.seed));
-    Ok(order.into_iter().take(k).collect())
+    Ok(order[start..end].iter().copied().collect())
 }
 
 /// `(kept, held_out)`: the indices of the images of `labels` whose fine class is not / is in
@@ -296,7 +458,7 @@ mod tests {
         // Too few classes on either side.
         for (classes, fraction) in [(20, 0.05), (20, 0.95), (3, 0.5)] {
             let c = ValidationConfig {
-                fraction,
+                fraction: Some(fraction),
                 ..ValidationConfig::default()
             };
             let e = held_out_classes(&labels(classes, 2), &c)
@@ -307,6 +469,119 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn folds_partition_the_classes_and_each_run_names_its_fold() {
+        let l = labels(23, 2);
+        let cv = |fold| ValidationConfig {
+            folds: Some(4),
+            fold,
+            ..ValidationConfig::default()
+        };
+        let parts: Vec<BTreeSet<ClassId>> = (0..4)
+            .map(|f| held_out_classes(&l, &cv(Some(f))).unwrap())
+            .collect();
+        let sizes: Vec<usize> = parts.iter().map(BTreeSet::len).collect();
+        assert_eq!(sizes, [5, 6, 6, 6]);
+        let all: BTreeSet<ClassId> = parts.iter().flatten().copied().collect();
+        assert_eq!(all.len(), 23, "every class held out by exactly one fold");
+        // The seed reshuffles the partition; the same seed gives the same one.
+        assert_eq!(parts[2], held_out_classes(&l, &cv(Some(2))).unwrap());
+        let reseeded = ValidationConfig {
+            seed: 7,
+            ..cv(Some(2))
+        };
+        assert_ne!(parts[2], held_out_classes(&l, &reseeded).unwrap());
+        // Fold 0 of 5 is not the 20% split: another cut of the same shuffle (its first ⌊n/5⌋).
+        let fifth = ValidationConfig {
+            folds: Some(5),
+            fold: Some(0),
+            ..ValidationConfig::default()
+        };
+        let plain = held_out_classes(&l, &ValidationConfig::default()).unwrap();
+        let f0 = held_out_classes(&l, &fifth).unwrap();
+        assert_eq!((plain.len(), f0.len()), (5, 4));
+        assert!(f0.is_subset(&plain));
+        // A run must name its fold; too many folds for the classes.
+        let e = held_out_classes(&l, &cv(None)).unwrap_err().to_string();
+        assert!(e.contains("validation.fold") && e.contains("0 to 3"), "{e}");
+        let many = ValidationConfig {
+            folds: Some(12),
+            fold: Some(0),
+            ..ValidationConfig::default()
+        };
+        let e = held_out_classes(&l, &many).unwrap_err().to_string();
+        assert!(
+            e.contains("validation.folds") && e.contains("at most 11"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn fraction_folds_and_fold_are_checked_together() {
+        let v = |fraction, folds, fold| ValidationConfig {
+            fraction,
+            folds,
+            fold,
+            ..ValidationConfig::default()
+        };
+        assert!(v(None, Some(4), None).validate(&[1]).is_ok());
+        assert!(v(None, Some(4), Some(3)).validate(&[1]).is_ok());
+        for (c, field, want) in [
+            (
+                v(Some(0.2), Some(4), None),
+                "validation.fraction",
+                "not both",
+            ),
+            (v(Some(1.0), None, None), "validation.fraction", "(0, 1)"),
+            (v(None, Some(1), None), "validation.folds", "at least 2"),
+            (v(None, Some(4), Some(4)), "validation.fold", "0 to 3"),
+            (
+                v(None, None, Some(0)),
+                "validation.fold",
+                "needs validation.folds",
+            ),
+        ] {
+            let e = c.validate(&[1]).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains(want), "{c:?}: {e}");
+        }
+        assert_eq!(v(None, None, None).held_out_fraction(), DEFAULT_FRACTION);
+        assert_eq!(v(None, Some(4), None).held_out_fraction(), 0.25);
+        assert_eq!(v(None, Some(4), None).cross_validation_folds(), 4);
+        assert_eq!(v(None, Some(4), Some(1)).cross_validation_folds(), 1);
+        assert_eq!(v(Some(0.3), None, None).cross_validation_folds(), 1);
+        assert_eq!(
+            v(None, Some(4), None).with_fold(2).describe(),
+            "fold 2 of 4 of the training split's classes"
+        );
+        assert_eq!(
+            v(None, None, None).describe(),
+            "20% of the training split's classes"
+        );
+        // The default fraction and an explicit 0.2 hold the same classes out.
+        assert_eq!(
+            v(None, None, None).held_out_key(),
+            v(Some(DEFAULT_FRACTION), None, None).held_out_key()
+        );
+        assert_ne!(
+            v(None, Some(4), Some(0)).held_out_key(),
+            v(None, Some(4), Some(1)).held_out_key()
+        );
+    }
+
+    #[test]
+    fn a_table_without_folds_serialises_as_before() {
+        // Recipes written before folds existed (and their run cache keys) read back the same.
+        let c: ValidationConfig = toml::from_str("fraction = 0.25\nseed = 3").unwrap();
+        assert_eq!(c.fraction, Some(0.25));
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(text, "fraction = 0.25\nseed = 3\nmetric = \"R@1\"\n");
+        let folds: ValidationConfig = toml::from_str("folds = 4\nfold = 1").unwrap();
+        assert_eq!(
+            (folds.folds, folds.fold, folds.fraction),
+            (Some(4), Some(1), None)
+        );
     }
 
     #[test]
@@ -333,7 +608,7 @@ mod tests {
         assert!(e.contains("not a metric"), "{e}");
         for fraction in [0.0, 1.0, f64::NAN, -0.5] {
             let c = ValidationConfig {
-                fraction,
+                fraction: Some(fraction),
                 ..ValidationConfig::default()
             };
             assert!(c.validate(&[1]).is_err(), "{fraction}");

@@ -2215,6 +2215,175 @@ fn tune_chooses_on_the_held_out_classes_what_compare_reads_at_the_selected_epoch
     }
 }
 
+/// `rankwise tune` with `validation.folds`: every point trains once per fold and seed, each
+/// seed's values are the mean of its fold runs, and each fold run is the run `rankwise compare`
+/// reads from the cache when it names that fold.
+#[test]
+fn tune_cross_validates_over_the_folds_of_the_training_classes() {
+    use rankwise::experiments::compare::SeedComparison;
+    use rankwise::experiments::tune::Tuning;
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let json = dir.path().join("tune.json");
+    let out = succeeds(&[
+        "tune",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--set",
+        "validation.folds=2",
+        "--grid",
+        "loss.tau=0.01,0.1",
+        "--seeds",
+        "2",
+        "--metric",
+        "R@1",
+        "--jobs",
+        "2",
+        "--out",
+        s(&json),
+        "-q",
+    ]);
+    for says in [
+        "2 grid points × 2 seeds (0–1) × 2 folds",
+        "chosen on 2-fold cross-validation over the training split's classes",
+        "the mean of its 2 fold runs",
+        " | ",
+        "Chosen by 2-fold cross-validation",
+    ] {
+        assert!(out.contains(says), "no `{says}` in:\n{out}");
+    }
+    let t: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(t.folds(), 2);
+    for c in &t.candidates {
+        assert_eq!(c.fold_validation.len(), 2);
+        assert_eq!(c.selected_epochs.len(), 4);
+        for s in 0..2 {
+            let mean = (0.0 + c.fold_validation[0][s] + c.fold_validation[1][s]) / 2.0;
+            assert_eq!(c.validation.values[s].to_bits(), mean.to_bits());
+        }
+    }
+    // Each fold alone, read by compare from the same cache: nothing retrains, and the tune's
+    // test values are the folds' means bit for bit.
+    let fold = |f: usize| -> SeedComparison {
+        let cjson = dir.path().join(format!("fold{f}.json"));
+        let fold_set = format!("validation.fold={f}");
+        let out = rankwise(&[
+            "compare",
+            "--config",
+            s(&recipe),
+            "--cache",
+            s(&cache),
+            "--seeds",
+            "2",
+            "--set",
+            "validation.folds=2",
+            "--set",
+            &fold_set,
+            "--arm",
+            "a: loss.tau=0.01",
+            "--arm",
+            "b: loss.tau=0.1",
+            "--metric",
+            "R@1",
+            "--at",
+            "selected",
+            "--out",
+            s(&cjson),
+        ]);
+        let err = stderr_of(&out);
+        assert!(out.status.success(), "{err}");
+        assert!(!err.contains(": training"), "retrained:\n{err}");
+        serde_json::from_str(&std::fs::read_to_string(&cjson).unwrap()).unwrap()
+    };
+    let (f0, f1) = (fold(0), fold(1));
+    for p in 0..2 {
+        let c = &t.candidates[p];
+        assert_eq!(
+            [f0.selected_epochs[p].clone(), f1.selected_epochs[p].clone()].concat(),
+            c.selected_epochs
+        );
+        for s in 0..2 {
+            let mean = (0.0 + f0.rows[0].arms[p].values[s] + f1.rows[0].arms[p].values[s]) / 2.0;
+            assert_eq!(c.test[0].values[s].to_bits(), mean.to_bits());
+        }
+    }
+    // The two folds hold different classes out: their validation values differ somewhere.
+    assert_ne!(
+        t.candidates[0].fold_validation[0],
+        t.candidates[0].fold_validation[1]
+    );
+    // compare needs the fold named; a fraction and folds together are refused.
+    let e = fails(&[
+        "compare",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--set",
+        "validation.folds=2",
+        "--arm",
+        "a",
+        "--arm",
+        "b: loss.tau=0.1",
+        "-q",
+    ]);
+    assert!(
+        e.contains("validation.fold") && e.contains("names no fold"),
+        "{e}"
+    );
+    let e = fails(&[
+        "tune",
+        "--config",
+        s(&recipe),
+        "--set",
+        "validation.folds=2",
+        "--set",
+        "validation.fraction=0.25",
+        "--grid",
+        "loss.tau=0.01,0.1",
+        "-q",
+    ]);
+    assert!(
+        e.contains("validation.fraction") && e.contains("not both"),
+        "{e}"
+    );
+    // A training run names its fold (refused before it starts), and the split must have the
+    // classes for the folds (refused once the data is read, naming the field).
+    let run = dir.path().join("run");
+    let args = |sets: &[&'static str]| {
+        let mut a = vec![
+            "train",
+            "--config",
+            s(&recipe),
+            "--out",
+            s(&run),
+            "--overwrite",
+        ];
+        for set in sets {
+            a.extend(["--set", *set]);
+        }
+        a
+    };
+    let e = fails(&args(&["validation.folds=2"]));
+    assert!(
+        e.contains("validation.fold") && e.contains("name the fold"),
+        "{e}"
+    );
+    let out = rankwise(&args(&["validation.folds=5", "validation.fold=0"]));
+    let e = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("error: invalid --set validation.folds=5")
+            && e.contains("8 fine classes")
+            && e.contains("at most 4 folds")
+            && !e.contains("panicked"),
+        "{e}"
+    );
+}
+
 #[test]
 fn tune_refuses_bad_searches_before_anything_trains() {
     let dir = tempfile::tempdir().unwrap();

@@ -523,7 +523,7 @@ fn on_disk_validation_holds_classes_out_through_the_prefetching_loader() {
     sop_fixture(&root);
     let plain = Trainer::from_config(tiny_config(sop_dataset(&root, 2))).unwrap();
     let validation = ValidationConfig {
-        fraction: 0.5,
+        fraction: Some(0.5),
         ..ValidationConfig::default()
     };
     let mut config = tiny_config(sop_dataset(&root, 2));

@@ -854,10 +854,11 @@ fn held_out_classes_select_the_epoch_and_keep_its_network() {
     use std::collections::BTreeSet;
     let classes = |labels: &Labels| -> BTreeSet<i64> { labels.column(0).into_iter().collect() };
     let validation = ValidationConfig {
-        fraction: 0.25,
+        fraction: Some(0.25),
         seed: 7,
         metric: "R@1".into(),
         patience: None,
+        ..ValidationConfig::default()
     };
     let dir = tempfile::tempdir().unwrap();
     let mut config = tiny_config();
@@ -963,10 +964,11 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
     config.epochs = 1;
     // R@8 is not in eval.recall_ks: refused before anything runs.
     config.validation = Some(ValidationConfig {
-        fraction: 0.25,
+        fraction: Some(0.25),
         seed: 0,
         metric: "R@8".into(),
         patience: None,
+        ..ValidationConfig::default()
     });
     let e = Trainer::new(config.clone(), &loss)
         .err()
@@ -978,10 +980,11 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
     );
     // A level the labels do not have: named once the data is known, before training.
     config.validation = Some(ValidationConfig {
-        fraction: 0.25,
+        fraction: Some(0.25),
         seed: 0,
         metric: "mAP@R:5".into(),
         patience: None,
+        ..ValidationConfig::default()
     });
     let e = Trainer::new(config.clone(), &loss)
         .err()
@@ -993,7 +996,7 @@ fn a_validation_metric_the_evaluation_lacks_is_named() {
     );
     // Too few training classes to hold any out.
     config.validation = Some(ValidationConfig {
-        fraction: 0.1,
+        fraction: Some(0.1),
         ..ValidationConfig::default()
     });
     let e = Trainer::new(config, &loss).err().unwrap().to_string();
@@ -1012,10 +1015,11 @@ fn a_resumed_run_selects_as_one_that_never_stopped() {
     let mut config = tiny_config();
     config.epochs = 4;
     config.validation = Some(ValidationConfig {
-        fraction: 0.25,
+        fraction: Some(0.25),
         seed: 2,
         metric: "mAP@R".into(),
         patience: None,
+        ..ValidationConfig::default()
     });
     let straight_dir = tempfile::tempdir().unwrap();
     let mut straight = config.clone();
@@ -1065,10 +1069,11 @@ fn patience_stops_the_run_and_a_resume_stays_stopped() {
     let mut config = tiny_config();
     config.epochs = 8;
     let validation = ValidationConfig {
-        fraction: 0.25,
+        fraction: Some(0.25),
         seed: 2,
         metric: "mAP@R".into(),
         patience: Some(1),
+        ..ValidationConfig::default()
     };
     config.validation = Some(validation.clone());
     let dir = tempfile::tempdir().unwrap();
