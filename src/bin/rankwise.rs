@@ -1578,7 +1578,7 @@ fn tune(args: &TuneArgs) -> Result<()> {
     }
     let (runner, jobs) = args
         .runs
-        .runner(&format!("searching {} grid points", arms.len()), &seeds)?;
+        .runner(&format!("searching {}", points_text(&arms)), &seeds)?;
     let tuning = experiments::tune::tune(&runner, &args.grid, &arms, &seeds, jobs, &args.metrics)?;
     print_tuning(&tuning);
     if let Some(out) = &args.out {
@@ -1589,6 +1589,18 @@ fn tune(args: &TuneArgs) -> Result<()> {
         eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
     }
     Ok(())
+}
+
+/// `N grid points`, or `N grid points × K folds` for a search cross-validated over K folds.
+fn points_text(arms: &[experiments::compare::Arm]) -> String {
+    let folds = arms
+        .first()
+        .and_then(|a| a.config.validation.as_ref())
+        .map_or(1, |v| v.cross_validation_folds());
+    match folds {
+        1 => format!("{} grid points", arms.len()),
+        k => format!("{} grid points × {k} folds", arms.len()),
+    }
 }
 
 /// Every point's validation and test values, then the reading.
@@ -1648,6 +1660,26 @@ fn print_tuning(t: &Tuning) {
         .collect();
     println!();
     print_columns(&header, &cells, |i| i == 0 || i == 2);
+    // Each fold's own ranking of the points, beside the mean the choice is made on.
+    let choices = t.fold_choices();
+    if !choices.is_empty() {
+        let mut header = vec!["point".to_string()];
+        header.extend((0..choices.len()).map(|f| format!("val {metric} fold {f}")));
+        let cells: Vec<Vec<String>> = t
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut row = vec![c.label.clone()];
+                row.extend(c.fold_means().iter().zip(&choices).map(|(mean, &best)| {
+                    format!("{mean:.4}{}", if best == Some(i) { " *" } else { "" })
+                }));
+                row
+            })
+            .collect();
+        println!("\nEach fold alone (mean over the seeds; * the fold's own choice):");
+        print_columns(&header, &cells, |i| i == 0);
+    }
     println!(
         "\nValues: mean ± half-width of the 95% interval over the seeds, each run read at the \
          epoch its validation selected{}. vs chosen: each point − the chosen one on validation, \

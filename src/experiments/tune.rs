@@ -262,6 +262,16 @@ pub struct Candidate {
     pub versus_chosen: Option<Versus>,
 }
 
+impl Candidate {
+    /// With folds, each fold's mean validation value over the seeds; empty for a single split.
+    pub fn fold_means(&self) -> Vec<f64> {
+        self.fold_validation
+            .iter()
+            .map(|v| v.iter().sum::<f64>() / v.len() as f64)
+            .collect()
+    }
+}
+
 /// A search of a grid on held-out training classes (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tuning {
@@ -566,6 +576,16 @@ impl Tuning {
         }
     }
 
+    /// With folds, the point each fold alone would have chosen: the best mean over the seeds of
+    /// that fold's validation values (the first on a tie; `None` when none is a number). Empty
+    /// for a single split. Folds that disagree show how much one split's choice is a draw of
+    /// its classes.
+    pub fn fold_choices(&self) -> Vec<Option<usize>> {
+        (0..self.candidates[0].fold_validation.len())
+            .map(|f| best(self.candidates.iter().map(|c| c.fold_means()[f])))
+            .collect()
+    }
+
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
     pub fn selection_metric_name(&self) -> String {
         let (m, l) = &self.metrics[self.selection_metric];
@@ -617,6 +637,37 @@ impl Tuning {
             test.half_width,
             self.seeds.len()
         );
+        let fold_choices = self.fold_choices();
+        if !fold_choices.is_empty() {
+            let agree = fold_choices
+                .iter()
+                .filter(|&&c| c == Some(self.chosen))
+                .count();
+            let others: Vec<String> = fold_choices
+                .iter()
+                .enumerate()
+                .filter_map(|(f, c)| match c {
+                    Some(c) if *c != self.chosen => {
+                        Some(format!("fold {f}: {}", self.candidates[*c].label))
+                    }
+                    Some(_) => None,
+                    None => Some(format!("fold {f}: none, no value")),
+                })
+                .collect();
+            if others.is_empty() {
+                text.push_str(&format!(
+                    " Each of the {} folds alone would have chosen it too.",
+                    fold_choices.len()
+                ));
+            } else {
+                text.push_str(&format!(
+                    " Alone, {agree} of the {} folds would have chosen it, the others another \
+                     point ({}): a single split's choice depends on which classes it holds out.",
+                    fold_choices.len(),
+                    others.join(", ")
+                ));
+            }
+        }
         let close = self.indistinct();
         if close.is_empty() {
             text.push_str(&format!(
@@ -950,6 +1001,8 @@ mod tests {
         }
         assert_eq!(c.fold_validation.len(), 2);
         assert_eq!(c.fold_validation[1], [0.50, 0.52, 0.54]);
+        let means = c.fold_means();
+        assert!((means[0] - 0.56).abs() < 1e-12 && (means[1] - 0.52).abs() < 1e-12);
         assert_eq!(c.selected_epochs, [1, 1, 1, 1, 1, 1]);
         // Test R@1 per seed: the mean of fold 0's 0.20 + s/1000 and fold 1's 0.21 + s/1000.
         for (s, got) in c.test[0].values.iter().enumerate() {
@@ -965,6 +1018,15 @@ mod tests {
         assert!(
             reading.contains("by 2-fold cross-validation")
                 && reading.contains("the mean of its 2 fold models"),
+            "{reading}"
+        );
+        // Fold 0 alone prefers p0 (0.61 against 0.56), fold 1 p1: the reading says so.
+        assert_eq!(t.fold_choices(), [Some(0), Some(1)]);
+        assert!(
+            reading.contains(
+                "Alone, 1 of the 2 folds would have chosen it, the others another point (fold 0: \
+                 p0)"
+            ),
             "{reading}"
         );
         assert_eq!(
@@ -985,6 +1047,7 @@ mod tests {
         let t = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &one_fold, &[], &single).unwrap();
         assert_eq!((t.folds(), t.chosen), (1, 0));
         assert!(t.candidates[0].fold_validation.is_empty());
+        assert!(t.fold_choices().is_empty());
         assert!(t
             .reading()
             .contains("(fold 1 of 2 of the training split's classes)"));

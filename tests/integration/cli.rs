@@ -2252,6 +2252,8 @@ fn tune_cross_validates_over_the_folds_of_the_training_classes() {
         "the mean of its 2 fold runs",
         " | ",
         "Chosen by 2-fold cross-validation",
+        "Each fold alone (mean over the seeds; * the fold's own choice):",
+        "val R@1 fold 1",
     ] {
         assert!(out.contains(says), "no `{says}` in:\n{out}");
     }
@@ -2310,6 +2312,12 @@ fn tune_cross_validates_over_the_folds_of_the_training_classes() {
             assert_eq!(c.test[0].values[s].to_bits(), mean.to_bits());
         }
     }
+    // Every fold has a choice of its own.
+    assert!(
+        t.fold_choices().len() == 2 && t.fold_choices().iter().all(Option::is_some),
+        "{:?}",
+        t.fold_choices()
+    );
     // The two folds hold different classes out: their validation values differ somewhere.
     assert_ne!(
         t.candidates[0].fold_validation[0],
