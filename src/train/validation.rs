@@ -194,7 +194,8 @@ impl ValidationConfig {
                 return Err(Error::invalid(
                     "validation.fraction",
                     format!(
-                        "give either a fraction or folds, not both: {folds} folds hold out                          1/{folds} of the classes each"
+                        "give either a fraction or folds, not both: {folds} folds hold out \
+                         1/{folds} of the classes each"
                     ),
                 ));
             }
