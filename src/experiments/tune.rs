@@ -211,7 +211,7 @@ pub fn candidates(base: &Path, shared: &[String], axes: &[GridAxis]) -> Result<V
 }
 
 /// The `[validation]` table every candidate shares.
-pub(crate) fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
+fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
     let first = arms.first().and_then(|a| a.config.validation.clone());
     let Some(validation) = first else {
         return Err(Error::invalid(
@@ -357,8 +357,8 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
 }
 
 /// The choice among finished runs, `runs[p][s]` the run of grid point `p` (labelled
-/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]` — with `validation`
-/// cross-validating over `F` folds, `runs[p][f × seeds + s]` that of fold `f` — : each run read
+/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]` (with `validation`
+/// cross-validating over `F` folds, `runs[p][f × seeds + s]` is that of fold `f`): each run read
 /// at the epoch its validation selected ([`RunResult::selection`]; with folds, each seed's
 /// values averaged over its fold runs), the point with the best mean validation value chosen
 /// (the first on a tie; NaN never), every other point tested against it on the validation
