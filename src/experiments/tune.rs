@@ -243,7 +243,7 @@ pub struct Candidate {
     pub label: String,
     /// Its `KEY=VALUE` overrides.
     pub overrides: Vec<String>,
-    /// Its resolved recipe (TOML, seed of the first run).
+    /// Its resolved recipe (TOML, of the first run: the first seed and, with folds, fold 0).
     pub recipe: String,
     /// The validation value of each seed's selected epoch (`arm` = the label); with folds, each
     /// seed's mean over its fold runs.
@@ -715,7 +715,7 @@ impl Tuning {
 /// Writes `tuning` to `path`, atomically: `.json`, all of it (recipes and every seed's value);
 /// `.csv`, one line per point (`point,chosen,test_choice,n,val_metric,val_mean,val_half_width,
 /// selected_epochs,p_holm_vs_chosen,finding_vs_chosen`, then `mean` and `half_width` of each
-/// test metric).
+/// test metric and, with folds, each fold's mean validation value, `val fold i mean`).
 pub fn write_tuning(path: &Path, tuning: &Tuning) -> Result<()> {
     match ResultFormat::from_path(path)? {
         ResultFormat::Json => write_json(path, tuning),
@@ -744,6 +744,8 @@ fn write_csv(w: &mut dyn Write, tuning: &Tuning) -> std::io::Result<()> {
         header.push(format!("test {name} mean"));
         header.push(format!("test {name} half_width"));
     }
+    let folds = tuning.candidates[0].fold_validation.len();
+    header.extend((0..folds).map(|f| format!("val fold {f} mean")));
     out.write_record(&header)?;
     let metric = tuning.selection_metric_name();
     for (i, c) in tuning.candidates.iter().enumerate() {
@@ -765,6 +767,7 @@ fn write_csv(w: &mut dyn Write, tuning: &Tuning) -> std::io::Result<()> {
         for t in &c.test {
             record.extend([csv_f64(t.mean), csv_f64(t.half_width)]);
         }
+        record.extend(c.fold_means().into_iter().map(csv_f64));
         out.write_record(&record)?;
     }
     out.flush()
@@ -1022,6 +1025,22 @@ mod tests {
         );
         // Fold 0 alone prefers p0 (0.61 against 0.56), fold 1 p1: the reading says so.
         assert_eq!(t.fold_choices(), [Some(0), Some(1)]);
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("t.csv");
+        write_tuning(&csv, &t).unwrap();
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].ends_with("val fold 0 mean,val fold 1 mean"),
+            "{}",
+            lines[0]
+        );
+        let last: Vec<f64> = lines[2]
+            .rsplit(',')
+            .take(2)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        assert!((last[1] - 0.56).abs() < 1e-12 && (last[0] - 0.52).abs() < 1e-12);
         assert!(
             reading.contains(
                 "Alone, 1 of the 2 folds would have chosen it, the others another point (fold 0: \
