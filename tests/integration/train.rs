@@ -1056,6 +1056,36 @@ fn a_resumed_run_selects_as_one_that_never_stopped() {
     assert_eq!(read(straight_dir.path()), read(dir.path()));
 }
 
+/// A checkpoint of one fold resumes only with the same fold: another fold holds other classes
+/// out (the first fold's network trained on them), while a changed patience is accepted.
+#[test]
+fn a_fold_resumes_only_as_the_same_fold() {
+    use rankwise::train::ValidationConfig;
+    let loss = Contrastive { margin: 0.2 };
+    let fold = |f, patience| ValidationConfig {
+        folds: Some(2),
+        fold: Some(f),
+        patience,
+        ..ValidationConfig::default()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = tiny_config();
+    first.epochs = 1;
+    first.validation = Some(fold(0, None));
+    first.output.dir = Some(dir.path().to_path_buf());
+    Trainer::new(first.clone(), &loss).unwrap().fit().unwrap();
+    let resume = |validation: ValidationConfig| {
+        let mut c = first.clone();
+        c.epochs = 2;
+        c.validation = Some(validation);
+        c.resume = Some(dir.path().join("checkpoint.safetensors"));
+        Trainer::new(c, &loss).map(|_| ())
+    };
+    let e = resume(fold(1, None)).unwrap_err().to_string();
+    assert!(e.contains("another `validation`"), "{e}");
+    assert!(resume(fold(0, Some(3))).is_ok());
+}
+
 /// `[validation] patience`: the run stops once that many evaluations bring no better validation
 /// value, having trained exactly what the same run without patience trains in those epochs (bit
 /// for bit); its checkpoint is of the stopping epoch, and resuming it — with more epochs, or
