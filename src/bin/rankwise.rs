@@ -1597,9 +1597,14 @@ fn points_text(arms: &[experiments::compare::Arm]) -> String {
         .first()
         .and_then(|a| a.config.validation.as_ref())
         .map_or(1, |v| v.cross_validation_folds());
+    format!("{} grid points{}", arms.len(), folds_text(folds))
+}
+
+/// ` × K folds` for a search cross-validated over K folds; nothing for a single split.
+fn folds_text(folds: usize) -> String {
     match folds {
-        1 => format!("{} grid points", arms.len()),
-        k => format!("{} grid points × {k} folds", arms.len()),
+        1 => String::new(),
+        k => format!(" × {k} folds"),
     }
 }
 
@@ -1613,10 +1618,7 @@ fn print_tuning(t: &Tuning) {
         t.candidates.len(),
         t.seeds[0],
         t.seeds[seeds - 1],
-        match t.folds() {
-            1 => String::new(),
-            k => format!(" × {k} folds"),
-        },
+        folds_text(t.folds()),
         t.devices.join(", "),
         t.run_code,
         t.held_out_text()

@@ -581,8 +581,9 @@ impl Tuning {
     /// for a single split. Folds that disagree show how much one split's choice is a draw of
     /// its classes.
     pub fn fold_choices(&self) -> Vec<Option<usize>> {
-        (0..self.candidates[0].fold_validation.len())
-            .map(|f| best(self.candidates.iter().map(|c| c.fold_means()[f])))
+        let means: Vec<Vec<f64>> = self.candidates.iter().map(Candidate::fold_means).collect();
+        (0..means[0].len())
+            .map(|f| best(means.iter().map(|m| m[f])))
             .collect()
     }
 
