@@ -1682,6 +1682,39 @@ fn print_tuning(t: &Tuning) {
         println!("\nEach fold alone (mean over the seeds; * the fold's own choice):");
         print_columns(&header, &cells, |i| i == 0);
     }
+    // The fold models as one (Musgrave et al.'s concatenated result) beside their mean.
+    if t.candidates[0].concatenated.len() == t.metrics.len() {
+        let mut header = vec!["point".to_string()];
+        header.extend(
+            t.metrics
+                .iter()
+                .map(|(m, l)| format!("test {}", metric_label(m, *l))),
+        );
+        header.push(format!("− separated {metric} (p)"));
+        let cells: Vec<Vec<String>> = t
+            .candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut row = vec![c.label.clone()];
+                row.extend(
+                    c.concatenated
+                        .iter()
+                        .map(|a| format!("{:.4} ± {:.4}", a.mean, a.half_width)),
+                );
+                row.push(t.concatenation_gain(i).map_or("—".into(), |g| {
+                    format!("{:+.4} ({})", g.mean, format_p(g.p))
+                }));
+                row
+            })
+            .collect();
+        println!(
+            "\nThe {} fold models as one (their embeddings at the selected epochs concatenated, \
+             each L2-normalised):",
+            t.folds()
+        );
+        print_columns(&header, &cells, |i| i == 0);
+    }
     println!(
         "\nValues: mean ± half-width of the 95% interval over the seeds, each run read at the \
          epoch its validation selected{}. vs chosen: each point − the chosen one on validation, \

@@ -9,9 +9,12 @@
 //! another one. Nothing else is cached: a changed hyperparameter is a new run.
 
 use crate::error::{Error, Result};
+use crate::hierarchy::Labels;
 use crate::io::write_atomically;
+use crate::retrieval::ensemble::TestEmbeddings;
 use crate::train::validation::{select, Selection};
 use crate::train::{LogRow, TrainConfig, Trainer, ValidationConfig};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -285,18 +288,68 @@ impl Runner {
             .map(|d| d.join(format!("{}.json", self.key_name(recipe))))
     }
 
+    /// Where the run keyed `recipe` keeps its selected epoch's test embeddings
+    /// ([`keeps_test_embeddings`]): beside its result in the cache, or without a cache in the
+    /// system's temporary folder (as [`Runner::pretrained_backbone`]'s weights).
+    fn embeddings_path(&self, recipe: &str) -> PathBuf {
+        let dir = match &self.cache_dir {
+            Some(d) => d.clone(),
+            None => std::env::temp_dir().join("rankwise-test-embeddings"),
+        };
+        dir.join(format!("{}.{EMBEDDINGS_SUFFIX}", self.key_name(recipe)))
+    }
+
     /// The result of `spec`: from the cache if the same recipe was run by the same code
     /// ([`Runner::run_code`]), otherwise trained now (and cached) — or, reading another code's
-    /// runs, an error.
+    /// runs, an error. A fold run of a cross-validation ([`keeps_test_embeddings`]) also keeps
+    /// its selected epoch's test embeddings ([`Runner::selected_test_embeddings`]); its cached
+    /// result without them is a miss.
     pub fn run(&self, spec: &RunSpec) -> Result<RunResult> {
         let (config, recipe) = Self::keyed(spec)?;
         let path = self.result_path(&recipe);
-        if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
-            return Ok(hit);
+        let keeps = keeps_test_embeddings(&config);
+        let embeddings = self.embeddings_path(&recipe);
+        if !keeps || embeddings.is_file() {
+            if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
+                return Ok(hit);
+            }
         }
-        let (result, _) = self.train(spec, config, recipe)?;
+        let (result, trainer) = self.train(spec, config, recipe)?;
+        if keeps {
+            // Written before the result: a cached result of a fold run has its embeddings.
+            let (epoch, kept) = trainer.selected_test_embeddings().ok_or_else(|| {
+                Error::invalid(
+                    "run",
+                    format!(
+                        "`{}` selected no epoch to keep the test embeddings of",
+                        spec.label
+                    ),
+                )
+            })?;
+            save_embeddings(&embeddings, kept, epoch, &result.label)?;
+        }
         store(path.as_deref(), &result)?;
         Ok(result)
+    }
+
+    /// The test embeddings of `run` (a result of this runner's [`Runner::run`]) by the network
+    /// of the epoch its validation selected, and that epoch: the members of an ensemble of the
+    /// fold models of a cross-validation ([`crate::retrieval::ensemble`]). Only fold runs keep
+    /// them ([`keeps_test_embeddings`]); an error names the run and the file when they are
+    /// missing or unreadable.
+    pub fn selected_test_embeddings(&self, run: &RunResult) -> Result<(u64, TestEmbeddings)> {
+        let path = self.embeddings_path(&run.recipe);
+        if !path.is_file() {
+            return Err(Error::file(
+                &path,
+                format!(
+                    "run `{}` kept no test embeddings (only the fold runs of a \
+                     cross-validation, `[validation] fold`, keep them)",
+                    run.label
+                ),
+            ));
+        }
+        load_embeddings(&path)
     }
 
     /// The backbone weights a pretraining recipe ends with — the network every run of a scale
@@ -377,8 +430,14 @@ impl Runner {
         ));
         let seed = config.seed;
         let start = Instant::now();
+        let keeps = keeps_test_embeddings(&config);
         let mut trainer = Trainer::from_config(config)
             .map_err(|e| Error::invalid("run", format!("`{}`: {e}", spec.label)))?;
+        if keeps {
+            trainer
+                .keep_selected_test_embeddings()
+                .map_err(|e| Error::invalid("run", format!("`{}`: {e}", spec.label)))?;
+        }
         let device = device_name(trainer.device());
         let report = trainer
             .fit()
@@ -556,6 +615,100 @@ fn read_cached(path: &Path, recipe: &str, code: &str) -> Result<Option<RunResult
         )
     })?;
     Ok((cached.recipe == recipe && cached.code == code).then_some(cached))
+}
+
+/// The file extension of a run's kept test embeddings, after its key name.
+const EMBEDDINGS_SUFFIX: &str = "test-embeddings.safetensors";
+
+/// The format written into the metadata of a kept test embeddings file.
+const EMBEDDINGS_FORMAT: &str = "rankwise selected test embeddings 1";
+
+/// The JSON document of a kept test embeddings file.
+#[derive(Serialize, Deserialize)]
+struct EmbeddingsMeta {
+    format: String,
+    /// The run whose network embedded them (its label when trained).
+    run: String,
+    /// The epoch its validation selected.
+    epoch: u64,
+}
+
+/// Whether a run of `config` keeps its selected epoch's test embeddings: a fold run of a
+/// cross-validation (`[validation] fold`), whose models an ensemble concatenates
+/// ([`crate::experiments::tune`]). Other runs keep none: their results are all a table reads,
+/// and a test set's embeddings weigh far more (3,840 × 512 floats, 7.9 MB, on the embedded
+/// dataset; 121 MB on SOP).
+pub fn keeps_test_embeddings(config: &TrainConfig) -> bool {
+    config.validation.as_ref().is_some_and(|v| v.fold.is_some())
+}
+
+/// Writes `kept` (embedded at `epoch` by the run labelled `run`) to `path` atomically, with
+/// checksums ([`crate::train::checkpoint::save`]), making its folder.
+fn save_embeddings(path: &Path, kept: &TestEmbeddings, epoch: u64, run: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    }
+    let labels = |l: &Labels| {
+        Tensor::from_vec(
+            l.as_flat().to_vec(),
+            (l.len(), l.num_levels()),
+            &candle_core::Device::Cpu,
+        )
+    };
+    let mut tensors = vec![
+        ("queries".to_string(), kept.queries.clone()),
+        ("query_labels".to_string(), labels(&kept.query_labels)?),
+    ];
+    if let Some((g, l)) = &kept.gallery {
+        tensors.push(("gallery".to_string(), g.clone()));
+        tensors.push(("gallery_labels".to_string(), labels(l)?));
+    }
+    let meta = EmbeddingsMeta {
+        format: EMBEDDINGS_FORMAT.into(),
+        run: run.into(),
+        epoch,
+    };
+    let json = serde_json::to_string(&meta)
+        .map_err(|e| Error::file(path, format!("cannot encode the metadata: {e}")))?;
+    crate::train::checkpoint::save(path, &tensors, &json)
+}
+
+/// Reads a file of [`save_embeddings`]: the embeddings and their epoch. Errors name the file.
+fn load_embeddings(path: &Path) -> Result<(u64, TestEmbeddings)> {
+    let (mut tensors, json) = crate::train::checkpoint::load(path, &candle_core::Device::Cpu)?;
+    let meta: EmbeddingsMeta = serde_json::from_str(&json)
+        .ok()
+        .filter(|m: &EmbeddingsMeta| m.format == EMBEDDINGS_FORMAT)
+        .ok_or_else(|| {
+            Error::file(
+                path,
+                format!("not a file of {EMBEDDINGS_FORMAT:?}: delete it to re-run"),
+            )
+        })?;
+    let mut take = |name: &str| {
+        tensors
+            .remove(name)
+            .ok_or_else(|| Error::file(path, format!("no tensor `{name}`")))
+    };
+    let labels = |t: Tensor| -> Result<Labels> {
+        let (n, levels) = t.dims2()?;
+        Labels::from_flat(n, levels, t.flatten_all()?.to_vec1::<i64>()?)
+            .map_err(|e| Error::file(path, e.to_string()))
+    };
+    let queries = take("queries")?;
+    let query_labels = labels(take("query_labels")?)?;
+    let gallery = match take("gallery") {
+        Ok(g) => Some((g, labels(take("gallery_labels")?)?)),
+        Err(_) => None,
+    };
+    Ok((
+        meta.epoch,
+        TestEmbeddings {
+            queries,
+            query_labels,
+            gallery,
+        },
+    ))
 }
 
 /// Writes `result` to `path` (if any) atomically, making its folder.

@@ -31,6 +31,14 @@
 //! and batches of every fold's run), the folds are the yardstick's fixed design, as SSR's
 //! episodes are for [`crate::experiments::claim`].
 //!
+//! Musgrave et al. report two test results of the `K` fold models: *separated*, the mean of
+//! their metrics (each model alone: [`Candidate::test`]), and *concatenated*, the metrics of the
+//! `K` models as one, each test image's embeddings by the `K` models concatenated
+//! ([`crate::retrieval::ensemble`]: [`Candidate::concatenated`]). Each fold run keeps its test
+//! embeddings at the epoch its validation selected ([`Runner::selected_test_embeddings`]), so
+//! the ensemble costs one evaluation per point and seed, no training; the reading says whether
+//! the ensemble's gain over the separated mean is beyond the seeds' noise.
+//!
 //! ```text
 //! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \
 //!     --grid loss.tau=0.001,0.01,0.1 --seeds 3
@@ -46,7 +54,9 @@ use super::runs::{RunResult, Runner};
 use crate::error::{Error, Result};
 use crate::io::results::{csv_f64, write_json, ResultFormat};
 use crate::io::write_atomically;
-use crate::stats::Sample;
+use crate::retrieval::ensemble::concatenate;
+use crate::retrieval::EvalOptions;
+use crate::stats::{paired_t, PairedT, Sample};
 use crate::train::{Selection, ValidationConfig};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -256,8 +266,13 @@ pub struct Candidate {
     /// (`[fold × seeds + seed]`).
     pub selected_epochs: Vec<u64>,
     /// The test metrics at those epochs, one per [`Tuning::metrics`] entry (with folds, each
-    /// seed's mean over its fold models).
+    /// seed's mean over its fold models: Musgrave et al.'s *separated* result).
     pub test: Vec<ArmValues>,
+    /// With folds, the test metrics of each seed's fold models as one, their embeddings at the
+    /// selected epochs concatenated ([`crate::retrieval::ensemble`]: Musgrave et al.'s
+    /// *concatenated* result), one per [`Tuning::metrics`] entry; empty for a single split.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub concatenated: Vec<ArmValues>,
     /// The point against the chosen one on the validation values (`None` for the chosen point).
     pub versus_chosen: Option<Versus>,
 }
@@ -332,7 +347,75 @@ pub fn tune(
     let labels: Vec<String> = arms.iter().map(|a| a.label.clone()).collect();
     let mut tuning = tune_runs(axes, &labels, seeds, &runs, metrics, &validation)?;
     tuning.run_code = runner.run_code().to_string();
+    if folds > 1 {
+        for ((candidate, point), arm) in tuning.candidates.iter_mut().zip(&runs).zip(arms) {
+            let opts = EvalOptions {
+                recall_ks: arm.config.eval.recall_ks.clone(),
+                ..EvalOptions::default()
+            };
+            candidate.concatenated = concatenated_values(
+                runner,
+                candidate,
+                point,
+                seeds.len(),
+                &tuning.metrics,
+                &opts,
+            )?;
+        }
+    }
     Ok(tuning)
+}
+
+/// The test `metrics` of each seed's fold models of `candidate` as one (Musgrave et al.'s
+/// concatenated embedding, [`concatenate`]), `point[f × seeds + s]` the run of fold `f` and seed
+/// `s`: each run's test embeddings at the epoch its validation selected, kept by `runner`
+/// ([`Runner::selected_test_embeddings`]), evaluated with `opts` as the trainer evaluates a test
+/// set. An error names a run whose kept embeddings are of another epoch than the one selected.
+fn concatenated_values(
+    runner: &Runner,
+    candidate: &Candidate,
+    point: &[RunResult],
+    seeds: usize,
+    metrics: &[(String, Option<usize>)],
+    opts: &EvalOptions,
+) -> Result<Vec<ArmValues>> {
+    let folds = point.len() / seeds;
+    let mut values = vec![Vec::with_capacity(seeds); metrics.len()];
+    for s in 0..seeds {
+        let members = (0..folds)
+            .map(|f| {
+                let i = f * seeds + s;
+                let (epoch, kept) = runner.selected_test_embeddings(&point[i])?;
+                if epoch != candidate.selected_epochs[i] {
+                    return Err(Error::invalid(
+                        "run",
+                        format!(
+                            "`{}` kept the test embeddings of epoch {epoch}, but its validation \
+                             selected epoch {}: delete its files from the cache to re-run it",
+                            point[i].label, candidate.selected_epochs[i]
+                        ),
+                    ));
+                }
+                Ok(kept)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let report = concatenate(&members)?.evaluate(opts)?;
+        for ((m, l), v) in metrics.iter().zip(&mut values) {
+            v.push(report.get(m, *l).ok_or_else(|| {
+                Error::invalid(
+                    "metric",
+                    format!(
+                        "the concatenated fold models of `{}` have no {m}",
+                        candidate.label
+                    ),
+                )
+            })?);
+        }
+    }
+    Ok(values
+        .into_iter()
+        .map(|v| arm_values(&candidate.label, Sample::new(v)))
+        .collect())
 }
 
 /// Each point's recipes, one per fold to cross-validate over (`folds` from
@@ -364,7 +447,8 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
 /// (the first on a tie; NaN never), every other point tested against it on the validation
 /// values seed by seed (Holm-corrected), `metrics` read on the test set at the selected epochs
 /// (the validation's metric added first when not named), and the point the test set would
-/// have chosen. [`Tuning::run_code`] is left empty.
+/// have chosen. [`Tuning::run_code`] and each [`Candidate::concatenated`] are left empty
+/// ([`tune`] fills them, the latter from the fold runs' kept test embeddings).
 ///
 /// ```
 /// use rankwise::experiments::tune::{tune_runs, GridAxis};
@@ -505,6 +589,7 @@ pub fn tune_runs(
             fold_validation,
             selected_epochs: selections[p].iter().map(|s| s.epoch).collect(),
             test,
+            concatenated: Vec::new(),
             versus_chosen: if p == chosen { None } else { versus.next() },
         });
     }
@@ -587,6 +672,23 @@ impl Tuning {
             .collect()
     }
 
+    /// With folds, what concatenating point `p`'s fold models adds to their mean on the test
+    /// set, in the validation's metric: the paired t-test over the seeds of each seed's
+    /// [`Candidate::concatenated`] value minus its [`Candidate::test`] value. `None` for a
+    /// single split.
+    pub fn concatenation_gain(&self, p: usize) -> Option<PairedT> {
+        let c = &self.candidates[p];
+        let together = c.concatenated.get(self.selection_metric)?;
+        let apart = &c.test[self.selection_metric];
+        let d: Vec<f64> = together
+            .values
+            .iter()
+            .zip(&apart.values)
+            .map(|(a, b)| a - b)
+            .collect();
+        Some(paired_t(&d))
+    }
+
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
     pub fn selection_metric_name(&self) -> String {
         let (m, l) = &self.metrics[self.selection_metric];
@@ -638,6 +740,34 @@ impl Tuning {
             test.half_width,
             self.seeds.len()
         );
+        if let (Some(gain), Some(together)) = (
+            self.concatenation_gain(self.chosen),
+            chosen.concatenated.get(self.selection_metric),
+        ) {
+            text.push_str(&format!(
+                " Its {folds} fold models as one, their embeddings concatenated (each \
+                 L2-normalised: Musgrave et al.'s concatenated result, beside the separated mean \
+                 above), reach test {metric} {:.4} ± {:.4}: {:+.4} [{:+.4}, {:+.4}] over the \
+                 mean of the fold models, {} the seeds' noise (paired t-test over the {} seeds, \
+                 p {}).",
+                together.mean,
+                together.half_width,
+                gain.mean,
+                gain.interval.0,
+                gain.interval.1,
+                if gain.significant() {
+                    "beyond"
+                } else {
+                    "inside"
+                },
+                gain.n,
+                if gain.p >= 1e-3 {
+                    format!("{:.3}", gain.p)
+                } else {
+                    format!("{:.1e}", gain.p)
+                }
+            ));
+        }
         let fold_choices = self.fold_choices();
         if !fold_choices.is_empty() {
             let agree = fold_choices
@@ -716,7 +846,9 @@ impl Tuning {
 /// Writes `tuning` to `path`, atomically: `.json`, all of it (recipes and every seed's value);
 /// `.csv`, one line per point (`point,chosen,test_choice,n,val_metric,val_mean,val_half_width,
 /// selected_epochs,p_holm_vs_chosen,finding_vs_chosen`, then `mean` and `half_width` of each
-/// test metric and, with folds, each fold's mean validation value, `val fold i mean`).
+/// test metric and, with folds, each fold's mean validation value, `val fold i mean`, then
+/// `mean` and `half_width` of each test metric of the concatenated fold models, `concat test
+/// METRIC mean`).
 pub fn write_tuning(path: &Path, tuning: &Tuning) -> Result<()> {
     match ResultFormat::from_path(path)? {
         ResultFormat::Json => write_json(path, tuning),
@@ -747,6 +879,13 @@ fn write_csv(w: &mut dyn Write, tuning: &Tuning) -> std::io::Result<()> {
     }
     let folds = tuning.candidates[0].fold_validation.len();
     header.extend((0..folds).map(|f| format!("val fold {f} mean")));
+    if !tuning.candidates[0].concatenated.is_empty() {
+        for (m, l) in &tuning.metrics {
+            let name = l.map_or(m.clone(), |l| format!("{m}:{l}"));
+            header.push(format!("concat test {name} mean"));
+            header.push(format!("concat test {name} half_width"));
+        }
+    }
     out.write_record(&header)?;
     let metric = tuning.selection_metric_name();
     for (i, c) in tuning.candidates.iter().enumerate() {
@@ -769,6 +908,9 @@ fn write_csv(w: &mut dyn Write, tuning: &Tuning) -> std::io::Result<()> {
             record.extend([csv_f64(t.mean), csv_f64(t.half_width)]);
         }
         record.extend(c.fold_means().into_iter().map(csv_f64));
+        for t in &c.concatenated {
+            record.extend([csv_f64(t.mean), csv_f64(t.half_width)]);
+        }
         out.write_record(&record)?;
     }
     out.flush()

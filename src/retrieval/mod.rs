@@ -16,6 +16,7 @@
 
 pub mod device_rank;
 pub mod dyml;
+pub mod ensemble;
 mod knn;
 pub mod order;
 pub mod paired;

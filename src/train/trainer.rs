@@ -35,7 +35,8 @@ use crate::losses::RankLoss;
 use crate::models::{EmbeddingNet, ParamStore, BACKBONE_PREFIX, HEAD_PREFIX};
 use crate::progress::Progress;
 use crate::retrieval::dyml::{evaluate_dyml, DymlResult, DymlScale};
-use crate::retrieval::{evaluate, EvalOptions, EvalReport, SelfMatch};
+use crate::retrieval::ensemble::TestEmbeddings;
+use crate::retrieval::{evaluate, EvalOptions, EvalReport};
 use crate::samplers::DynSampler;
 use crate::samplers::SamplerState;
 use candle_core::{DType, Device, Tensor};
@@ -149,6 +150,19 @@ pub struct Trainer<'a> {
     validation: Option<Arc<dyn ImageSource>>,
     global_step: u64,
     log: MetricsLog,
+    /// What [`Trainer::keep_selected_test_embeddings`] keeps: `None` when not asked.
+    kept: Option<KeptTest>,
+}
+
+/// The first test set's embeddings kept through a run, to read its selected epoch's network on
+/// the test set after training (an ensemble of fold models, [`crate::retrieval::ensemble`])
+/// without writing a checkpoint per epoch.
+#[derive(Default)]
+struct KeptTest {
+    /// The latest evaluation's, until [`Trainer::keep_if_best`] looks at it.
+    latest: Option<TestEmbeddings>,
+    /// The selected evaluation's, and its epoch.
+    selected: Option<(u64, TestEmbeddings)>,
 }
 
 impl<'a> Trainer<'a> {
@@ -326,6 +340,7 @@ impl<'a> Trainer<'a> {
             validation,
             global_step: 0,
             log: MetricsLog::default(),
+            kept: None,
         };
         if let Some(path) = trainer.config.resume.clone() {
             trainer.resume(&path)?;
@@ -602,25 +617,31 @@ impl<'a> Trainer<'a> {
         }
         match self.test.clone() {
             TestProtocol::Separate(sets) => {
-                for set in sets {
-                    let queries = self.embed(set.queries.as_ref())?;
-                    let labels = set.queries.labels();
-                    let report = match &set.gallery {
-                        None => evaluate(&queries, labels, None, &opts)?,
-                        Some(gallery) => {
-                            let refs = self.embed(gallery.as_ref())?;
-                            let opts = EvalOptions {
-                                self_match: SelfMatch::None,
-                                ..opts.clone()
-                            };
-                            evaluate(&queries, labels, Some((&refs, gallery.labels())), &opts)?
-                        }
+                for (i, set) in sets.into_iter().enumerate() {
+                    let embedded = TestEmbeddings {
+                        queries: self.embed(set.queries.as_ref())?,
+                        query_labels: set.queries.labels().clone(),
+                        gallery: match &set.gallery {
+                            None => None,
+                            Some(g) => Some((self.embed(g.as_ref())?, g.labels().clone())),
+                        },
                     };
+                    let report = embedded.evaluate(&opts)?;
                     for row in &report.rows {
                         self.log
                             .push(e, s, &set.split, &row.metric, row.level, row.value);
                     }
                     out.reports.push((set.split, report));
+                    if let (0, Some(kept)) = (i, self.kept.as_mut()) {
+                        kept.latest = Some(TestEmbeddings {
+                            queries: embedded.queries.to_device(&Device::Cpu)?,
+                            gallery: match embedded.gallery {
+                                Some((g, l)) => Some((g.to_device(&Device::Cpu)?, l)),
+                                None => None,
+                            },
+                            ..embedded
+                        });
+                    }
                 }
             }
             TestProtocol::DymlScales(sets) => {
@@ -921,17 +942,61 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// After an evaluation: with a `[validation]` table and an output folder, writes the
-    /// network as `best.safetensors` when this evaluation is the selected one (a new best
-    /// validation value; a tie keeps the earlier epoch's file).
-    fn keep_if_best(&self, out_dir: Option<&Path>) -> Result<()> {
-        let (Some(dir), Some(best)) = (out_dir, self.selection()?) else {
+    /// After an evaluation: with a `[validation]` table, when this evaluation is the selected
+    /// one (a new best validation value; a tie keeps the earlier epoch's), keeps its test
+    /// embeddings if asked ([`Trainer::keep_selected_test_embeddings`]) and, with an output
+    /// folder, writes the network as `best.safetensors`.
+    fn keep_if_best(&mut self, out_dir: Option<&Path>) -> Result<()> {
+        let latest = self.kept.as_mut().and_then(|k| k.latest.take());
+        let Some(best) = self.selection()? else {
             return Ok(());
         };
-        if best.epoch == self.sampler_state.epoch {
+        if best.epoch != self.sampler_state.epoch {
+            return Ok(());
+        }
+        if let (Some(kept), Some(latest)) = (self.kept.as_mut(), latest) {
+            kept.selected = Some((best.epoch, latest));
+        }
+        if let Some(dir) = out_dir {
             self.save_checkpoint(&dir.join(BEST_CHECKPOINT_FILE))?;
         }
         Ok(())
+    }
+
+    /// Asks the run to keep the first test set's embeddings (on the CPU) of the evaluation its
+    /// validation selects, for [`Trainer::selected_test_embeddings`]: what an ensemble of the
+    /// fold models of a cross-validation is made of ([`crate::retrieval::ensemble`]). Costs one
+    /// more copy of the test embeddings in memory, no extra pass. Errors without a `[validation]`
+    /// table (nothing selects an epoch) and on DyML's protocol (its scales are averaged, not one
+    /// test set).
+    pub fn keep_selected_test_embeddings(&mut self) -> Result<()> {
+        if self.config.validation.is_none() {
+            return Err(Error::invalid(
+                "validation",
+                "keeping the selected epoch's test embeddings needs a [validation] table to \
+                 select the epoch",
+            ));
+        }
+        if matches!(self.test, TestProtocol::DymlScales(_)) {
+            return Err(Error::invalid(
+                "test",
+                "DyML's protocol averages its scales: there is no single test set whose \
+                 embeddings to keep",
+            ));
+        }
+        self.kept.get_or_insert_with(KeptTest::default);
+        Ok(())
+    }
+
+    /// The first test set's embeddings by the network of the evaluation the validation selected,
+    /// and its epoch, once [`Trainer::keep_selected_test_embeddings`] was asked before that
+    /// evaluation; `None` otherwise (not asked, no evaluation yet, or the selected evaluation
+    /// came before a resume).
+    pub fn selected_test_embeddings(&self) -> Option<(u64, &TestEmbeddings)> {
+        self.kept
+            .as_ref()
+            .and_then(|k| k.selected.as_ref())
+            .map(|(e, t)| (*e, t))
     }
 
     /// Writes `metrics.csv` and `metrics.parquet` into `dir`.

@@ -2222,6 +2222,7 @@ fn tune_chooses_on_the_held_out_classes_what_compare_reads_at_the_selected_epoch
 fn tune_cross_validates_over_the_folds_of_the_training_classes() {
     use rankwise::experiments::compare::SeedComparison;
     use rankwise::experiments::tune::Tuning;
+    use rankwise::retrieval::ensemble::{concatenate, TestEmbeddings};
     let dir = tempfile::tempdir().unwrap();
     let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
     let cache = dir.path().join("cache");
@@ -2322,6 +2323,109 @@ fn tune_cross_validates_over_the_folds_of_the_training_classes() {
     assert_ne!(
         t.candidates[0].fold_validation[0],
         t.candidates[0].fold_validation[1]
+    );
+    // The fold models as one: each fold run kept its selected epoch's test embeddings beside
+    // its result, and each seed's concatenated value is their concatenation evaluated.
+    for says in [
+        "The 2 fold models as one",
+        "− separated R@1 (p)",
+        "Its 2 fold models as one, their embeddings concatenated",
+    ] {
+        assert!(out.contains(says), "no `{says}` in:\n{out}");
+    }
+    let mut kept: std::collections::BTreeMap<String, (u64, TestEmbeddings)> = Default::default();
+    for entry in std::fs::read_dir(&cache).unwrap() {
+        let path = entry.unwrap().path();
+        if path
+            .to_string_lossy()
+            .ends_with(".test-embeddings.safetensors")
+        {
+            let (mut tensors, json) =
+                rankwise::train::checkpoint::load(&path, &candle_core::Device::Cpu).unwrap();
+            let meta: serde_json::Value = serde_json::from_str(&json).unwrap();
+            let labels = tensors.remove("query_labels").unwrap();
+            let (n, levels) = labels.dims2().unwrap();
+            let flat: Vec<i64> = labels.flatten_all().unwrap().to_vec1().unwrap();
+            let labels = Labels::from_flat(n, levels, flat).unwrap();
+            let set = TestEmbeddings {
+                queries: tensors.remove("queries").unwrap(),
+                query_labels: labels,
+                gallery: None,
+            };
+            let run = meta["run"].as_str().unwrap().to_string();
+            kept.insert(run, (meta["epoch"].as_u64().unwrap(), set));
+        }
+    }
+    assert_eq!(kept.len(), 2 * 2 * 2, "{:?}", kept.keys());
+    let opts = rankwise::retrieval::EvalOptions {
+        recall_ks: vec![1, 2],
+        ..Default::default()
+    };
+    for (p, c) in t.candidates.iter().enumerate() {
+        assert_eq!(c.concatenated.len(), t.metrics.len());
+        for s in 0..2 {
+            let members: Vec<TestEmbeddings> = (0..2)
+                .map(|f| {
+                    let (epoch, set) = &kept[&format!("{} · fold {f} seed {s}", c.label)];
+                    assert_eq!(*epoch, c.selected_epochs[f * 2 + s]);
+                    set.clone()
+                })
+                .collect();
+            let r1 = concatenate(&members)
+                .unwrap()
+                .evaluate(&opts)
+                .unwrap()
+                .get("R@1", Some(0))
+                .unwrap();
+            assert_eq!(
+                c.concatenated[0].values[s].to_bits(),
+                r1.to_bits(),
+                "point {p}"
+            );
+        }
+        let gain = t.concatenation_gain(p).unwrap();
+        assert_eq!(gain.n, 2);
+    }
+    // A fold run's result without its embeddings is a miss: that run alone trains again.
+    let first = cache.join(
+        std::fs::read_dir(&cache)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .find(|n| n.ends_with(".test-embeddings.safetensors"))
+            .unwrap(),
+    );
+    std::fs::remove_file(&first).unwrap();
+    let again = rankwise(&[
+        "tune",
+        "--config",
+        s(&recipe),
+        "--cache",
+        s(&cache),
+        "--set",
+        "validation.folds=2",
+        "--grid",
+        "loss.tau=0.01,0.1",
+        "--seeds",
+        "2",
+        "--metric",
+        "R@1",
+    ]);
+    let err = stderr_of(&again);
+    assert!(again.status.success(), "{err}");
+    assert_eq!(err.matches(": training").count(), 1, "{err}");
+    assert!(first.is_file());
+    let again_out = String::from_utf8_lossy(&again.stdout);
+    let reading = |o: &str| {
+        o[o.find("Chosen by").unwrap()..]
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(
+        reading(&again_out),
+        reading(&out),
+        "the retrained run changed the result"
     );
     // compare needs the fold named; a fraction and folds together are refused.
     let e = fails(&[

@@ -897,6 +897,7 @@ fn held_out_classes_select_the_epoch_and_keep_its_network() {
         "a proxy per kept class"
     );
 
+    t.keep_selected_test_embeddings().unwrap();
     let report = t.fit().unwrap();
     let val = report.log.series("val", "R@1", Some(0));
     assert_eq!(
@@ -939,6 +940,34 @@ fn held_out_classes_select_the_epoch_and_keep_its_network() {
             .to_bits(),
         at_selected.to_bits()
     );
+    // The kept test embeddings are that network's, and give every selected test metric.
+    let (epoch, embedded) = t.selected_test_embeddings().unwrap();
+    assert_eq!(epoch, s.epoch);
+    let (again, _) = t2.embed_split("test").unwrap();
+    assert_eq!(
+        embedded.queries.to_vec2::<f32>().unwrap(),
+        again.to_vec2::<f32>().unwrap()
+    );
+    let opts = rankwise::retrieval::EvalOptions {
+        recall_ks: config.eval.recall_ks.clone(),
+        ..Default::default()
+    };
+    let rows = embedded.evaluate(&opts).unwrap().rows;
+    assert_eq!(rows.len(), s.test_metrics.len());
+    for (r, logged) in rows.iter().zip(&s.test_metrics) {
+        assert_eq!((&r.metric, r.level), (&logged.metric, logged.level));
+        assert_eq!(r.value.to_bits(), logged.value.to_bits(), "{}", r.metric);
+    }
+    // Nothing selects an epoch without held-out classes.
+    let mut without = config.clone();
+    without.validation = None;
+    without.output.dir = None;
+    let e = Trainer::from_config(without)
+        .unwrap()
+        .keep_selected_test_embeddings()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("[validation]"), "{e}");
     // A checkpoint holds its held-out classes: resuming it without them, or with others, fails.
     for other in [
         None,
