@@ -128,7 +128,7 @@ Examples:
   rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \\
                 --grid loss.tau=0.01,0.1 --grid optimizer.backbone.lr=1e-4,5e-4 \\
                 --seeds 4 --set epochs=12 --metric all --out tune.json
-  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \
+  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \\
                 --grid loss.tau=0.01,0.1 --seeds 3   # class-disjoint 4-fold cross-validation
 
 Every point trains with seeds FIRST..FIRST+N-1 and holds the same [validation] classes out of
@@ -138,9 +138,11 @@ Each other point is compared with it on validation seed by seed (paired t-test, 
 those inside the noise could as well have been chosen. The point with the best test value is
 shown too, with the optimism a choice on the test classes would have added. With
 validation.folds=K (no validation.fold) every point trains once per fold and seed, each fold
-holding another K-th of the classes out, and each seed's values are the mean over its folds.
-Runs are kept in
---cache by recipe and run code, shared with rankwise compare.";
+holding another K-th of the classes out, and each seed's values are the mean over its folds (the
+separated result); the fold models are also evaluated as one, their selected epochs' test
+embeddings concatenated (the concatenated result), and its gain over the separated mean is
+tested over the seeds. Runs are kept in --cache by recipe and run code, shared with rankwise
+compare (fold runs with their test embeddings).";
 
 const TRAIN_EXAMPLES: &str = "\
 Examples:
@@ -149,7 +151,7 @@ Examples:
                  --set loss.tau=0.05 --set optimizer.backbone.lr=1e-4
   rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --resume --set epochs=8
   rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap --overwrite 2> train.log
-  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap_val \
+  rankwise train --config configs/embedded_smooth_ap.toml --out runs/sap_val \\
                  --set validation.fraction=0.2  # select the epoch on held-out training classes
 
 A run folder holds one run: training into a folder that holds one needs --resume (continue it) or

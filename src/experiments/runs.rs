@@ -6,7 +6,9 @@
 //! appears in Tables 1, 3, 5 and in both sweeps of Fig. 4). A [`Runner`] keys each run by the
 //! full TOML text of its recipe and the crate version, stores its result as JSON (atomically) and
 //! returns the stored result the next time the same recipe is asked for, in this notebook or
-//! another one. Nothing else is cached: a changed hyperparameter is a new run.
+//! another one. Nothing else is cached, save one thing: a fold run of a cross-validation keeps
+//! its selected epoch's test embeddings beside its result ([`Runner::selected_test_embeddings`]),
+//! the members of the fold models' ensemble. A changed hyperparameter is a new run.
 
 use crate::error::{Error, Result};
 use crate::hierarchy::Labels;
@@ -764,6 +766,48 @@ pub fn default_jobs() -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kept_test_embeddings_read_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let cpu = candle_core::Device::Cpu;
+        let labels = Labels::new(vec![vec![0, 10], vec![1, 10], vec![2, 11]]).unwrap();
+        let gallery_labels = Labels::new(vec![vec![0, 10], vec![2, 11]]).unwrap();
+        let kept = TestEmbeddings {
+            queries: Tensor::new(&[[0.5f32, -1.0], [2.0, 0.25], [1e-8, 3.0]], &cpu).unwrap(),
+            query_labels: labels.clone(),
+            gallery: Some((
+                Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &cpu).unwrap(),
+                gallery_labels.clone(),
+            )),
+        };
+        let path = dir.path().join("sub").join("k.test-embeddings.safetensors");
+        save_embeddings(&path, &kept, 7, "a run").unwrap();
+        let (epoch, back) = load_embeddings(&path).unwrap();
+        assert_eq!(epoch, 7);
+        assert_eq!(
+            back.queries.to_vec2::<f32>().unwrap(),
+            kept.queries.to_vec2::<f32>().unwrap()
+        );
+        assert_eq!(back.query_labels, labels);
+        let (g, gl) = back.gallery.unwrap();
+        assert_eq!(g.to_vec2::<f32>().unwrap(), [[1.0, 2.0], [3.0, 4.0]]);
+        assert_eq!(gl, gallery_labels);
+        // Without a gallery, none comes back; a checkpoint of another kind is refused by name.
+        let alone = TestEmbeddings {
+            gallery: None,
+            ..kept
+        };
+        save_embeddings(&path, &alone, 2, "b").unwrap();
+        assert!(load_embeddings(&path).unwrap().1.gallery.is_none());
+        let other = dir.path().join("other.safetensors");
+        crate::train::checkpoint::save(&other, &[], "{\"format\":\"x\"}").unwrap();
+        let e = load_embeddings(&other).unwrap_err().to_string();
+        assert!(
+            e.contains("other.safetensors") && e.contains("delete it"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn fnv1a_matches_the_reference_values() {

@@ -1195,6 +1195,49 @@ mod tests {
             t.held_out_text(),
             "2-fold cross-validation over the training split's classes"
         );
+        // The fold models as one: filled by `tune` from the kept embeddings, not here.
+        assert!(t.candidates.iter().all(|c| c.concatenated.is_empty()));
+        assert!(t.concatenation_gain(t.chosen).is_none());
+        let mut t = t;
+        let chosen = t.chosen;
+        let apart = t.candidates[chosen].test[0].values.clone();
+        let together: Vec<f64> = apart
+            .iter()
+            .zip([0.05, 0.06, 0.04])
+            .map(|(a, d)| a + d)
+            .collect();
+        for c in &mut t.candidates {
+            c.concatenated = vec![arm_values(&c.label, Sample::new(together.clone()))];
+        }
+        let gain = t.concatenation_gain(chosen).unwrap();
+        // d = (0.05, 0.06, 0.04): mean 0.05, sd 0.01, t = 8.66 with 2 df, p = 0.013.
+        assert!(
+            (gain.mean - 0.05).abs() < 1e-12 && (gain.p - 0.0131).abs() < 5e-4,
+            "{gain:?}"
+        );
+        let reading = t.reading();
+        assert!(
+            reading.contains("Its 2 fold models as one, their embeddings concatenated")
+                && reading.contains("+0.0500 [")
+                && reading
+                    .contains("beyond the seeds' noise (paired t-test over the 3 seeds, p 0.013)"),
+            "{reading}"
+        );
+        write_tuning(&csv, &t).unwrap();
+        let text = std::fs::read_to_string(&csv).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0]
+                .ends_with("val fold 1 mean,concat test R@1:0 mean,concat test R@1:0 half_width"),
+            "{}",
+            lines[0]
+        );
+        let mean: f64 = lines[1].rsplit(',').nth(1).unwrap().parse().unwrap();
+        assert!((mean - together.iter().sum::<f64>() / 3.0).abs() < 1e-12);
+        let json = dir.path().join("t.json");
+        write_tuning(&json, &t).unwrap();
+        let back: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(back, t);
         // Runs of one fold only are the wrong shape.
         let one_fold: Vec<Vec<RunResult>> = runs.iter().map(|r| r[..3].to_vec()).collect();
         let e = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &one_fold, &[], &cv)
@@ -1342,6 +1385,9 @@ mod tests {
         write_tuning(&json, &t).unwrap();
         let back: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         assert_eq!(back, t);
+        // A single split has no fold models to concatenate: the JSON says nothing of them.
+        let text = std::fs::read_to_string(&json).unwrap();
+        assert!(!text.contains("concatenated"), "{text}");
         let csv = dir.path().join("t.csv");
         write_tuning(&csv, &t).unwrap();
         let text = std::fs::read_to_string(&csv).unwrap();
