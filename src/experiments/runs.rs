@@ -315,6 +315,18 @@ impl Runner {
             if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
                 return Ok(hit);
             }
+        } else if !self.trains() && path.as_deref().is_some_and(Path::is_file) {
+            // Reading another code's runs: say what is missing, not that the run is.
+            return Err(Error::file(
+                &embeddings,
+                format!(
+                    "`{}`: the cached fold run of run code {} has no test embeddings beside its \
+                     result, and runs of another code than this build's are read back, never \
+                     trained",
+                    spec.label,
+                    self.run_code()
+                ),
+            ));
         }
         let (result, trainer) = self.train(spec, config, recipe)?;
         if keeps {
@@ -869,6 +881,48 @@ mod tests {
                 "{e}"
             );
         }
+        // A fold run of the old code is read back only with its test embeddings beside it.
+        let fold = RunSpec {
+            label: "fold".into(),
+            config: TrainConfig {
+                validation: Some(ValidationConfig {
+                    folds: Some(2),
+                    fold: Some(0),
+                    ..ValidationConfig::default()
+                }),
+                ..TrainConfig::default()
+            },
+        };
+        assert!(keeps_test_embeddings(&fold.config) && !keeps_test_embeddings(&spec.config));
+        let (_, fold_recipe) = Runner::keyed(&fold).unwrap();
+        let fold_result = RunResult {
+            recipe: fold_recipe.clone(),
+            ..stored.clone()
+        };
+        store(reading.result_path(&fold_recipe).as_deref(), &fold_result).unwrap();
+        let e = reading.run(&fold).unwrap_err().to_string();
+        assert!(
+            e.contains("test-embeddings.safetensors") && e.contains("no test embeddings"),
+            "{e}"
+        );
+        let kept = TestEmbeddings {
+            queries: Tensor::new(&[[1f32, 0.0], [0.0, 1.0]], &candle_core::Device::Cpu).unwrap(),
+            query_labels: Labels::from_fine(&[0, 1]).unwrap(),
+            gallery: None,
+        };
+        save_embeddings(&reading.embeddings_path(&fold_recipe), &kept, 3, "fold").unwrap();
+        let read = reading.run(&fold).unwrap();
+        let (epoch, back) = reading.selected_test_embeddings(&read).unwrap();
+        assert_eq!((epoch, back.query_labels), (3, kept.query_labels));
+        // A run that keeps none says so, naming the run.
+        let e = reading
+            .selected_test_embeddings(&stored)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("as trained") && e.contains("kept no test embeddings"),
+            "{e}"
+        );
         // A file of the old code under the key of another (hash collision or a renamed file)
         // is not its run.
         let mut forged = stored.clone();
