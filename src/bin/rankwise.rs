@@ -1716,6 +1716,10 @@ fn print_tuning(t: &Tuning) {
             t.folds()
         );
         print_columns(&header, &cells, |i| i == 0);
+        println!(
+            "(− separated: the fold models as one minus their mean, seed by seed; the paired \
+             t-test over the {seeds} seeds, each point on its own.)"
+        );
     }
     println!(
         "\nValues: mean ± half-width of the 95% interval over the seeds, each run read at the \

@@ -349,8 +349,10 @@ pub fn tune(
     tuning.run_code = runner.run_code().to_string();
     if folds > 1 {
         for ((candidate, point), arm) in tuning.candidates.iter_mut().zip(&runs).zip(arms) {
+            // As the trainer evaluates a test set: its recall list, on the runs' device.
             let opts = EvalOptions {
                 recall_ks: arm.config.eval.recall_ks.clone(),
+                device: arm.config.device.device()?,
                 ..EvalOptions::default()
             };
             candidate.concatenated = concatenated_values(
