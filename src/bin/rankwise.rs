@@ -191,7 +191,9 @@ Examples:
   rankwise eval --queries q.npy --references r.npy --query-labels q.csv --reference-labels r.csv
   rankwise eval --embeddings emb.npy --labels labels.csv --relevance wap --wap-weights 0.5,1
   rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3
-  rankwise eval --embeddings a.npy --labels labels.csv --versus b.npy   # paired test over the queries";
+  rankwise eval --embeddings a.npy --labels labels.csv --versus b.npy   # paired test over the queries
+  rankwise eval --embeddings a.npy --labels labels.csv --concat b.npy --versus a.npy
+                                       # models a and b as one (concatenated), against a alone";
 
 const FEWSHOT_EXAMPLES: &str = "\
 Examples:
@@ -609,6 +611,12 @@ struct EvalArgs {
     /// t-test over the queries (the test queries' noise, not the training's).
     #[arg(long, value_name = "FILE", requires = "embeddings")]
     versus: Option<PathBuf>,
+    /// Evaluate --embeddings and these other models' embeddings of the same items (same order)
+    /// as one model: each L2-normalised, then concatenated item by item, so that the ensemble
+    /// ranks by the mean of the models' cosine similarities (Musgrave et al.'s concatenated
+    /// result). Repeat for more models; --versus then compares the ensemble with one model.
+    #[arg(long, value_name = "FILE", requires = "embeddings")]
+    concat: Vec<PathBuf>,
     /// With --queries/--references: the second model's query embeddings (see --versus).
     #[arg(long, value_name = "FILE", requires_all = ["queries", "versus_references"])]
     versus_queries: Option<PathBuf>,
@@ -888,9 +896,9 @@ fn eval(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-/// A second model's embeddings of the items of `set` (read from `first`), for `--versus`: the
-/// same number of rows (any dimension: two models may embed differently).
-fn read_versus(
+/// Another model's embeddings of the items of `set` (read from `first`), for `--versus` and
+/// `--concat`: the same number of rows (any dimension: two models may embed differently).
+fn read_other_model(
     path: &Path,
     flag: &str,
     tensor: Option<&str>,
@@ -901,13 +909,36 @@ fn read_versus(
     let (n, want) = (x.dim(0)?, set.len());
     if n != want {
         bail!(
-            "{flag} {} has {n} rows but {} has {want}: a paired comparison needs the same items \
-             in the same order",
+            "{flag} {} has {n} rows but {} has {want}: another model's embeddings of the same \
+             items are needed, in the same order",
             path.display(),
             first.display()
         );
     }
     Ok(x)
+}
+
+/// `set`'s embeddings (read from `first`) and each of `others` (other models' embeddings of the
+/// same items) as one model, for `--concat` ([`rankwise::retrieval::ensemble::concatenate`]).
+fn concatenated(
+    set: &LabelledEmbeddings,
+    first: &Path,
+    others: &[PathBuf],
+    tensor: Option<&str>,
+) -> Result<Tensor> {
+    use rankwise::retrieval::ensemble::{concatenate, TestEmbeddings};
+    let model = |queries: Tensor| TestEmbeddings {
+        queries,
+        query_labels: set.labels.clone(),
+        gallery: None,
+    };
+    let mut models = vec![model(set.embeddings.clone())];
+    for path in others {
+        models.push(model(read_other_model(
+            path, "--concat", tensor, set, first,
+        )?));
+    }
+    Ok(concatenate(&models).context("--concat")?.queries)
 }
 
 /// The options that `--rerank` cannot honour: the re-rankers compute on the CPU from cosine
@@ -968,13 +999,22 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
         (&args.query_labels, &args.reference_labels),
     ) {
         ((Some(e), Some(l)), (None, None), (None, None)) => {
-            let set = LabelledEmbeddings::read(e, l, columns, tensor)?;
+            let mut set = LabelledEmbeddings::read(e, l, columns, tensor)?;
             sources.insert("embeddings".into(), e.display().to_string());
             sources.insert("labels".into(), l.display().to_string());
+            if !args.concat.is_empty() {
+                set.embeddings = concatenated(&set, e, &args.concat, tensor)?;
+                let files: Vec<String> = args
+                    .concat
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                sources.insert("concat".into(), files.join(","));
+            }
             let versus = match &args.versus {
                 Some(v) => {
                     sources.insert("versus".into(), v.display().to_string());
-                    Some((read_versus(v, "--versus", tensor, &set, e)?, None))
+                    Some((read_other_model(v, "--versus", tensor, &set, e)?, None))
                 }
                 None => None,
             };
@@ -1001,8 +1041,8 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
                 (Some(vq), Some(vr)) => {
                     sources.insert("versus_queries".into(), vq.display().to_string());
                     sources.insert("versus_references".into(), vr.display().to_string());
-                    let vq_t = read_versus(vq, "--versus-queries", tensor, &queries, q)?;
-                    let vr_t = read_versus(vr, "--versus-references", tensor, &references, r)?;
+                    let vq_t = read_other_model(vq, "--versus-queries", tensor, &queries, q)?;
+                    let vr_t = read_other_model(vr, "--versus-references", tensor, &references, r)?;
                     let (dq, dr) = (vq_t.dim(1)?, vr_t.dim(1)?);
                     if dq != dr {
                         bail!(

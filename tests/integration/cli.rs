@@ -594,6 +594,94 @@ fn rerank_scores_the_librarys_reranker_and_names_it() {
     );
 }
 
+/// `--concat`: several models' embeddings of the same items evaluated as one, as the library's
+/// ensemble does it; `--versus` then sets one model beside the ensemble.
+#[test]
+fn concat_evaluates_several_models_as_one_as_the_library_does() {
+    use rankwise::retrieval::ensemble::{concatenate, TestEmbeddings};
+    let dir = tempfile::tempdir().unwrap();
+    let set = small_set();
+    let x = set.embeddings.to_vec2::<f32>().unwrap();
+    let d = x[0].len();
+    // Two other models: the first 40 and the last 40 coordinates, each scaled differently (the
+    // ensemble weighs each model the same whatever its scale).
+    let part = |from: usize, scale: f32| -> Vec<Vec<f32>> {
+        x.iter()
+            .map(|r| r[from..from + 40].iter().map(|v| v * scale).collect())
+            .collect()
+    };
+    let (b, c) = (part(0, 10.0), part(d - 40, 0.1));
+    let files = [
+        npy_rows(dir.path(), "a.npy", &x),
+        npy_rows(dir.path(), "b.npy", &b),
+        npy_rows(dir.path(), "c.npy", &c),
+    ];
+    let lab = labels_csv(dir.path(), "labels.csv", &set.labels);
+    let json = eval_json(
+        dir.path(),
+        &[
+            "--embeddings",
+            s(&files[0]),
+            "--labels",
+            s(&lab),
+            "--concat",
+            s(&files[1]),
+            "--concat",
+            s(&files[2]),
+            "--versus",
+            s(&files[0]),
+        ],
+    );
+    let model = |rows: &[Vec<f32>]| TestEmbeddings {
+        queries: Tensor::new(rows.concat(), &Device::Cpu)
+            .unwrap()
+            .reshape((rows.len(), rows[0].len()))
+            .unwrap(),
+        query_labels: set.labels.clone(),
+        gallery: None,
+    };
+    let opts = EvalOptions {
+        recall_ks: vec![1, 2, 4, 8],
+        progress: false,
+        ..EvalOptions::default()
+    };
+    let together = concatenate(&[model(&x), model(&b), model(&c)])
+        .unwrap()
+        .evaluate(&opts)
+        .unwrap();
+    assert_eq!(rows(&json), report_rows(&together));
+    assert_eq!(
+        json.settings["concat"],
+        format!("{},{}", s(&files[1]), s(&files[2]))
+    );
+    // --versus: the first model alone, the second column.
+    let alone = evaluate(&set.embeddings, &set.labels, None, &opts).unwrap();
+    for (row, a) in json.rows.iter().zip(&alone.rows) {
+        assert_eq!(
+            row.versus.as_ref().unwrap().value.to_bits(),
+            a.value.to_bits()
+        );
+    }
+    // Another number of items fails naming both files.
+    let short = npy_rows(dir.path(), "short.npy", &x[..599]);
+    let e = fails(&[
+        "eval",
+        "--quiet",
+        "--embeddings",
+        s(&files[0]),
+        "--labels",
+        s(&lab),
+        "--concat",
+        s(&short),
+    ]);
+    assert!(
+        e.contains("--concat")
+            && e.contains("short.npy has 599 rows")
+            && e.contains("a.npy has 600"),
+        "{e}"
+    );
+}
+
 #[test]
 fn versus_compares_two_models_query_by_query_as_the_library_does() {
     let dir = tempfile::tempdir().unwrap();
