@@ -615,6 +615,21 @@ impl PairedT {
     }
 }
 
+/// A p-value to read: three decimals, or one significant digit and the exponent below 0.001
+/// (what `rankwise compare`, `eval --versus` and `tune` print).
+///
+/// ```
+/// use rankwise::stats::format_p;
+/// assert_eq!((format_p(0.0131), format_p(7.04e-4)), ("0.013".to_string(), "7.0e-4".to_string()));
+/// ```
+pub fn format_p(p: f64) -> String {
+    if p >= 1e-3 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
+}
+
 /// The paired t-test of the differences `d` (one per shared unit) against 0, with `n − 1`
 /// degrees of freedom — the claims' test over shared units ([`Test::PairedUnits`]) — and the
 /// 95% interval of their mean.

@@ -47,6 +47,7 @@ use rankwise::retrieval::{
     evaluate, paired_differences, EvalOptions, EvalReport, PairedDifference, SelfMatch, Similarity,
 };
 use rankwise::samplers::episodes::EpisodeConfig;
+use rankwise::stats::format_p;
 use rankwise::synthetic_embeddings::{Preset, SyntheticSpec};
 use rankwise::train::{
     check_recipe, load_with_overrides, overrides::blame, train_to_dir, DeviceChoice, Reuse,
@@ -1206,15 +1207,6 @@ fn print_table(table: &ResultTable) {
     }
     header.extend(["queries", "skipped"].map(String::from));
     print_aligned(&header, &cells);
-}
-
-/// A p-value to read: three decimals, or the exponent below 0.001.
-fn format_p(p: f64) -> String {
-    if p >= 1e-3 {
-        format!("{p:.3}")
-    } else {
-        format!("{p:.1e}")
-    }
 }
 
 /// Prints `header` and `cells` as columns two spaces apart: the first two left-aligned (names),

@@ -56,7 +56,7 @@ use crate::io::results::{csv_f64, write_json, ResultFormat};
 use crate::io::write_atomically;
 use crate::retrieval::ensemble::concatenate;
 use crate::retrieval::EvalOptions;
-use crate::stats::{paired_t, PairedT, Sample};
+use crate::stats::{format_p, paired_t, PairedT, Sample};
 use crate::train::{Selection, ValidationConfig};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -763,11 +763,7 @@ impl Tuning {
                     "inside"
                 },
                 gain.n,
-                if gain.p >= 1e-3 {
-                    format!("{:.3}", gain.p)
-                } else {
-                    format!("{:.1e}", gain.p)
-                }
+                format_p(gain.p)
             ));
         }
         let fold_choices = self.fold_choices();

@@ -357,6 +357,13 @@ pub(crate) fn check_matrix_shape(x: &Tensor, what: &str) -> Result<(usize, usize
     Ok((dims[0], dims[1]))
 }
 
+/// Each row of the `N × D` matrix `x` divided by its L2 norm, PyTorch's `F.normalize`:
+/// `x / max(‖x‖₂, 1e-12)`.
+pub(crate) fn normalise_rows(x: &Tensor) -> Result<Tensor> {
+    let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
+    Ok(x.broadcast_div(&norm)?)
+}
+
 /// Prepared query and reference matrices on the compute device, and the per-reference bias that
 /// turns inner products into the chosen similarity.
 pub(crate) struct Operands {
@@ -393,12 +400,8 @@ pub(crate) fn prepare(
     }
     let q = queries.to_device(device)?.to_dtype(DType::F32)?;
     let r = references.to_device(device)?.to_dtype(DType::F32)?;
-    let normalise = |x: Tensor| -> Result<Tensor> {
-        let norm = x.sqr()?.sum_keepdim(1)?.sqrt()?.maximum(1e-12)?;
-        Ok(x.broadcast_div(&norm)?)
-    };
     let (q, r, column_bias) = match similarity {
-        Similarity::Cosine => (normalise(q)?, normalise(r)?, None),
+        Similarity::Cosine => (normalise_rows(&q)?, normalise_rows(&r)?, None),
         Similarity::InnerProduct => (q, r, None),
         Similarity::Euclidean => {
             // −‖q − r‖² = 2 q·r − ‖r‖² − ‖q‖²; the last term is constant along a query's row,
