@@ -194,7 +194,9 @@ Examples:
   rankwise eval --example --recall-at 1,2,4,8 --rerank k-reciprocal:20,6,0.3
   rankwise eval --embeddings a.npy --labels labels.csv --versus b.npy   # paired test over the queries
   rankwise eval --embeddings a.npy --labels labels.csv --concat b.npy --versus a.npy
-                                       # models a and b as one (concatenated), against a alone";
+                                       # models a and b as one (concatenated), against a alone
+  rankwise eval --queries q.npy --references r.npy --query-labels q.csv --reference-labels r.csv \\
+                --concat-queries bq.npy --concat-references br.npy   # the same, separate sets";
 
 const FEWSHOT_EXAMPLES: &str = "\
 Examples:
@@ -618,6 +620,14 @@ struct EvalArgs {
     /// result). Repeat for more models; --versus then compares the ensemble with one model.
     #[arg(long, value_name = "FILE", requires = "embeddings")]
     concat: Vec<PathBuf>,
+    /// With --queries/--references: another model's query embeddings, evaluated with the
+    /// first as one (see --concat). Repeat for more models, each with its --concat-references,
+    /// paired in the order given.
+    #[arg(long, value_name = "FILE", requires_all = ["queries", "concat_references"])]
+    concat_queries: Vec<PathBuf>,
+    /// With --queries/--references: that model's reference embeddings (see --concat-queries).
+    #[arg(long, value_name = "FILE", requires_all = ["references", "concat_queries"])]
+    concat_references: Vec<PathBuf>,
     /// With --queries/--references: the second model's query embeddings (see --versus).
     #[arg(long, value_name = "FILE", requires_all = ["queries", "versus_references"])]
     versus_queries: Option<PathBuf>,
@@ -919,27 +929,47 @@ fn read_other_model(
     Ok(x)
 }
 
-/// `set`'s embeddings (read from `first`) and each of `others` (other models' embeddings of the
-/// same items) as one model, for `--concat` ([`rankwise::retrieval::ensemble::concatenate`]).
+/// One set of items as the first model embedded it (read from the file named), for `--concat`.
+type FirstModel<'a> = (&'a LabelledEmbeddings, &'a Path);
+
+/// The first model's queries and references, if any, and each of `others` (other models'
+/// embeddings of the same items: a queries file and, with references, a references file) as one
+/// model, for `--concat` and `--concat-queries`/`--concat-references`
+/// ([`rankwise::retrieval::ensemble::concatenate`]): the concatenated queries and references.
 fn concatenated(
-    set: &LabelledEmbeddings,
-    first: &Path,
-    others: &[PathBuf],
+    queries: FirstModel,
+    references: Option<FirstModel>,
+    others: &[(PathBuf, Option<PathBuf>)],
     tensor: Option<&str>,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<Tensor>)> {
     use rankwise::retrieval::ensemble::{concatenate, TestEmbeddings};
-    let model = |queries: Tensor| TestEmbeddings {
-        queries,
-        query_labels: set.labels.clone(),
-        gallery: None,
+    let (q_flag, r_flag) = match references {
+        None => ("--concat", ""),
+        Some(_) => ("--concat-queries", "--concat-references"),
     };
-    let mut models = vec![model(set.embeddings.clone())];
-    for path in others {
-        models.push(model(read_other_model(
-            path, "--concat", tensor, set, first,
-        )?));
+    let model = |q: Tensor, r: Option<Tensor>| TestEmbeddings {
+        queries: q,
+        query_labels: queries.0.labels.clone(),
+        gallery: references
+            .zip(r)
+            .map(|((set, _), r)| (r, set.labels.clone())),
+    };
+    let mut models = vec![model(
+        queries.0.embeddings.clone(),
+        references.map(|(set, _)| set.embeddings.clone()),
+    )];
+    for (q_path, r_path) in others {
+        let q = read_other_model(q_path, q_flag, tensor, queries.0, queries.1)?;
+        let r = match (references, r_path) {
+            (Some((set, first)), Some(path)) => {
+                Some(read_other_model(path, r_flag, tensor, set, first)?)
+            }
+            _ => None,
+        };
+        models.push(model(q, r));
     }
-    Ok(concatenate(&models).context("--concat")?.queries)
+    let one = concatenate(&models).context(q_flag)?;
+    Ok((one.queries, one.gallery.map(|(r, _)| r)))
 }
 
 /// The options that `--rerank` cannot honour: the re-rankers compute on the CPU from cosine
@@ -1004,7 +1034,8 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
             sources.insert("embeddings".into(), e.display().to_string());
             sources.insert("labels".into(), l.display().to_string());
             if !args.concat.is_empty() {
-                set.embeddings = concatenated(&set, e, &args.concat, tensor)?;
+                let others: Vec<_> = args.concat.iter().map(|p| (p.clone(), None)).collect();
+                set.embeddings = concatenated((&set, e), None, &others, tensor)?.0;
                 let files: Vec<String> = args
                     .concat
                     .iter()
@@ -1027,9 +1058,34 @@ fn load_inputs(args: &EvalArgs) -> Result<Inputs> {
             })
         }
         ((None, None), (Some(q), Some(r)), (Some(ql), Some(rl))) => {
-            let queries = LabelledEmbeddings::read(q, ql, columns, tensor)?;
-            let references = LabelledEmbeddings::read(r, rl, columns, tensor)?;
+            let mut queries = LabelledEmbeddings::read(q, ql, columns, tensor)?;
+            let mut references = LabelledEmbeddings::read(r, rl, columns, tensor)?;
             check_compatible_sets(&queries, q, &references, r)?;
+            let (cq, cr) = (&args.concat_queries, &args.concat_references);
+            if cq.len() != cr.len() {
+                bail!(
+                    "{} --concat-queries but {} --concat-references: each other model needs both, \
+                     paired in the order given",
+                    cq.len(),
+                    cr.len()
+                );
+            }
+            if !cq.is_empty() {
+                let others: Vec<_> = cq
+                    .iter()
+                    .cloned()
+                    .zip(cr.iter().cloned().map(Some))
+                    .collect();
+                let (cat_q, cat_r) =
+                    concatenated((&queries, q), Some((&references, r)), &others, tensor)?;
+                queries.embeddings = cat_q;
+                references.embeddings = cat_r.expect("references were given");
+                for (key, files) in [("concat_queries", cq), ("concat_references", cr)] {
+                    let files: Vec<String> =
+                        files.iter().map(|p| p.display().to_string()).collect();
+                    sources.insert(key.into(), files.join(","));
+                }
+            }
             for (key, path) in [
                 ("queries", q),
                 ("references", r),

@@ -108,6 +108,22 @@ pub fn concatenate(models: &[TestEmbeddings]) -> Result<TestEmbeddings> {
             ));
         }
     }
+    // A model's queries and gallery must share its width: otherwise the concatenations could
+    // still agree in total width (4 + 2 against 2 + 4) and the ensemble would silently score
+    // one model's coordinates against another's.
+    for (k, m) in models.iter().enumerate() {
+        if let Some((gallery, _)) = &m.gallery {
+            let (dq, dg) = (m.queries.dims().get(1), gallery.dims().get(1));
+            if dq != dg {
+                return Err(Error::Shape(format!(
+                    "model {k}'s query embeddings have {} dimensions but its gallery embeddings \
+                     have {}",
+                    dq.map_or("no".into(), ToString::to_string),
+                    dg.map_or("no".into(), ToString::to_string)
+                )));
+            }
+        }
+    }
     let queries = joined(models.iter().map(|m| &m.queries), "query")?;
     let gallery = match &first.gallery {
         None => None,
@@ -262,6 +278,22 @@ mod tests {
         assert_eq!((g.dims(), labels), ([4, 8].as_slice(), &gl));
         let report = both.evaluate(&opts()).unwrap();
         assert_eq!((report.num_queries, report.num_references), (3, 4));
+        // Widths swapped between the queries and the gallery of each model: the totals agree
+        // (4 + 2 both ways), the pairing of coordinates would not.
+        let skewed = |qd, gd| TestEmbeddings {
+            queries: random(3, qd, 5),
+            query_labels: ql.clone(),
+            gallery: Some((random(4, gd, 6), gl.clone())),
+        };
+        let e = concatenate(&[skewed(4, 2), skewed(2, 4)])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "model 0's query embeddings have 4 dimensions but its gallery embeddings have 2"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

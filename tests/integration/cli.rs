@@ -680,6 +680,86 @@ fn concat_evaluates_several_models_as_one_as_the_library_does() {
             && e.contains("a.npy has 600"),
         "{e}"
     );
+
+    // The split protocol: each other model's queries and references, paired in order.
+    let split = [
+        even_odd_files(dir.path(), &x, &set.labels, ""),
+        even_odd_files(dir.path(), &b, &set.labels, "b"),
+        even_odd_files(dir.path(), &c, &set.labels, "c"),
+    ];
+    let concat_flags = [
+        "--concat-queries",
+        s(&split[1][0]),
+        "--concat-references",
+        s(&split[1][1]),
+        "--concat-queries",
+        s(&split[2][0]),
+        "--concat-references",
+        s(&split[2][1]),
+    ];
+    let json = eval_json(
+        dir.path(),
+        &[&split_flags(&split[0])[..], &concat_flags[..]].concat(),
+    );
+    let (even, odd) = even_odd(x.len());
+    let model = |rows: &[Vec<f32>]| {
+        let part = |idx: &[usize]| {
+            let r = pick_rows(rows, idx);
+            Tensor::new(r.concat(), &Device::Cpu)
+                .unwrap()
+                .reshape((r.len(), r[0].len()))
+                .unwrap()
+        };
+        TestEmbeddings {
+            queries: part(&even),
+            query_labels: set.labels.select(&even).unwrap(),
+            gallery: Some((part(&odd), set.labels.select(&odd).unwrap())),
+        }
+    };
+    let together = concatenate(&[model(&x), model(&b), model(&c)])
+        .unwrap()
+        .evaluate(&opts)
+        .unwrap();
+    assert_eq!(json.num_queries, 300);
+    assert_eq!(rows(&json), report_rows(&together));
+    assert_eq!(
+        json.settings["concat_references"],
+        format!("{},{}", s(&split[1][1]), s(&split[2][1]))
+    );
+    // A model's references of another width than its queries (b's queries, a's references),
+    // or a queries file without its references, fail naming the model or the flags.
+    let e = fails(
+        &[
+            &["eval", "--quiet"][..],
+            &split_flags(&split[0])[..],
+            &[
+                "--concat-queries",
+                s(&split[1][0]),
+                "--concat-references",
+                s(&split[0][1]),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(
+        e.contains(
+            "model 1's query embeddings have 40 dimensions but its gallery embeddings \
+             have 64"
+        ),
+        "{e}"
+    );
+    let e = fails(
+        &[
+            &["eval", "--quiet"][..],
+            &split_flags(&split[0])[..],
+            &concat_flags[..6],
+        ]
+        .concat(),
+    );
+    assert!(
+        e.contains("2 --concat-queries but 1 --concat-references"),
+        "{e}"
+    );
 }
 
 #[test]
