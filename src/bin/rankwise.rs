@@ -31,7 +31,9 @@ use rankwise::data::synthetic_on_disk::{
 use rankwise::experiments::compare::{
     write_comparison, Arm, ArmSpec, Finding, MetricChoice, Reading, SeedComparison,
 };
-use rankwise::experiments::tune::{metric_label, write_tuning, GridAxis, Tuning};
+use rankwise::experiments::tune::{
+    metric_label, write_tuning, GridAxis, Search, SearchRange, Tuning,
+};
 use rankwise::experiments::{self, ReproduceDirs, Runner, Scale};
 use rankwise::io::fewshot_results::{
     write_episode_accuracies, write_fewshot_results, EpisodeAccuracy, EpisodeVersus, FewShotRow,
@@ -131,6 +133,8 @@ Examples:
                 --seeds 4 --set epochs=12 --metric all --out tune.json
   rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \\
                 --grid loss.tau=0.01,0.1 --seeds 3   # class-disjoint 4-fold cross-validation
+  rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \\
+                --sample 'loss.tau=loguniform(0.01,1)' --samples 6 --seeds 3   # random points
 
 Every point trains with seeds FIRST..FIRST+N-1 and holds the same [validation] classes out of
 training; each run is read at the epoch its validation selected, and the point with the best
@@ -143,7 +147,13 @@ holding another K-th of the classes out, and each seed's values are the mean ove
 separated result); the fold models are also evaluated as one, their selected epochs' test
 embeddings concatenated (the concatenated result), and its gain over the separated mean is
 tested over the seeds. Runs are kept in --cache by recipe and run code, shared with rankwise
-compare (fold runs with their test embeddings).";
+compare (fold runs with their test embeddings).
+
+In place of a grid, --sample KEY=DIST (loguniform, uniform, int or choice) with --samples N
+draws N random points (Bergstra & Bengio: N values of every key, where a grid tries N^(1/D)),
+each value rounded to three significant digits. Point i is drawn from its own stream of
+--sample-seed, so more samples with the same seed keep the first points and train only the new
+ones. The reading says when the chosen value of a key is the lowest or highest searched.";
 
 const TRAIN_EXAMPLES: &str = "\
 Examples:
@@ -439,15 +449,29 @@ impl SeededRuns {
 
 #[derive(Args, Debug)]
 struct TuneArgs {
-    /// The recipe every grid point starts from (TOML, as `rankwise train` reads it); it, or
+    /// The recipe every point starts from (TOML, as `rankwise train` reads it); it, or
     /// --set, must hold classes out with a [validation] table.
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
     /// An axis of the grid: a recipe key and its values, KEY=V1,V2,… (TOML values, as --set).
     /// Repeat for more axes: every combination is a point.
     #[arg(long = "grid", value_name = "KEY=V1,V2,…", value_parser = parse_lib::<GridAxis>,
-          required = true)]
+          required_unless_present = "sample", conflicts_with = "sample")]
     grid: Vec<GridAxis>,
+    /// A range of a random search: KEY=loguniform(LOW,HIGH) (scales: τ, learning rates),
+    /// KEY=uniform(LOW,HIGH), KEY=int(LOW,HIGH) or KEY=choice(V1,V2,…). Repeat for more keys;
+    /// every point draws each key's value (rounded to three significant digits).
+    #[arg(long = "sample", value_name = "KEY=DIST(…)", value_parser = parse_lib::<SearchRange>,
+          requires = "samples")]
+    sample: Vec<SearchRange>,
+    /// How many points a random search draws (--sample). With the same --sample-seed, the first
+    /// points do not depend on it: more samples train only the new points.
+    #[arg(long, value_name = "N", requires = "sample")]
+    samples: Option<usize>,
+    /// The seed of a random search's draws (not of the runs: every point trains with each of
+    /// --seeds).
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "sample")]
+    sample_seed: u64,
     /// Override a key of every point's recipe (e.g. validation.fraction=0.2, or
     /// validation.folds=4 to cross-validate: every point trains on each fold). Repeatable.
     #[arg(long, value_name = "KEY=VALUE")]
@@ -1662,14 +1686,28 @@ fn compare(args: &CompareArgs) -> Result<()> {
 fn tune(args: &TuneArgs) -> Result<()> {
     let started = start_search(args.out.as_ref())?;
     let seeds = args.runs.seed_list()?;
-    let mut arms = experiments::tune::candidates(&args.config, &args.set, &args.grid)?;
+    let search = match args.samples {
+        Some(_) if args.sample.is_empty() => {
+            bail!("--samples goes with --sample (a random search); a grid (--grid) trains every point")
+        }
+        Some(samples) => Search::Random {
+            ranges: args.sample.clone(),
+            samples,
+            seed: args.sample_seed,
+        },
+        None => Search::Grid {
+            axes: args.grid.clone(),
+        },
+    };
+    let mut arms = experiments::tune::candidates(&args.config, &args.set, &search)?;
     for arm in &mut arms {
         args.runs.set_device(arm)?;
     }
-    let (runner, jobs) = args
-        .runs
-        .runner(&format!("searching {}", points_text(&arms)), &seeds)?;
-    let tuning = experiments::tune::tune(&runner, &args.grid, &arms, &seeds, jobs, &args.metrics)?;
+    let (runner, jobs) = args.runs.runner(
+        &format!("searching {}", points_text(&search, &arms)),
+        &seeds,
+    )?;
+    let tuning = experiments::tune::tune(&runner, &search, &arms, &seeds, jobs, &args.metrics)?;
     print_tuning(&tuning);
     if let Some(out) = &args.out {
         write_tuning(out, &tuning)?;
@@ -1681,13 +1719,14 @@ fn tune(args: &TuneArgs) -> Result<()> {
     Ok(())
 }
 
-/// `N grid points`, or `N grid points × K folds` for a search cross-validated over K folds.
-fn points_text(arms: &[experiments::compare::Arm]) -> String {
+/// `N grid points` (or `N random points (drawn with seed S)`), with ` × K folds` for a search
+/// cross-validated over K folds.
+fn points_text(search: &Search, arms: &[experiments::compare::Arm]) -> String {
     let folds = arms
         .first()
         .and_then(|a| a.config.validation.as_ref())
         .map_or(1, |v| v.cross_validation_folds());
-    format!("{} grid points{}", arms.len(), folds_text(folds))
+    format!("{}{}", search.describe(), folds_text(folds))
 }
 
 /// ` × K folds` for a search cross-validated over K folds; nothing for a single split.
@@ -1703,9 +1742,9 @@ fn print_tuning(t: &Tuning) {
     let seeds = t.seeds.len();
     let metric = t.selection_metric_name();
     println!(
-        "{} grid points × {seeds} seeds ({}–{}){}, device {}, run code {}; chosen on {}, by \
-         validation {metric}",
-        t.candidates.len(),
+        "{} × {seeds} seeds ({}–{}){}, device {}, run code {}; chosen on {}, by validation \
+         {metric}",
+        t.search.describe(),
         t.seeds[0],
         t.seeds[seeds - 1],
         folds_text(t.folds()),

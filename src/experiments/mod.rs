@@ -17,6 +17,7 @@ pub mod notebook;
 pub mod publish;
 pub mod recipe;
 pub mod runs;
+pub mod search;
 pub mod summary;
 pub mod table;
 pub mod tune;

@@ -5,9 +5,11 @@
 //! report those same test metrics. The value reported is then the grid's luckiest on the test
 //! classes, and the number carries that luck: Musgrave et al. (*A Metric Learning Reality Check*,
 //! ECCV 2020) found most of a decade of losses' reported gains gone once every loss was tuned on
-//! held-out training classes under one protocol. Here every point of a grid of recipe overrides trains with the same seeds, each run
-//! holding its `[validation]` classes out ([`crate::train::validation`]), and the point with the
-//! best mean validation value is chosen, each run read at the epoch its validation selected. The
+//! held-out training classes under one protocol. Here every point of a search (a grid of recipe
+//! overrides, or points drawn at random from ranges: [`super::search`]) trains with the same
+//! seeds, each run holding its `[validation]` classes out ([`crate::train::validation`]), and
+//! the point with the best mean validation value is chosen, each run read at the epoch its
+//! validation selected. The
 //! chosen point's test metrics at those epochs are the honest result: neither the
 //! hyperparameters nor the epochs saw the test classes.
 //!
@@ -44,6 +46,8 @@
 //!     --grid loss.tau=0.001,0.01,0.1 --seeds 3
 //! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.folds=4 \
 //!     --grid loss.tau=0.01,0.1 --seeds 3
+//! rankwise tune --config configs/embedded_smooth_ap.toml --set validation.fraction=0.2 \
+//!     --sample 'loss.tau=loguniform(0.003,0.3)' --samples 8 --seeds 3
 //! ```
 
 use super::compare::{
@@ -51,6 +55,7 @@ use super::compare::{
     ArmSpec, ArmValues, MetricChoice, Versus,
 };
 use super::runs::{RunResult, Runner};
+pub use super::search::{grid, override_value, GridAxis, Search, SearchRange};
 use crate::error::{Error, Result};
 use crate::io::results::{csv_f64, write_json, ResultFormat};
 use crate::io::write_atomically;
@@ -61,151 +66,13 @@ use crate::train::{Selection, ValidationConfig};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::Path;
-use std::str::FromStr;
 
-/// One axis of a grid: a recipe key and the values it takes, written `KEY=V1,V2,…` (each value
-/// a TOML value as `rankwise train --set` reads it; commas inside `[…]`, `{…}` or quotes belong
-/// to the value).
-///
-/// ```
-/// use rankwise::experiments::tune::GridAxis;
-/// let axis: GridAxis = "loss.tau=0.001, 0.01,0.1".parse()?;
-/// assert_eq!(axis.key, "loss.tau");
-/// assert_eq!(axis.values, ["0.001", "0.01", "0.1"]);
-/// let ks: GridAxis = "eval.recall_ks=[1,2],[1,4]".parse()?;
-/// assert_eq!(ks.values, ["[1,2]", "[1,4]"]);
-/// assert!("loss.tau".parse::<GridAxis>().is_err());
-/// assert!("loss.tau=0.1,,0.2".parse::<GridAxis>().is_err());
-/// # Ok::<(), rankwise::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GridAxis {
-    /// The dotted recipe key (`loss.tau`, `optimizer.backbone.lr`).
-    pub key: String,
-    /// Its values, in the order given (the grid's order, and the order ties are broken in).
-    pub values: Vec<String>,
-}
-
-impl FromStr for GridAxis {
-    type Err = Error;
-
-    fn from_str(text: &str) -> Result<Self> {
-        let bad = |why: String| Error::invalid(format!("--grid {text:?}"), why);
-        let (key, values) = text
-            .split_once('=')
-            .ok_or_else(|| bad("expected KEY=V1,V2,… (e.g. loss.tau=0.001,0.01,0.1)".into()))?;
-        let key = key.trim();
-        if key.is_empty() {
-            return Err(bad("no key before `=`".into()));
-        }
-        // The recipe's seed is replaced by each seed of the search, and the validation table is
-        // the yardstick every point is measured with: a grid over either compares nothing.
-        if key == "seed" {
-            return Err(bad(
-                "the seed is not a hyperparameter: every point trains with each of --seeds".into(),
-            ));
-        }
-        if key == "validation" || key.starts_with("validation.") {
-            return Err(bad(format!(
-                "`{key}` defines the held-out classes every point is chosen on; set it once for \
-                 all points with --set"
-            )));
-        }
-        let values = split_top_level(values);
-        if values.iter().any(String::is_empty) {
-            return Err(bad(
-                "an empty value (two commas in a row, or a trailing one)".into(),
-            ));
-        }
-        for (i, v) in values.iter().enumerate() {
-            if values[..i].contains(v) {
-                return Err(bad(format!("value `{v}` is listed twice")));
-            }
-        }
-        Ok(GridAxis {
-            key: key.to_string(),
-            values,
-        })
-    }
-}
-
-/// `text` split at the commas outside brackets, braces and quotes, each piece trimmed.
-fn split_top_level(text: &str) -> Vec<String> {
-    let mut pieces = Vec::new();
-    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
-    for (i, c) in text.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '[' | '{') => depth += 1,
-            (None, ']' | '}') => depth -= 1,
-            (None, ',') if depth == 0 => {
-                pieces.push(text[start..i].trim().to_string());
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    pieces.push(text[start..].trim().to_string());
-    pieces
-}
-
-/// The grid's points, each the `KEY=VALUE` overrides of one recipe: every combination of the
-/// axes' values, the first axis varying slowest. Needs distinct keys and at least two points.
-///
-/// ```
-/// use rankwise::experiments::tune::{grid, GridAxis};
-/// let axes: Vec<GridAxis> = vec!["loss.tau=0.01,0.1".parse()?, "epochs=4,8".parse()?];
-/// let points = grid(&axes)?;
-/// assert_eq!(points.len(), 4);
-/// assert_eq!(points[1], ["loss.tau=0.01", "epochs=8"]);
-/// assert!(grid(&axes[1..2].iter().map(|a| GridAxis { values: vec!["4".into()], ..a.clone() })
-///     .collect::<Vec<_>>()).is_err()); // one point: nothing to choose from
-/// # Ok::<(), rankwise::Error>(())
-/// ```
-pub fn grid(axes: &[GridAxis]) -> Result<Vec<Vec<String>>> {
-    for (i, axis) in axes.iter().enumerate() {
-        if axes[..i].iter().any(|a| a.key == axis.key) {
-            return Err(Error::invalid(
-                "--grid",
-                format!(
-                    "key `{}` has two axes; list all its values in one",
-                    axis.key
-                ),
-            ));
-        }
-    }
-    let mut points: Vec<Vec<String>> = vec![Vec::new()];
-    for axis in axes {
-        points = points
-            .into_iter()
-            .flat_map(|p| {
-                axis.values.iter().map(move |v| {
-                    let mut q = p.clone();
-                    q.push(format!("{}={v}", axis.key));
-                    q
-                })
-            })
-            .collect();
-    }
-    if axes.is_empty() || points.len() < 2 {
-        return Err(Error::invalid(
-            "--grid",
-            format!(
-                "{} point(s): a search needs at least two (e.g. --grid loss.tau=0.01,0.1)",
-                if axes.is_empty() { 0 } else { points.len() }
-            ),
-        ));
-    }
-    Ok(points)
-}
-
-/// The recipe of every grid point: `base` with the `shared` overrides, then the point's own
-/// (labelled by them, `loss.tau=0.01, epochs=8`). Every point must hold classes out for
+/// The recipe of every point of `search`: `base` with the `shared` overrides, then the point's
+/// own (labelled by them, `loss.tau=0.01, epochs=8`). Every point must hold classes out for
 /// validation, all the same ones: an error says how to add a `[validation]` table.
-pub fn candidates(base: &Path, shared: &[String], axes: &[GridAxis]) -> Result<Vec<Arm>> {
-    let arms = grid(axes)?
+pub fn candidates(base: &Path, shared: &[String], search: &Search) -> Result<Vec<Arm>> {
+    let arms = search
+        .points()?
         .into_iter()
         .map(|point| {
             ArmSpec {
@@ -246,7 +113,7 @@ fn validation_of(arms: &[Arm]) -> Result<ValidationConfig> {
     Ok(validation)
 }
 
-/// One grid point: what it trained and measured.
+/// One point of a search: what it trained and measured.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
     /// The point's label (its overrides, joined by `, `).
@@ -287,11 +154,11 @@ impl Candidate {
     }
 }
 
-/// A search of a grid on held-out training classes (see the module documentation).
+/// A search on held-out training classes (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tuning {
-    /// The grid's axes.
-    pub axes: Vec<GridAxis>,
+    /// What was searched: a grid, or random points.
+    pub search: Search,
     /// The seeds every point trained with.
     pub seeds: Vec<u64>,
     /// The run code of the build that trained the runs.
@@ -302,10 +169,10 @@ pub struct Tuning {
     pub validation: ValidationConfig,
     /// The test metrics reported, `(name, level)`; the validation's metric among them.
     pub metrics: Vec<(String, Option<usize>)>,
-    /// Every point, in the grid's order.
+    /// Every point, in the search's order.
     pub candidates: Vec<Candidate>,
     /// The point chosen on the held-out classes: the best mean validation value (the first in
-    /// the grid's order on a tie).
+    /// the search's order on a tie).
     pub chosen: usize,
     /// The index in [`Tuning::metrics`] of the validation's metric read on the test set.
     pub selection_metric: usize,
@@ -319,20 +186,20 @@ pub struct Tuning {
 }
 
 /// Trains (or reads back through `runner`'s cache) every candidate ([`candidates`]: `arms[i]`
-/// is the grid's point `i`) with every seed and makes the choice of [`tune_runs`]. Everything
+/// is the search's point `i`) with every seed and makes the choice of [`tune_runs`]. Everything
 /// is checked before the first run trains.
 pub fn tune(
     runner: &Runner,
-    axes: &[GridAxis],
+    search: &Search,
     arms: &[Arm],
     seeds: &[u64],
     jobs: usize,
     metrics: &[MetricChoice],
 ) -> Result<Tuning> {
-    let points = grid(axes)?;
+    let points = search.points()?;
     if points.len() != arms.len() {
         return Err(Error::Shape(format!(
-            "{} recipes for the {} points of the grid",
+            "{} recipes for the {} points of the search",
             arms.len(),
             points.len()
         )));
@@ -345,7 +212,7 @@ pub fn tune(
     // run_arms gives `[point × folds + fold][seed]`; tune_runs reads `[point][fold × seeds + seed]`.
     let runs: Vec<Vec<RunResult>> = runs.chunks(folds).map(<[_]>::concat).collect();
     let labels: Vec<String> = arms.iter().map(|a| a.label.clone()).collect();
-    let mut tuning = tune_runs(axes, &labels, seeds, &runs, metrics, &validation)?;
+    let mut tuning = tune_runs(search, &labels, seeds, &runs, metrics, &validation)?;
     tuning.run_code = runner.run_code().to_string();
     if folds > 1 {
         for ((candidate, point), arm) in tuning.candidates.iter_mut().zip(&runs).zip(arms) {
@@ -441,8 +308,8 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
         .collect()
 }
 
-/// The choice among finished runs, `runs[p][s]` the run of grid point `p` (labelled
-/// `labels[p]`, the `p`-th of [`grid`]`(axes)`) with seed `seeds[s]` (with `validation`
+/// The choice among finished runs, `runs[p][s]` the run of point `p` (labelled `labels[p]`,
+/// the `p`-th of [`Search::points`]) with seed `seeds[s]` (with `validation`
 /// cross-validating over `F` folds, `runs[p][f × seeds + s]` is that of fold `f`): each run read
 /// at the epoch its validation selected ([`RunResult::selection`]; with folds, each seed's
 /// values averaged over its fold runs), the point with the best mean validation value chosen
@@ -453,7 +320,7 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
 /// ([`tune`] fills them, the latter from the fold runs' kept test embeddings).
 ///
 /// ```
-/// use rankwise::experiments::tune::{tune_runs, GridAxis};
+/// use rankwise::experiments::tune::{tune_runs, Search};
 /// use rankwise::experiments::{MetricValue, RunResult};
 /// use rankwise::train::{MetricsLog, ValidationConfig};
 /// // A run whose validation R@1 peaks at epoch 1 while its test R@1 still rises at epoch 2.
@@ -469,12 +336,12 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
 ///                 seconds: 0.0, test_queries: 10, seed: 0, device: "cpu".into(),
 ///                 code: String::new() }
 /// };
-/// let axes: Vec<GridAxis> = vec!["loss.tau=0.01,0.1".parse()?];
+/// let search = Search::Grid { axes: vec!["loss.tau=0.01,0.1".parse()?] };
 /// let runs = vec![
 ///     vec![run([0.50, 0.48], [0.30, 0.33]), run([0.52, 0.50], [0.31, 0.35])],
 ///     vec![run([0.40, 0.45], [0.34, 0.36]), run([0.43, 0.47], [0.35, 0.37])],
 /// ];
-/// let t = tune_runs(&axes, &["tau 0.01".into(), "tau 0.1".into()], &[0, 1], &runs, &[],
+/// let t = tune_runs(&search, &["tau 0.01".into(), "tau 0.1".into()], &[0, 1], &runs, &[],
 ///                   &ValidationConfig::default())?;
 /// // τ = 0.01 wins on validation (0.51 against 0.46); its test R@1 is read at epoch 1.
 /// assert_eq!(t.chosen, 0);
@@ -486,14 +353,14 @@ pub fn fold_arms(arms: &[Arm], folds: usize) -> Vec<Arm> {
 /// # Ok::<(), rankwise::Error>(())
 /// ```
 pub fn tune_runs(
-    axes: &[GridAxis],
+    search: &Search,
     labels: &[String],
     seeds: &[u64],
     runs: &[Vec<RunResult>],
     metrics: &[MetricChoice],
     validation: &ValidationConfig,
 ) -> Result<Tuning> {
-    let points = grid(axes)?;
+    let points = search.points()?;
     let folds = validation.cross_validation_folds();
     let per_point = folds * seeds.len();
     if runs.len() != points.len()
@@ -501,7 +368,7 @@ pub fn tune_runs(
         || runs.iter().any(|r| r.len() != per_point)
     {
         return Err(Error::Shape(format!(
-            "{} points of runs and {} labels for a grid of {} points, each needing {} seeds × \
+            "{} points of runs and {} labels for a search of {} points, each needing {} seeds × \
              {folds} fold(s)",
             runs.len(),
             labels.len(),
@@ -612,7 +479,7 @@ pub fn tune_runs(
     });
     let devices = devices_of(runs);
     Ok(Tuning {
-        axes: axes.to_vec(),
+        search: search.clone(),
         seeds: seeds.to_vec(),
         run_code: String::new(),
         devices,
@@ -691,6 +558,35 @@ impl Tuning {
         Some(paired_t(&d))
     }
 
+    /// The numeric keys whose chosen value is the lowest or the highest of the (at least
+    /// three) values searched, each with that value and `"lowest"` or `"highest"`: the best may
+    /// lie beyond what was searched, and a search extended past that edge would tell.
+    pub fn chosen_at_edge(&self) -> Vec<(String, String, &'static str)> {
+        let chosen = &self.candidates[self.chosen].overrides;
+        self.search
+            .numeric_extent()
+            .into_iter()
+            .filter_map(|(key, low, high)| {
+                let mut values: Vec<f64> = self
+                    .candidates
+                    .iter()
+                    .filter_map(|c| override_value(&c.overrides, &key)?.parse().ok())
+                    .collect();
+                values.sort_by(f64::total_cmp);
+                values.dedup();
+                let text = override_value(chosen, &key)?;
+                let value: f64 = text.parse().ok()?;
+                let edge = match value {
+                    _ if values.len() < 3 => return None,
+                    v if v == low => "lowest",
+                    v if v == high => "highest",
+                    _ => return None,
+                };
+                Some((key, text.to_string(), edge))
+            })
+            .collect()
+    }
+
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).
     pub fn selection_metric_name(&self) -> String {
         let (m, l) = &self.metrics[self.selection_metric];
@@ -766,6 +662,12 @@ impl Tuning {
                 format_p(gain.p)
             ));
         }
+        for (key, value, edge) in self.chosen_at_edge() {
+            text.push_str(&format!(
+                " Its {key} ({value}) is the {edge} value searched: the best may lie beyond it, \
+                 and a search extended past it would tell."
+            ));
+        }
         let fold_choices = self.fold_choices();
         if !fold_choices.is_empty() {
             let agree = fold_choices
@@ -827,7 +729,7 @@ impl Tuning {
             Some(t) => {
                 let other = &self.candidates[t];
                 text.push_str(&format!(
-                    " Chosen on the test classes instead, the grid would have reported {} with \
+                    " Chosen on the test classes instead, the search would have reported {} with \
                      test {metric} {:.4}: {:+.4} over the honest result, the optimism of tuning \
                      on the test set.",
                     other.label, other.test[self.selection_metric].mean, self.optimism
@@ -920,54 +822,6 @@ mod tests {
     use crate::experiments::compare::Finding;
     use crate::experiments::MetricValue;
 
-    #[test]
-    fn axes_parse_and_refuse_what_cannot_be_searched() {
-        let a: GridAxis = "optimizer.backbone.lr = 1e-4,5e-4".parse().unwrap();
-        assert_eq!(
-            (a.key.as_str(), a.values.clone()),
-            (
-                "optimizer.backbone.lr",
-                vec!["1e-4".to_string(), "5e-4".to_string()]
-            )
-        );
-        let a: GridAxis = r#"loss.kind="smooth_ap",'fast_ap', {x = 1, y = 2}"#
-            .parse()
-            .unwrap();
-        assert_eq!(a.values, [r#""smooth_ap""#, "'fast_ap'", "{x = 1, y = 2}"]);
-        let a: GridAxis = r#"name="a,b",c"#.parse().unwrap();
-        assert_eq!(a.values, [r#""a,b""#, "c"]);
-        for (text, want) in [
-            ("loss.tau", "KEY=V1,V2"),
-            ("=0.1,0.2", "no key"),
-            ("seed=1,2", "not a hyperparameter"),
-            ("validation.fraction=0.1,0.2", "held-out classes"),
-            ("validation={fraction=0.1}", "held-out classes"),
-            ("loss.tau=0.1,", "empty value"),
-            ("loss.tau=0.1,0.1", "listed twice"),
-        ] {
-            let e = text.parse::<GridAxis>().unwrap_err().to_string();
-            assert!(e.contains(want) && e.contains("--grid"), "{text}: {e}");
-        }
-    }
-
-    #[test]
-    fn the_grid_is_every_combination_first_axis_slowest() {
-        let axes: Vec<GridAxis> = ["a=1,2,3", "b=x,y"]
-            .iter()
-            .map(|s| s.parse().unwrap())
-            .collect();
-        let g = grid(&axes).unwrap();
-        assert_eq!(g.len(), 6);
-        assert_eq!(g[0], ["a=1", "b=x"]);
-        assert_eq!(g[1], ["a=1", "b=y"]);
-        assert_eq!(g[5], ["a=3", "b=y"]);
-        let e = grid(&[]).unwrap_err().to_string();
-        assert!(e.contains("0 point(s)"), "{e}");
-        let twice = vec![axes[0].clone(), axes[0].clone()];
-        let e = grid(&twice).unwrap_err().to_string();
-        assert!(e.contains("two axes"), "{e}");
-    }
-
     /// A run whose log has, at each epoch `e + 1`, validation R@1 `val[e]` and test R@1 and
     /// mAP@R `test[e]` and `test[e] / 4`; its final metrics are the last epoch's.
     fn run(label: &str, val: &[f64], test: &[f64]) -> RunResult {
@@ -1004,13 +858,62 @@ mod tests {
         }
     }
 
-    fn axis(n: usize) -> Vec<GridAxis> {
+    fn axis(n: usize) -> Search {
         let values: Vec<String> = (0..n).map(|i| format!("0.{}", i + 1)).collect();
-        vec![format!("loss.tau={}", values.join(",")).parse().unwrap()]
+        Search::Grid {
+            axes: vec![format!("loss.tau={}", values.join(",")).parse().unwrap()],
+        }
     }
 
     fn labels(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("p{i}")).collect()
+    }
+
+    #[test]
+    fn a_choice_at_the_edge_of_what_was_searched_is_said() {
+        // p1 is chosen (validation 0.5 against 0.3 and 0.2).
+        let runs: Vec<Vec<RunResult>> = [0.3, 0.5, 0.2]
+            .iter()
+            .map(|&v| vec![run("s0", &[v], &[0.1]), run("s1", &[v + 0.01], &[0.1])])
+            .collect();
+        let with = |search: Search| {
+            let n = search.points().unwrap().len();
+            tune_runs(
+                &search,
+                &labels(n),
+                &[0, 1],
+                &runs[..n],
+                &[],
+                &ValidationConfig::default(),
+            )
+            .unwrap()
+        };
+        let grid = |axes: &[&str]| Search::Grid {
+            axes: axes.iter().map(|a| a.parse().unwrap()).collect(),
+        };
+        // In the middle of τ's values: nothing to say.
+        let t = with(axis(3));
+        assert_eq!(t.candidates[t.chosen].overrides, ["loss.tau=0.2"]);
+        assert!(t.chosen_at_edge().is_empty());
+        assert!(!t.reading().contains("value searched"));
+        // The lowest of three (listed in any order), and the highest.
+        let t = with(grid(&["loss.tau=0.2,0.01,0.3"]));
+        assert_eq!(
+            t.chosen_at_edge(),
+            [("loss.tau".to_string(), "0.01".to_string(), "lowest")]
+        );
+        let reading = t.reading();
+        assert!(
+            reading.contains(
+                "Its loss.tau (0.01) is the lowest value searched: the best may lie beyond it"
+            ),
+            "{reading}"
+        );
+        let t = with(grid(&["loss.tau=0.2,3,0.3"]));
+        assert_eq!(t.chosen_at_edge()[0].2, "highest");
+        // Two values (every choice is an edge) or values that are not numbers: nothing.
+        assert!(with(grid(&["loss.tau=0.2,3"])).chosen_at_edge().is_empty());
+        assert!(with(grid(&["loss.kind=a,b,c"])).chosen_at_edge().is_empty());
     }
 
     #[test]
@@ -1350,7 +1253,7 @@ mod tests {
         let e = tune_runs(&axis(3), &labels(2), &[0, 1], &runs, &[], &v)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("grid of 3 points"), "{e}");
+        assert!(e.contains("search of 3 points"), "{e}");
         let e = tune_runs(&axis(2), &labels(2), &[0, 1, 2], &runs, &[], &v)
             .unwrap_err()
             .to_string();

@@ -2664,6 +2664,107 @@ fn tune_cross_validates_over_the_folds_of_the_training_classes() {
     );
 }
 
+/// `rankwise tune --sample`: points drawn at random from a range, the library's draws; more
+/// samples with the same seed train only the new points (the first ones come back from the
+/// cache); the JSON names the search.
+#[test]
+fn tune_draws_random_points_and_more_samples_train_only_the_new_ones() {
+    use rankwise::experiments::search::{sample, Search};
+    use rankwise::experiments::tune::Tuning;
+    let dir = tempfile::tempdir().unwrap();
+    let recipe = write(dir.path(), "tiny.toml", TINY_RECIPE.as_bytes());
+    let cache = dir.path().join("cache");
+    let json = dir.path().join("tune.json");
+    let range = "loss.tau=loguniform(0.01,1.0)";
+    let search = |samples: &str| {
+        rankwise(&[
+            "tune",
+            "--config",
+            s(&recipe),
+            "--cache",
+            s(&cache),
+            "--set",
+            "validation.fraction=0.25",
+            "--sample",
+            range,
+            "--samples",
+            samples,
+            "--sample-seed",
+            "3",
+            "--seeds",
+            "2",
+            "--jobs",
+            "2",
+            "--out",
+            s(&json),
+        ])
+    };
+    let out = search("2");
+    let err = stderr_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches(": training").count(), 4, "{err}");
+    let three = search("3");
+    let (err, stdout) = (stderr_of(&three), String::from_utf8_lossy(&three.stdout));
+    assert!(three.status.success(), "{err}");
+    // Only the third point trains, with each of the two seeds.
+    assert_eq!(err.matches(": training").count(), 2, "{err}");
+    assert!(
+        stdout.contains("3 random points (drawn with seed 3) × 2 seeds (0–1)"),
+        "{stdout}"
+    );
+    let t: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let drawn = sample(&[range.parse().unwrap()], 3, 3).unwrap();
+    let overrides: Vec<Vec<String>> = t.candidates.iter().map(|c| c.overrides.clone()).collect();
+    assert_eq!(overrides, drawn);
+    assert_eq!(
+        t.search,
+        Search::Random {
+            ranges: vec![range.parse().unwrap()],
+            samples: 3,
+            seed: 3
+        }
+    );
+    // Refused: half a random search, a grid with it, one sample, a range clap cannot read.
+    let tune = [
+        "tune",
+        "--config",
+        s(&recipe),
+        "--set",
+        "validation.fraction=0.25",
+    ];
+    for (extra, says, code) in [
+        (&["--sample", range][..], "--samples", 2),
+        (
+            &["--samples", "3", "--grid", "loss.tau=0.1,1"],
+            "--samples goes with --sample",
+            1,
+        ),
+        (
+            &[
+                "--sample",
+                range,
+                "--samples",
+                "3",
+                "--grid",
+                "loss.tau=0.1,1",
+            ],
+            "cannot be used with",
+            2,
+        ),
+        (
+            &["--sample", "loss.tau=loguniform(0,1)", "--samples", "3"],
+            "LOW > 0",
+            2,
+        ),
+        (&["--sample", range, "--samples", "1"], "at least two", 1),
+    ] {
+        let out = rankwise(&[&tune[..], extra].concat());
+        let err = stderr_of(&out);
+        assert_eq!(out.status.code(), Some(code), "{extra:?}: {err}");
+        assert!(err.contains(says), "{extra:?}: {err}");
+    }
+}
+
 #[test]
 fn tune_refuses_bad_searches_before_anything_trains() {
     let dir = tempfile::tempdir().unwrap();
