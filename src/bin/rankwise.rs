@@ -1762,9 +1762,9 @@ fn print_tuning(t: &Tuning) {
         header.push(format!("test {}", metric_label(m, *l)));
     }
     let cells: Vec<Vec<String>> = t
-        .candidates
-        .iter()
-        .enumerate()
+        .display_order()
+        .into_iter()
+        .map(|i| (i, &t.candidates[i]))
         .map(|(i, c)| {
             let mark = match (i == t.chosen, Some(i) == t.test_choice) {
                 (true, true) => " [chosen; test's choice too]",
@@ -1797,9 +1797,9 @@ fn print_tuning(t: &Tuning) {
         let mut header = vec!["point".to_string()];
         header.extend((0..choices.len()).map(|f| format!("val {metric} fold {f}")));
         let cells: Vec<Vec<String>> = t
-            .candidates
-            .iter()
-            .enumerate()
+            .display_order()
+            .into_iter()
+            .map(|i| (i, &t.candidates[i]))
             .map(|(i, c)| {
                 let mut row = vec![c.label.clone()];
                 row.extend(c.fold_means().iter().zip(&choices).map(|(mean, &best)| {
@@ -1821,9 +1821,9 @@ fn print_tuning(t: &Tuning) {
         );
         header.push(format!("− separated {metric} (p)"));
         let cells: Vec<Vec<String>> = t
-            .candidates
-            .iter()
-            .enumerate()
+            .display_order()
+            .into_iter()
+            .map(|i| (i, &t.candidates[i]))
             .map(|(i, c)| {
                 let mut row = vec![c.label.clone()];
                 row.extend(

@@ -305,8 +305,10 @@ impl Distribution {
             }
             Distribution::Uniform { low, high } => float_text(low + u * (high - low)),
             Distribution::Int { low, high } => {
-                let span = (high - low) as f64 + 1.0;
-                (low + ((u * span).floor() as i64).min(high - low)).to_string()
+                // In i128: `high - low` may not fit an i64.
+                let (low, high) = (i128::from(*low), i128::from(*high));
+                let span = (high - low + 1) as f64;
+                (low + ((u * span).floor() as i128).min(high - low)).to_string()
             }
             Distribution::Choice(values) => {
                 values[((u * values.len() as f64) as usize).min(values.len() - 1)].clone()
@@ -318,7 +320,9 @@ impl Distribution {
     /// search draws, though rounding to three digits makes it finite).
     fn discrete_size(&self) -> Option<u64> {
         match self {
-            Distribution::Int { low, high } => Some((high - low) as u64 + 1),
+            Distribution::Int { low, high } => {
+                Some(u64::try_from(i128::from(*high) - i128::from(*low) + 1).unwrap_or(u64::MAX))
+            }
             Distribution::Choice(values) => Some(values.len() as u64),
             _ => None,
         }
@@ -534,7 +538,7 @@ pub fn sample(ranges: &[SearchRange], samples: usize, seed: u64) -> Result<Vec<V
     // Draws per point before giving up on a distinct one: a continuous range narrower than its
     // three rounded digits can still run out of values.
     const ATTEMPTS: usize = 1000;
-    let mut points: Vec<Vec<String>> = Vec::with_capacity(samples);
+    let mut points: Vec<Vec<String>> = Vec::new();
     for i in 0..samples {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         rng.set_stream(i as u64);
@@ -688,6 +692,16 @@ mod tests {
             .map(|&u| int.value_at(u))
             .collect();
         assert_eq!(ints, ["2", "2", "3", "3", "4", "4"]);
+        // The whole i64 range: no overflow, every value inside it (near the top, to the 53 bits
+        // of the draw).
+        let wide = Distribution::Int {
+            low: i64::MIN,
+            high: i64::MAX,
+        };
+        assert_eq!(wide.value_at(0.0), i64::MIN.to_string());
+        let top: i64 = wide.value_at(1.0 - f64::EPSILON / 2.0).parse().unwrap();
+        assert!(top > i64::MAX - (1 << 12), "{top}");
+        assert_eq!(wide.discrete_size(), Some(u64::MAX));
         let choice = Distribution::Choice(vec!["a".into(), "b".into()]);
         assert_eq!(
             (choice.value_at(0.49), choice.value_at(0.5)),

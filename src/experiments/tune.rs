@@ -558,6 +558,33 @@ impl Tuning {
         Some(paired_t(&d))
     }
 
+    /// The order to show the points in: a grid's own order; a random search's points sorted
+    /// by their values, key by key in the order of the ranges (numbers by value, other values
+    /// as text), so that a table of them reads along each range.
+    pub fn display_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.candidates.len()).collect();
+        if let Search::Random { ranges, .. } = &self.search {
+            let key = |i: usize| -> Vec<(f64, String)> {
+                ranges
+                    .iter()
+                    .map(|r| {
+                        let v = override_value(&self.candidates[i].overrides, &r.key).unwrap_or("");
+                        (v.parse().unwrap_or(f64::NAN), v.to_string())
+                    })
+                    .collect()
+            };
+            order.sort_by(|&a, &b| {
+                key(a)
+                    .iter()
+                    .zip(key(b).iter())
+                    .map(|((x, s), (y, t))| x.total_cmp(y).then_with(|| s.cmp(t)))
+                    .find(|o| o.is_ne())
+                    .unwrap_or(std::cmp::Ordering::Equal)
+            });
+        }
+        order
+    }
+
     /// The numeric keys whose chosen value is the lowest or the highest of the (at least
     /// three) values searched, each with that value and `"lowest"` or `"highest"`: the best may
     /// lie beyond what was searched, and a search extended past that edge would tell.
@@ -867,6 +894,67 @@ mod tests {
 
     fn labels(n: usize) -> Vec<String> {
         (0..n).map(|i| format!("p{i}")).collect()
+    }
+
+    #[test]
+    fn random_points_are_shown_along_their_ranges_and_a_grid_in_its_order() {
+        let runs: Vec<Vec<RunResult>> = (0..5)
+            .map(|p| {
+                vec![
+                    run("s0", &[0.1 * p as f64], &[0.1]),
+                    run("s1", &[0.1 * p as f64 + 0.01], &[0.1]),
+                ]
+            })
+            .collect();
+        let random = Search::Random {
+            ranges: vec![
+                "loss.kind=choice(b,a)".parse().unwrap(),
+                "loss.tau=loguniform(0.001,1)".parse().unwrap(),
+            ],
+            samples: 5,
+            seed: 1,
+        };
+        let t = tune_runs(
+            &random,
+            &labels(5),
+            &[0, 1],
+            &runs,
+            &[],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        let shown: Vec<(String, f64)> = t
+            .display_order()
+            .iter()
+            .map(|&i| {
+                let o = &t.candidates[i].overrides;
+                (
+                    override_value(o, "loss.kind").unwrap().to_string(),
+                    override_value(o, "loss.tau").unwrap().parse().unwrap(),
+                )
+            })
+            .collect();
+        let mut sorted = shown.clone();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        assert_eq!(shown, sorted);
+        let mut order = t.display_order();
+        assert_ne!(
+            order,
+            (0..5).collect::<Vec<_>>(),
+            "the draws came sorted: pick another seed"
+        );
+        order.sort();
+        assert_eq!(order, (0..5).collect::<Vec<_>>());
+        let grid = tune_runs(
+            &axis(3),
+            &labels(3),
+            &[0, 1],
+            &runs[..3],
+            &[],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(grid.display_order(), [0, 1, 2]);
     }
 
     #[test]
