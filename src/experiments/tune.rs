@@ -620,10 +620,12 @@ impl Tuning {
         metric_label(m, *l)
     }
 
-    /// The points the validation cannot tell from the chosen one (inside the seeds' noise).
+    /// The points the validation cannot tell from the chosen one (inside the seeds' noise), in
+    /// [`Tuning::display_order`].
     pub fn indistinct(&self) -> Vec<&Candidate> {
-        self.candidates
-            .iter()
+        self.display_order()
+            .into_iter()
+            .map(|i| &self.candidates[i])
             .filter(|c| {
                 c.versus_chosen
                     .as_ref()
