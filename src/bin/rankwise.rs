@@ -487,6 +487,10 @@ struct TuneArgs {
     /// point), atomically.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Draw the search along each numeric key (validation and test values with their 95%
+    /// intervals, the chosen point marked) into DIR/tune_<key>.png and .svg.
+    #[arg(long, value_name = "DIR")]
+    figures: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -1699,6 +1703,9 @@ fn tune(args: &TuneArgs) -> Result<()> {
             axes: args.grid.clone(),
         },
     };
+    if let Some(dir) = args.figures.as_ref().filter(|d| d.exists() && !d.is_dir()) {
+        bail!("--figures {} is a file, not a folder", dir.display());
+    }
     let mut arms = experiments::tune::candidates(&args.config, &args.set, &search)?;
     for arm in &mut arms {
         args.runs.set_device(arm)?;
@@ -1712,6 +1719,16 @@ fn tune(args: &TuneArgs) -> Result<()> {
     if let Some(out) = &args.out {
         write_tuning(out, &tuning)?;
         println!("wrote {}", out.display());
+    }
+    if let Some(dir) = &args.figures {
+        for (key, chart) in tuning.charts() {
+            let stem = format!(
+                "tune_{}",
+                key.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+            );
+            let files = rankwise::report::line_chart(&chart, dir, &stem)?;
+            println!("wrote {} and {}", files.png.display(), files.svg.display());
+        }
     }
     if !args.runs.quiet {
         eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());

@@ -82,6 +82,14 @@ impl Search {
         }
     }
 
+    /// The keys searched, in the order given.
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            Search::Grid { axes } => axes.iter().map(|a| a.key.as_str()).collect(),
+            Search::Random { ranges, .. } => ranges.iter().map(|r| r.key.as_str()).collect(),
+        }
+    }
+
     /// The numeric values a key took over the search's points, for telling whether a choice
     /// lies at the edge of what was searched: the keys whose values are all numbers (a grid
     /// axis of numbers, a uniform, log-uniform or integer range), each with its lowest and

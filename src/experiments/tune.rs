@@ -59,6 +59,7 @@ pub use super::search::{grid, override_value, GridAxis, Search, SearchRange};
 use crate::error::{Error, Result};
 use crate::io::results::{csv_f64, write_json, ResultFormat};
 use crate::io::write_atomically;
+use crate::report::{IntervalStyle, LineChart, Marker, Series, SeriesStyle};
 use crate::retrieval::ensemble::concatenate;
 use crate::retrieval::EvalOptions;
 use crate::stats::{format_p, paired_t, PairedT, Sample};
@@ -585,6 +586,105 @@ impl Tuning {
         order
     }
 
+    /// One chart per numeric key searched ([`Search::numeric_extent`]): each point's mean
+    /// validation value and mean test value of the validation's metric, with their 95%
+    /// intervals over the seeds, against the key's value, and the chosen point marked; a
+    /// logarithmic axis when the values span a factor of ten or more. Points are joined by a
+    /// line when the search varies that key alone, else drawn as markers (the other keys vary
+    /// between them).
+    ///
+    /// ```
+    /// use rankwise::experiments::tune::{tune_runs, Search};
+    /// use rankwise::experiments::{MetricValue, RunResult};
+    /// use rankwise::train::{MetricsLog, ValidationConfig};
+    /// let run = |val: f64| {
+    ///     let mut log = MetricsLog::default();
+    ///     log.push(1, 0, "val", "R@1", Some(0), val);
+    ///     log.push(1, 0, "test", "R@1", Some(0), val / 2.0);
+    ///     RunResult { label: String::new(), recipe: String::new(), log: log.rows().to_vec(),
+    ///                 metrics: vec![MetricValue { metric: "R@1".into(), level: Some(0),
+    ///                                             value: val / 2.0 }],
+    ///                 seconds: 0.0, test_queries: 10, seed: 0, device: "cpu".into(),
+    ///                 code: String::new() }
+    /// };
+    /// let search = Search::Grid { axes: vec!["loss.tau=0.01,0.1,1.0".parse()?] };
+    /// let runs: Vec<Vec<RunResult>> =
+    ///     [0.5, 0.75, 0.25].iter().map(|&v| vec![run(v), run(v + 0.125)]).collect();
+    /// let labels: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+    /// let t = tune_runs(&search, &labels, &[0, 1], &runs, &[], &ValidationConfig::default())?;
+    /// let charts = t.charts();
+    /// let (key, chart) = &charts[0];
+    /// assert_eq!(key, "loss.tau");
+    /// assert!(chart.log_x); // 0.01 to 1.0
+    /// assert_eq!(chart.series[0].points, [(0.01, 0.5625), (0.1, 0.8125), (1.0, 0.3125)]);
+    /// assert_eq!(chart.series[2].points, [(0.1, 0.8125)]); // the chosen point
+    /// # Ok::<(), rankwise::Error>(())
+    /// ```
+    pub fn charts(&self) -> Vec<(String, LineChart)> {
+        let metric = self.selection_metric_name();
+        let alone = self.search.keys().len() == 1;
+        self.search
+            .numeric_extent()
+            .into_iter()
+            .filter_map(|(key, low, high)| {
+                let mut rows: Vec<(f64, &Candidate)> = self
+                    .candidates
+                    .iter()
+                    .map(|c| Some((override_value(&c.overrides, &key)?.parse().ok()?, c)))
+                    .collect::<Option<_>>()?;
+                rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let style = if alone {
+                    SeriesStyle::LineAndMarkers(Marker::Circle)
+                } else {
+                    SeriesStyle::Markers(Marker::Circle)
+                };
+                let series = |name: String, value: &dyn Fn(&Candidate) -> &ArmValues| {
+                    Series::line(
+                        name,
+                        rows.iter().map(|(x, c)| (*x, value(c).mean)).collect(),
+                    )
+                    .with_intervals(
+                        rows.iter().map(|(_, c)| value(c).half_width).collect(),
+                        IntervalStyle::Bars,
+                    )
+                    .styled(style)
+                };
+                let chosen = &self.candidates[self.chosen];
+                let x = override_value(&chosen.overrides, &key)?.parse().ok()?;
+                let mut chart = LineChart::new(
+                    format!("{}: {metric} along {key}", self.search.describe()),
+                    key.clone(),
+                    format!(
+                        "{metric} (mean over {} seeds, 95% interval)",
+                        self.seeds.len()
+                    ),
+                    vec![
+                        series(format!("validation {metric} (held-out classes)"), &|c| {
+                            &c.validation
+                        }),
+                        series(format!("test {metric}"), &|c| {
+                            &c.test[self.selection_metric]
+                        }),
+                        Series::line("chosen", vec![(x, chosen.validation.mean)])
+                            .styled(SeriesStyle::Markers(Marker::Cross))
+                            .colored(7),
+                    ],
+                );
+                chart.log_x = low > 0.0 && high >= 10.0 * low;
+                // Half-widths are NaN with a single seed, which a chart cannot draw.
+                for s in &mut chart.series {
+                    if s.intervals
+                        .as_ref()
+                        .is_some_and(|h| h.iter().any(|v| !v.is_finite()))
+                    {
+                        s.intervals = None;
+                    }
+                }
+                Some((key, chart))
+            })
+            .collect()
+    }
+
     /// The numeric keys whose chosen value is the lowest or the highest of the (at least
     /// three) values searched, each with that value and `"lowest"` or `"highest"`: the best may
     /// lie beyond what was searched, and a search extended past that edge would tell.
@@ -957,6 +1057,48 @@ mod tests {
         )
         .unwrap();
         assert_eq!(grid.display_order(), [0, 1, 2]);
+    }
+
+    #[test]
+    fn charts_draw_each_numeric_key_with_the_choice_marked() {
+        let runs: Vec<Vec<RunResult>> = (0..4)
+            .map(|p| vec![run("s0", &[0.1 * p as f64 + 0.1], &[0.1])])
+            .collect();
+        // Two keys drawn at random: markers (the other key varies between the points); the
+        // choice key is not a number, so one chart. One seed: no intervals to draw.
+        let random = Search::Random {
+            ranges: vec![
+                "loss.tau=uniform(0.1,0.5)".parse().unwrap(),
+                "loss.kind=choice(a,b)".parse().unwrap(),
+            ],
+            samples: 4,
+            seed: 0,
+        };
+        let t = tune_runs(
+            &random,
+            &labels(4),
+            &[0],
+            &runs,
+            &[],
+            &ValidationConfig::default(),
+        )
+        .unwrap();
+        let charts = t.charts();
+        assert_eq!(charts.len(), 1);
+        let (key, chart) = &charts[0];
+        assert_eq!(key, "loss.tau");
+        assert!(!chart.log_x, "0.1 to 0.5 spans less than a factor of ten");
+        assert_eq!(chart.series[0].style, SeriesStyle::Markers(Marker::Circle));
+        assert!(chart.series.iter().all(|s| s.intervals.is_none()));
+        let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
+        assert!(xs.windows(2).all(|w| w[0] <= w[1]), "{xs:?}");
+        let chosen: f64 = override_value(&t.candidates[t.chosen].overrides, "loss.tau")
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(chart.series[2].points, [(chosen, 0.4)]);
+        let svg = crate::report::render_svg(chart, (400, 300)).unwrap();
+        assert!(svg.contains("chosen") && svg.contains("loss.tau"));
     }
 
     #[test]

@@ -279,6 +279,19 @@ impl LineChart {
             .collect();
         xs.sort_by(f64::total_cmp);
         xs.dedup();
+        // Two values closer than a twelfth of the axis (in log scale) would print their
+        // labels over each other (0.262 and 0.324 on an axis from 0.012 to 0.515): keep the
+        // first. The doubling steps of a batch-size sweep stay far above that.
+        if let (Some(&first), Some(&last)) = (xs.first(), xs.last()) {
+            let gap = (last.log10() - first.log10()) / 12.0;
+            let mut kept: Vec<f64> = Vec::with_capacity(xs.len());
+            for x in xs {
+                if kept.last().is_none_or(|&k| x.log10() - k.log10() >= gap) {
+                    kept.push(x);
+                }
+            }
+            xs = kept;
+        }
         (xs.len() <= 12).then_some(xs)
     }
 }
@@ -563,5 +576,18 @@ mod tests {
         c.log_x = true;
         assert!(c.validate().is_err(), "x = 0 on a log axis");
         assert_eq!(c.x_key_points(), Some(vec![0.0, 10.0]));
+        // Ticks too close to print apart are thinned; a doubling sweep keeps every one.
+        let ticks = |xs: &[f64]| {
+            let points = xs.iter().map(|&x| (x, 1.0)).collect();
+            let mut c = LineChart::new("t", "x", "y", vec![Series::line("a", points)]);
+            c.log_x = true;
+            c.x_key_points().unwrap()
+        };
+        assert_eq!(
+            ticks(&[0.515, 0.012, 0.0227, 0.0462, 0.262, 0.324]),
+            [0.012, 0.0227, 0.0462, 0.262, 0.515]
+        );
+        let doubling = [16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+        assert_eq!(ticks(&doubling), doubling);
     }
 }

@@ -2676,6 +2676,7 @@ fn tune_draws_random_points_and_more_samples_train_only_the_new_ones() {
     let cache = dir.path().join("cache");
     let json = dir.path().join("tune.json");
     let range = "loss.tau=loguniform(0.01,1.0)";
+    let figures = dir.path().join("figures");
     let search = |samples: &str| {
         rankwise(&[
             "tune",
@@ -2697,6 +2698,8 @@ fn tune_draws_random_points_and_more_samples_train_only_the_new_ones() {
             "2",
             "--out",
             s(&json),
+            "--figures",
+            s(&figures),
         ])
     };
     let out = search("2");
@@ -2712,6 +2715,10 @@ fn tune_draws_random_points_and_more_samples_train_only_the_new_ones() {
         stdout.contains("3 random points (drawn with seed 3) × 2 seeds (0–1)"),
         "{stdout}"
     );
+    // The chart along τ, of the three points.
+    let svg = std::fs::read_to_string(figures.join("tune_loss_tau.svg")).unwrap();
+    assert!(svg.contains("3 random points (drawn with seed 3)"), "{svg}");
+    assert!(figures.join("tune_loss_tau.png").is_file());
     let t: Tuning = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let drawn = sample(&[range.parse().unwrap()], 3, 3).unwrap();
     let overrides: Vec<Vec<String>> = t.candidates.iter().map(|c| c.overrides.clone()).collect();
@@ -2757,6 +2764,11 @@ fn tune_draws_random_points_and_more_samples_train_only_the_new_ones() {
             2,
         ),
         (&["--sample", range, "--samples", "1"], "at least two", 1),
+        (
+            &["--sample", range, "--samples", "3", "--figures", s(&json)],
+            "is a file, not a folder",
+            1,
+        ),
     ] {
         let out = rankwise(&[&tune[..], extra].concat());
         let err = stderr_of(&out);
