@@ -638,16 +638,20 @@ impl Tuning {
                 } else {
                     SeriesStyle::Markers(Marker::Circle)
                 };
+                // A point without a value (a metric a run could not compute) is left out of
+                // that series: a chart draws finite points only.
                 let series = |name: String, value: &dyn Fn(&Candidate) -> &ArmValues| {
-                    Series::line(
-                        name,
-                        rows.iter().map(|(x, c)| (*x, value(c).mean)).collect(),
-                    )
-                    .with_intervals(
-                        rows.iter().map(|(_, c)| value(c).half_width).collect(),
-                        IntervalStyle::Bars,
-                    )
-                    .styled(style)
+                    let drawn: Vec<(f64, &ArmValues)> = rows
+                        .iter()
+                        .map(|(x, c)| (*x, value(c)))
+                        .filter(|(_, v)| v.mean.is_finite())
+                        .collect();
+                    Series::line(name, drawn.iter().map(|(x, v)| (*x, v.mean)).collect())
+                        .with_intervals(
+                            drawn.iter().map(|(_, v)| v.half_width).collect(),
+                            IntervalStyle::Bars,
+                        )
+                        .styled(style)
                 };
                 let chosen = &self.candidates[self.chosen];
                 let x = override_value(&chosen.overrides, &key)?.parse().ok()?;
@@ -671,6 +675,7 @@ impl Tuning {
                     ],
                 );
                 chart.log_x = low > 0.0 && high >= 10.0 * low;
+                chart.series.retain(|s| !s.points.is_empty());
                 // Half-widths are NaN with a single seed, which a chart cannot draw.
                 for s in &mut chart.series {
                     if s.intervals
@@ -1061,8 +1066,12 @@ mod tests {
 
     #[test]
     fn charts_draw_each_numeric_key_with_the_choice_marked() {
+        // Point 1 has no test value.
         let runs: Vec<Vec<RunResult>> = (0..4)
-            .map(|p| vec![run("s0", &[0.1 * p as f64 + 0.1], &[0.1])])
+            .map(|p| {
+                let test = if p == 1 { f64::NAN } else { 0.1 };
+                vec![run("s0", &[0.1 * p as f64 + 0.1], &[test])]
+            })
             .collect();
         // Two keys drawn at random: markers (the other key varies between the points); the
         // choice key is not a number, so one chart. One seed: no intervals to draw.
@@ -1090,6 +1099,10 @@ mod tests {
         assert!(!chart.log_x, "0.1 to 0.5 spans less than a factor of ten");
         assert_eq!(chart.series[0].style, SeriesStyle::Markers(Marker::Circle));
         assert!(chart.series.iter().all(|s| s.intervals.is_none()));
+        assert_eq!(
+            (chart.series[0].points.len(), chart.series[1].points.len()),
+            (4, 3)
+        );
         let xs: Vec<f64> = chart.series[0].points.iter().map(|p| p.0).collect();
         assert!(xs.windows(2).all(|w| w[0] <= w[1]), "{xs:?}");
         let chosen: f64 = override_value(&t.candidates[t.chosen].overrides, "loss.tau")
