@@ -98,27 +98,42 @@ impl Search {
         let Ok(points) = self.points() else {
             return Vec::new();
         };
-        let keys: Vec<String> = match self {
-            Search::Grid { axes } => axes.iter().map(|a| a.key.clone()).collect(),
-            Search::Random { ranges, .. } => ranges
-                .iter()
-                .filter(|r| !matches!(r.distribution, Distribution::Choice(_)))
-                .map(|r| r.key.clone())
-                .collect(),
-        };
-        keys.into_iter()
-            .filter_map(|key| {
-                let values: Option<Vec<f64>> = points
-                    .iter()
-                    .map(|p| override_value(p, &key).and_then(|v| v.parse::<f64>().ok()))
-                    .collect();
-                let values = values?;
+        numeric_values(self, &points)
+            .into_iter()
+            .map(|(key, values)| {
                 let low = values.iter().copied().fold(f64::INFINITY, f64::min);
                 let high = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                (low.is_finite() && high.is_finite()).then_some((key, low, high))
+                (key, low, high)
             })
             .collect()
     }
+}
+
+/// Each key of `search` that takes a number at every one of `points` (its points, or the
+/// candidates trained from them), with those numbers in the points' order: a grid axis of
+/// numbers, a uniform, log-uniform or integer range (a `choice` never, even of numbers).
+pub fn numeric_values(search: &Search, points: &[Vec<String>]) -> Vec<(String, Vec<f64>)> {
+    let keys: Vec<&str> = match search {
+        Search::Grid { axes } => axes.iter().map(|a| a.key.as_str()).collect(),
+        Search::Random { ranges, .. } => ranges
+            .iter()
+            .filter(|r| !matches!(r.distribution, Distribution::Choice(_)))
+            .map(|r| r.key.as_str())
+            .collect(),
+    };
+    keys.into_iter()
+        .filter_map(|key| {
+            let values: Option<Vec<f64>> = points
+                .iter()
+                .map(|p| override_value(p, key)?.parse::<f64>().ok())
+                .collect();
+            let values = values?
+                .into_iter()
+                .filter(|v| v.is_finite())
+                .collect::<Vec<_>>();
+            (values.len() == points.len() && !values.is_empty()).then(|| (key.to_string(), values))
+        })
+        .collect()
 }
 
 /// The value `key` takes in a point's `KEY=VALUE` overrides.
@@ -126,6 +141,15 @@ pub fn override_value<'a>(point: &'a [String], key: &str) -> Option<&'a str> {
     point
         .iter()
         .find_map(|o| o.split_once('=').filter(|(k, _)| *k == key).map(|(_, v)| v))
+}
+
+/// The first item equal to an earlier one, if any (a value listed twice, a key given twice).
+fn first_repeat<T: PartialEq>(items: &[T]) -> Option<&T> {
+    items
+        .iter()
+        .enumerate()
+        .find(|(i, v)| items[..*i].contains(v))
+        .map(|(_, v)| v)
 }
 
 /// `key` trimmed, if a search may vary it; else why not.
@@ -188,10 +212,8 @@ impl FromStr for GridAxis {
                 "an empty value (two commas in a row, or a trailing one)".into(),
             ));
         }
-        for (i, v) in values.iter().enumerate() {
-            if values[..i].contains(v) {
-                return Err(bad(format!("value `{v}` is listed twice")));
-            }
+        if let Some(v) = first_repeat(&values) {
+            return Err(bad(format!("value `{v}` is listed twice")));
         }
         Ok(GridAxis {
             key: key.to_string(),
@@ -200,26 +222,12 @@ impl FromStr for GridAxis {
     }
 }
 
-/// `text` split at the commas outside brackets, braces and quotes, each piece trimmed.
+/// `text` split at the commas outside brackets and quotes, each piece trimmed.
 fn split_top_level(text: &str) -> Vec<String> {
-    let mut pieces = Vec::new();
-    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
-    for (i, c) in text.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '[' | '{') => depth += 1,
-            (None, ']' | '}') => depth -= 1,
-            (None, ',') if depth == 0 => {
-                pieces.push(text[start..i].trim().to_string());
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    pieces.push(text[start..].trim().to_string());
-    pieces
+    crate::io::split_top_level(text)
+        .into_iter()
+        .map(|p| p.trim().to_string())
+        .collect()
 }
 
 /// The grid's points, each the `KEY=VALUE` overrides of one recipe: every combination of the
@@ -236,16 +244,12 @@ fn split_top_level(text: &str) -> Vec<String> {
 /// # Ok::<(), rankwise::Error>(())
 /// ```
 pub fn grid(axes: &[GridAxis]) -> Result<Vec<Vec<String>>> {
-    for (i, axis) in axes.iter().enumerate() {
-        if axes[..i].iter().any(|a| a.key == axis.key) {
-            return Err(Error::invalid(
-                "--grid",
-                format!(
-                    "key `{}` has two axes; list all its values in one",
-                    axis.key
-                ),
-            ));
-        }
+    let keys: Vec<&str> = axes.iter().map(|a| a.key.as_str()).collect();
+    if let Some(key) = first_repeat(&keys) {
+        return Err(Error::invalid(
+            "--grid",
+            format!("key `{key}` has two axes; list all its values in one"),
+        ));
     }
     let mut points: Vec<Vec<String>> = vec![Vec::new()];
     for axis in axes {
@@ -479,10 +483,8 @@ impl FromStr for SearchRange {
                 if args.len() < 2 {
                     return Err(bad("choice needs at least two values".into()));
                 }
-                for (i, v) in args.iter().enumerate() {
-                    if args[..i].contains(v) {
-                        return Err(bad(format!("value `{v}` is listed twice")));
-                    }
+                if let Some(v) = first_repeat(&args) {
+                    return Err(bad(format!("value `{v}` is listed twice")));
                 }
                 Distribution::Choice(args)
             }
@@ -520,10 +522,9 @@ pub fn sample(ranges: &[SearchRange], samples: usize, seed: u64) -> Result<Vec<V
     if ranges.is_empty() {
         return Err(bad("no range to draw from".into()));
     }
-    for (i, r) in ranges.iter().enumerate() {
-        if ranges[..i].iter().any(|o| o.key == r.key) {
-            return Err(bad(format!("key `{}` has two ranges", r.key)));
-        }
+    let keys: Vec<&str> = ranges.iter().map(|r| r.key.as_str()).collect();
+    if let Some(key) = first_repeat(&keys) {
+        return Err(bad(format!("key `{key}` has two ranges")));
     }
     if samples < 2 {
         return Err(Error::invalid(

@@ -565,19 +565,24 @@ impl Tuning {
     pub fn display_order(&self) -> Vec<usize> {
         let mut order: Vec<usize> = (0..self.candidates.len()).collect();
         if let Search::Random { ranges, .. } = &self.search {
-            let key = |i: usize| -> Vec<(f64, String)> {
-                ranges
-                    .iter()
-                    .map(|r| {
-                        let v = override_value(&self.candidates[i].overrides, &r.key).unwrap_or("");
-                        (v.parse().unwrap_or(f64::NAN), v.to_string())
-                    })
-                    .collect()
-            };
+            // Each point's values, read once: (number or NaN, text) per range.
+            let keys: Vec<Vec<(f64, &str)>> = self
+                .candidates
+                .iter()
+                .map(|c| {
+                    ranges
+                        .iter()
+                        .map(|r| {
+                            let v = override_value(&c.overrides, &r.key).unwrap_or("");
+                            (v.parse().unwrap_or(f64::NAN), v)
+                        })
+                        .collect()
+                })
+                .collect();
             order.sort_by(|&a, &b| {
-                key(a)
+                keys[a]
                     .iter()
-                    .zip(key(b).iter())
+                    .zip(&keys[b])
                     .map(|((x, s), (y, t))| x.total_cmp(y).then_with(|| s.cmp(t)))
                     .find(|o| o.is_ne())
                     .unwrap_or(std::cmp::Ordering::Equal)
@@ -586,7 +591,7 @@ impl Tuning {
         order
     }
 
-    /// One chart per numeric key searched ([`Search::numeric_extent`]): each point's mean
+    /// One chart per numeric key searched ([`super::search::numeric_values`]): each point's mean
     /// validation value and mean test value of the validation's metric, with their 95%
     /// intervals over the seeds, against the key's value, and the chosen point marked; a
     /// logarithmic axis when the values span a factor of ten or more. Points are joined by a
@@ -623,16 +628,13 @@ impl Tuning {
     pub fn charts(&self) -> Vec<(String, LineChart)> {
         let metric = self.selection_metric_name();
         let alone = self.search.keys().len() == 1;
-        self.search
-            .numeric_extent()
+        self.numeric_values()
             .into_iter()
-            .filter_map(|(key, low, high)| {
-                let mut rows: Vec<(f64, &Candidate)> = self
-                    .candidates
-                    .iter()
-                    .map(|c| Some((override_value(&c.overrides, &key)?.parse().ok()?, c)))
-                    .collect::<Option<_>>()?;
+            .map(|(key, xs)| {
+                let mut rows: Vec<(f64, &Candidate)> =
+                    xs.iter().copied().zip(&self.candidates).collect();
                 rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let (low, high) = (rows[0].0, rows[rows.len() - 1].0);
                 let style = if alone {
                     SeriesStyle::LineAndMarkers(Marker::Circle)
                 } else {
@@ -654,7 +656,7 @@ impl Tuning {
                         .styled(style)
                 };
                 let chosen = &self.candidates[self.chosen];
-                let x = override_value(&chosen.overrides, &key)?.parse().ok()?;
+                let x = xs[self.chosen];
                 let mut chart = LineChart::new(
                     format!("{}: {metric} along {key}", self.search.describe()),
                     key.clone(),
@@ -685,7 +687,7 @@ impl Tuning {
                         s.intervals = None;
                     }
                 }
-                Some((key, chart))
+                (key, chart)
             })
             .collect()
     }
@@ -695,28 +697,35 @@ impl Tuning {
     /// lie beyond what was searched, and a search extended past that edge would tell.
     pub fn chosen_at_edge(&self) -> Vec<(String, String, &'static str)> {
         let chosen = &self.candidates[self.chosen].overrides;
-        self.search
-            .numeric_extent()
+        self.numeric_values()
             .into_iter()
-            .filter_map(|(key, low, high)| {
-                let mut values: Vec<f64> = self
-                    .candidates
-                    .iter()
-                    .filter_map(|c| override_value(&c.overrides, &key)?.parse().ok())
-                    .collect();
+            .filter_map(|(key, xs)| {
+                let value = xs[self.chosen];
+                let mut values = xs;
                 values.sort_by(f64::total_cmp);
                 values.dedup();
-                let text = override_value(chosen, &key)?;
-                let value: f64 = text.parse().ok()?;
                 let edge = match value {
                     _ if values.len() < 3 => return None,
-                    v if v == low => "lowest",
-                    v if v == high => "highest",
+                    v if v == values[0] => "lowest",
+                    v if v == values[values.len() - 1] => "highest",
                     _ => return None,
                 };
-                Some((key, text.to_string(), edge))
+                let text = override_value(chosen, &key)?.to_string();
+                Some((key, text, edge))
             })
             .collect()
+    }
+
+    /// Each numeric key searched with its value at every candidate, in the candidates' order
+    /// ([`super::search::numeric_values`] of the points the candidates trained: read from
+    /// their overrides, not drawn again).
+    fn numeric_values(&self) -> Vec<(String, Vec<f64>)> {
+        let points: Vec<Vec<String>> = self
+            .candidates
+            .iter()
+            .map(|c| c.overrides.clone())
+            .collect();
+        super::search::numeric_values(&self.search, &points)
     }
 
     /// The validation's metric as the tables name it (`R@1`, `mAP@R:1`, `H-AP`).

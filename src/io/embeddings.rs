@@ -14,6 +14,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::atomic::write_atomically;
+use crate::io::split_top_level;
 use candle_core::{DType, Device, Tensor};
 use std::fs::File;
 use std::io::{BufReader, Read};
@@ -397,28 +398,6 @@ fn parse_py_dict(text: &str) -> std::result::Result<Vec<(String, PyValue)>, Stri
         entries.push((key, parse_py_value(value.trim())));
     }
     Ok(entries)
-}
-
-/// Splits on commas that are not inside brackets or quotes.
-fn split_top_level(text: &str) -> Vec<&str> {
-    let mut parts = Vec::new();
-    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
-    for (i, c) in text.char_indices() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), _) => {}
-            (None, '\'' | '"') => quote = Some(c),
-            (None, '(' | '[' | '{') => depth += 1,
-            (None, ')' | ']' | '}') => depth -= 1,
-            (None, ',') if depth == 0 => {
-                parts.push(&text[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&text[start..]);
-    parts
 }
 
 /// The content of a `'…'` or `"…"` literal.

@@ -110,6 +110,29 @@ pub fn check_compatible_sets(
     queries.labels.check_compatible(&references.labels)
 }
 
+/// `text` split at the commas outside brackets (`()`, `[]`, `{}`) and quotes, pieces untrimmed:
+/// a `.npy` header's dictionary, a search's list of TOML values.
+pub(crate) fn split_top_level(text: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let (mut depth, mut quote, mut start) = (0i32, None::<char>, 0);
+    for (i, c) in text.char_indices() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '(' | '[' | '{') => depth += 1,
+            (None, ')' | ']' | '}') => depth -= 1,
+            (None, ',') if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&text[start..]);
+    parts
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
