@@ -13,7 +13,8 @@
 //! `happier` (`HapLoss::default()` — paper mode, `H-rank^>` optimised — plus the 0.1-weighted
 //! clustering loss), `roadmap` (`Roadmap::default()`: SupAP + the 0.9/0.6 calibration, weights 1/1), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
 //! `triplet-semihard` (FaceNet semi-hard, margin 0.05), `nsm` (normalised softmax, σ = 0.05, one
-//! proxy per class of the batch) and `csl` (HAPPIER's CSL baseline: s = 32, margins 0.25 /
+//! proxy per class of the batch), `proxy-nca-pp` (ProxyNCA++, T = 1/9, one proxy per class of the
+//! batch) and `csl` (HAPPIER's CSL baseline: s = 32, margins 0.25 /
 //! 0.45, one proxy per class of the batch). `--batch` is repeatable too.
 //!
 //! Labels: 4 images per fine class (`fine = i / 4`), and 2 coarse classes per batch
@@ -37,7 +38,7 @@
 //! which (`candle_threads`).
 //!
 //! `--check PATH` writes a B = 64, D = 512 `f64` batch, its labels, our Smooth-AP, RaMBO,
-//! ROADMAP, NSM and CSL values and gradients (and the proxies of the last two) to `PATH` (JSON),
+//! ROADMAP, NSM, ProxyNCA++ and CSL values and gradients (and the proxies of the last three) to `PATH` (JSON),
 //! for the cross-check in `losses_vs_torch.py`.
 
 use anyhow::{bail, Context, Result};
@@ -50,6 +51,7 @@ use rankwise::losses::csl::Csl;
 use rankwise::losses::fastap::FastAp;
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::norm_softmax::NormSoftmax;
+use rankwise::losses::proxy_nca_pp::ProxyNcaPp;
 use rankwise::losses::rambo::{Rambo, RecallWeight};
 use rankwise::losses::roadmap::Roadmap;
 use rankwise::losses::smooth_ap::SmoothAp;
@@ -59,7 +61,7 @@ use rankwise::Labels;
 use std::time::Instant;
 
 const DIM: usize = 512;
-const LOSSES: [&str; 9] = [
+const LOSSES: [&str; 10] = [
     "smooth-ap",
     "happier",
     "roadmap",
@@ -68,6 +70,7 @@ const LOSSES: [&str; 9] = [
     "contrastive",
     "triplet-semihard",
     "nsm",
+    "proxy-nca-pp",
     "csl",
 ];
 const BATCHES: [usize; 5] = [128, 256, 384, 1024, 4096];
@@ -119,6 +122,14 @@ fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
             ..Triplet::default()
         }),
         "nsm" => Box::new(NormSoftmax::for_level(
+            y,
+            0,
+            DIM,
+            0,
+            DType::F32,
+            &Device::Cpu,
+        )?),
+        "proxy-nca-pp" => Box::new(ProxyNcaPp::for_level(
             y,
             0,
             DIM,
@@ -222,8 +233,8 @@ fn value_and_gradient(
 }
 
 /// Writes a B = 64 `f64` batch with our Smooth-AP, RaMBO (recall, log log: the benchmark's
-/// configuration), ROADMAP, NSM and CSL values and gradients (with the two proxy losses'
-/// proxies, seed 0, `f64`), for the cross-check in `losses_vs_torch.py`.
+/// configuration), ROADMAP, NSM, ProxyNCA++ and CSL values and gradients (with the three proxy
+/// losses' proxies, seed 0, `f64`), for the cross-check in `losses_vs_torch.py`.
 fn write_check(path: &str) -> Result<()> {
     let b = 64;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
@@ -237,6 +248,8 @@ fn write_check(path: &str) -> Result<()> {
     let (roadmap, roadmap_grad) = value_and_gradient(&Roadmap::default(), &data, &y, b)?;
     let nsm_loss = NormSoftmax::for_level(&y, 0, DIM, 0, DType::F64, &Device::Cpu)?;
     let (nsm, nsm_grad) = value_and_gradient(&nsm_loss, &data, &y, b)?;
+    let pnca_loss = ProxyNcaPp::for_level(&y, 0, DIM, 0, DType::F64, &Device::Cpu)?;
+    let (pnca, pnca_grad) = value_and_gradient(&pnca_loss, &data, &y, b)?;
     let csl_loss = Csl::new(&y, DIM, 0, DType::F64, &Device::Cpu)?;
     let (csl, csl_grad) = value_and_gradient(&csl_loss, &data, &y, b)?;
     let flat = |v: &Var| -> Result<Vec<f64>> { Ok(v.as_tensor().flatten_all()?.to_vec1::<f64>()?) };
@@ -255,6 +268,9 @@ fn write_check(path: &str) -> Result<()> {
         "nsm_loss": nsm,
         "nsm_grad": nsm_grad,
         "nsm_proxies": flat(nsm_loss.proxies())?,
+        "proxy_nca_pp_loss": pnca,
+        "proxy_nca_pp_grad": pnca_grad,
+        "proxy_nca_pp_proxies": flat(pnca_loss.proxies())?,
         "csl_loss": csl,
         "csl_grad": csl_grad,
         "csl_proxies": flat(csl_loss.proxies())?,
@@ -262,9 +278,10 @@ fn write_check(path: &str) -> Result<()> {
     std::fs::write(path, out.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap", "nsm", "csl"], "B": b,
-            "dtype": "f64", "smooth_ap_loss": smooth_ap, "rambo_loss": rambo,
-            "roadmap_loss": roadmap, "nsm_loss": nsm, "csl_loss": csl, "written": path})
+        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap", "nsm", "proxy-nca-pp", "csl"],
+            "B": b, "dtype": "f64", "smooth_ap_loss": smooth_ap, "rambo_loss": rambo,
+            "roadmap_loss": roadmap, "nsm_loss": nsm, "proxy_nca_pp_loss": pnca, "csl_loss": csl,
+            "written": path})
     );
     Ok(())
 }

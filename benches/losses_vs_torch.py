@@ -83,6 +83,10 @@ Implementations (all take raw embeddings and L2-normalise them first, as rankwis
 * nsm: the normalised softmax of HAPPIER's `NormSoftmax` loss (cross-entropy of the cosines
   between the normalised embeddings and normalised proxies, temperature 0.05), one proxy per
   class of the batch.
+* proxy-nca-pp: ProxyNCA++ as its authors compute it (`euwern/proxynca_pp`, the code HAPPIER's
+  authors ran): both the normalised embeddings and the normalised proxies scaled by 3 = sqrt(1/T),
+  T = 1/9, their squared distances expanded as |a|^2 + |b|^2 - 2 a.b over the stacked rows and
+  clamped at 0, then the cross-entropy of -distance; one proxy per class of the batch.
 * csl: CSL as HAPPIER's authors write it (`csl_loss.py`): s = 32, margins 0.25 / 0.45 for the
   fine and coarse levels; at each level softplus(logsumexp over the other classes' proxies of
   s * cos - s * cos(own proxy) + s * margin), averaged over the batch, summed over the levels;
@@ -101,7 +105,7 @@ import torch
 
 DIM = 512
 LOSSES = ["smooth-ap", "happier", "roadmap", "fastap", "rambo", "contrastive", "triplet-semihard",
-          "nsm", "csl"]
+          "nsm", "proxy-nca-pp", "csl"]
 BATCHES = [128, 256, 384, 1024, 4096]
 # B^3-sized f32 tensors' worth of memory at the peak of forward + backward, from the peak RSS
 # measured at B = 384 minus the ~516 MiB of `import torch` (9.1, 9.7 and 4.6), rounded up; a
@@ -308,6 +312,17 @@ def nsm(emb, fine, proxies, temperature=0.05):
     return torch.nn.functional.cross_entropy(logits, fine)
 
 
+def proxy_nca_pp(emb, fine, proxies, temperature=1.0 / 9.0):
+    scale = math.sqrt(1.0 / temperature)
+    x = scale * torch.nn.functional.normalize(emb, dim=1)
+    p = scale * torch.nn.functional.normalize(proxies, dim=1)
+    rows = torch.cat([x, p])
+    sq = rows.pow(2).sum(1)
+    dist = (sq[:, None] + sq[None, :] - 2.0 * rows @ rows.t()).clamp(min=0.0)
+    dist = dist[: x.shape[0], x.shape[0]:]
+    return torch.nn.functional.cross_entropy(-dist, fine)
+
+
 def csl(emb, fine, coarse, proxies, scale=32.0, margins=(0.25, 0.45)):
     """Proxy c is fine class c (the batch's classes are 0..C-1); its coarse class is c's."""
     v = torch.nn.functional.normalize(emb, dim=1)
@@ -373,9 +388,12 @@ def make_case(name, b, device="cpu"):
     data = torch.randn(b, DIM, dtype=torch.float32)
     fine, coarse = labels(b)
     proxies = None
-    if name in ("happier", "nsm", "csl"):
+    if name in ("happier", "nsm", "csl", "proxy-nca-pp"):
         nclass = int(fine.max()) + 1
-        proxies = torch.empty(nclass, DIM).uniform_(-1 / math.sqrt(DIM), 1 / math.sqrt(DIM))
+        if name == "proxy-nca-pp":  # the authors' draw, N(0, 1) / 8
+            proxies = torch.randn(nclass, DIM) / 8
+        else:
+            proxies = torch.empty(nclass, DIM).uniform_(-1 / math.sqrt(DIM), 1 / math.sqrt(DIM))
     # `.to("cpu")` of a CPU tensor is the tensor itself: the CPU path is as before.
     data, fine, coarse = data.to(device), fine.to(device), coarse.to(device)
     if proxies is not None:
@@ -389,6 +407,7 @@ def make_case(name, b, device="cpu"):
         "contrastive": lambda e: contrastive(e, fine),
         "triplet-semihard": lambda e: triplet_semihard(e, fine),
         "nsm": lambda e: nsm(e, fine, proxies),
+        "proxy-nca-pp": lambda e: proxy_nca_pp(e, fine, proxies),
         "csl": lambda e: csl(e, fine, coarse, proxies),
     }
     return data, fns[name]
@@ -648,6 +667,7 @@ def check(path, dev=torch.device("cpu")):
     failed = 0
     checks = [("smooth-ap", "smooth_ap", smooth_ap), ("roadmap", "roadmap", roadmap), ("rambo", "rambo", rambo),
               ("nsm", "nsm", lambda e, f: nsm(e, f, proxies("nsm"))),
+              ("proxy-nca-pp", "proxy_nca_pp", lambda e, f: proxy_nca_pp(e, f, proxies("proxy_nca_pp"))),
               ("csl", "csl", lambda e, f: csl(e, f, coarse, proxies("csl")))]
     for name, key, fn in checks:
         if key + "_loss" not in ref:

@@ -39,6 +39,7 @@ use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::happier::{HappierConfig, RelevanceKind};
 use rankwise::losses::norm_softmax::{NormSoftmax, NormSoftmaxConfig};
+use rankwise::losses::proxy_nca_pp::{ProxyNcaPp, ProxyNcaPpConfig};
 use rankwise::losses::rambo::{Rambo, RamboWithMemory, RecallWeight};
 use rankwise::losses::rambo::{RamboConfig, RamboMetric};
 use rankwise::losses::roadmap::Roadmap;
@@ -406,6 +407,11 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
             ..NormSoftmaxConfig::default()
         }),
     ));
+    // ProxyNCA++: NSM's device cross-entropy at T/2, its own Gaussian proxies.
+    v.push((
+        "proxy_nca_pp".into(),
+        LossConfig::ProxyNcaPp(ProxyNcaPpConfig::default()),
+    ));
     v.push(("csl".into(), LossConfig::Csl(CslConfig::default())));
     v.push((
         "summed(triplet)".into(),
@@ -425,11 +431,11 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
 }
 
 /// Losses with learnable f32 class proxies (HAPPIER's clustering term, the normalised softmax,
-/// CSL).
+/// ProxyNCA++, CSL).
 fn has_proxies(config: &LossConfig) -> bool {
     match config {
         LossConfig::Happier(c) => c.lambda > 0.0,
-        LossConfig::NormSoftmax(_) | LossConfig::Csl(_) => true,
+        LossConfig::NormSoftmax(_) | LossConfig::ProxyNcaPp(_) | LossConfig::Csl(_) => true,
         LossConfig::Summed(s) => has_proxies(&s.base),
         _ => false,
     }
@@ -1518,6 +1524,7 @@ fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box
             Triplet::forward_plain,
         ),
         "nsm" => Box::new(NormSoftmax::for_level(labels, 0, d, 0, DType::F32, dev)?),
+        "proxy-nca-pp" => Box::new(ProxyNcaPp::for_level(labels, 0, d, 0, DType::F32, dev)?),
         "csl" => Box::new(Csl::new(labels, d, 0, DType::F32, dev)?),
         other => bail!("unknown loss {other}"),
     })
@@ -1620,6 +1627,7 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         "rambo-memory",
         "contrastive",
         "nsm",
+        "proxy-nca-pp",
         "csl",
         "triplet-semihard-plain",
         "fastap-plain",

@@ -558,10 +558,12 @@ struct ReproduceArgs {
     /// Read back the cached runs of this run code (16 hex digits, as `rankwise --version`
     /// prints it and the tables name it) instead of this build's, training none: re-reads the
     /// committed standard runs (`scripts/standard_runs.sh load`) after the training code has
-    /// changed. A missing run is an error; SSR, whose replicates train inside its measurement,
-    /// cannot be re-read this way.
+    /// changed. A missing run is an error. Repeatable: each run is read from the first code
+    /// named that has it (every row names its runs' codes); naming this build's code too trains
+    /// what none of them has, and only that (the rows added since). SSR, whose replicates train
+    /// inside its measurement, cannot be re-read this way.
     #[arg(long, value_name = "CODE")]
-    runs_of: Option<String>,
+    runs_of: Vec<String>,
     /// The repository root holding configs/experiments/ and paper_tables/published/.
     #[arg(long, value_name = "DIR", default_value = ".")]
     root: PathBuf,

@@ -227,10 +227,11 @@ pub struct ReproduceDirs {
     pub figures: std::path::PathBuf,
     /// The run cache (`None`: no cache).
     pub runs: Option<std::path::PathBuf>,
-    /// The run code whose cached runs are read back, training none
+    /// The run codes whose cached runs are read back, each run from the first that has it
     /// ([`Runner::reading_runs_of`]: the committed `standard` runs re-read by a build whose
-    /// training code has changed since); `None`: this build's, and missing runs train.
-    pub runs_of: Option<String>,
+    /// training code has changed since), training none unless this build's code is among them;
+    /// empty: this build's, and missing runs train.
+    pub runs_of: Vec<String>,
 }
 
 impl ReproduceDirs {
@@ -260,7 +261,7 @@ impl ReproduceDirs {
                     .join("rankwise-runs")
                     .join(scale.as_str()),
             ),
-            runs_of: None,
+            runs_of: Vec::new(),
         }
     }
 }
@@ -290,19 +291,19 @@ pub fn reproduce(
         ));
     }
     let mut runner = Runner::new(dirs.runs.clone(), verbose);
-    if let Some(code) = &dirs.runs_of {
+    for code in &dirs.runs_of {
         runner = runner.reading_runs_of(code)?;
     }
     let io = |e: std::io::Error| Error::invalid("output", e.to_string());
     for experiment in experiments {
         let paper = experiment.key();
-        let how = if runner.trains() {
+        let codes = runner.run_codes().join(", then ");
+        let how = if runner.reads_this_build_only() {
             "runs not in the cache train now, one line each".to_string()
+        } else if runner.trains() {
+            format!("the runs of run codes {codes} read back, those none has trained now")
         } else {
-            format!(
-                "the runs of run code {} read back, none trained",
-                runner.run_code()
-            )
+            format!("the runs of run code {codes} read back, none trained")
         };
         writeln!(out, "== {paper} ({scale}) — {how}").map_err(io)?;
         let r = reproduce_paper(paper, &dirs.root, &runner, scale)?;

@@ -158,9 +158,9 @@ pub struct Runner {
     verbose: bool,
     /// The per-run lines go to standard error ([`Runner::progress_on_stderr`]).
     stderr: bool,
-    /// The run code whose runs are read back instead of this build's ([`Runner::reading_runs_of`]);
-    /// `None`: this build's, and a missing run trains.
-    runs_of: Option<String>,
+    /// The run codes whose runs are read back, in the order they are looked for
+    /// ([`Runner::reading_runs_of`]); empty: this build's, and a missing run trains.
+    runs_of: Vec<String>,
 }
 
 impl Runner {
@@ -171,7 +171,7 @@ impl Runner {
             cache_dir,
             verbose,
             stderr: false,
-            runs_of: None,
+            runs_of: Vec::new(),
         }
     }
 
@@ -198,9 +198,16 @@ impl Runner {
     /// without this the committed `standard` runs (hours of training, in
     /// `paper_tables/standard/runs/`) could only be re-read by the build that trained them;
     /// with it, a later build re-reads them into tables (whose provenance names `code`, the
-    /// code that trained the numbers) and never mixes them with runs of its own. `code` equal
-    /// to this build's [`RUN_CODE`] is the ordinary runner. An error if `code` is not 16 hex
-    /// digits or the runner has no cache.
+    /// code that trained the numbers) and never mixes them with runs of its own.
+    ///
+    /// Called again, it adds a code: each run is read from the first code, in the order named,
+    /// whose run of that recipe is in the cache — the committed runs of one code, and the rows
+    /// added since trained by a later one. Every row of a table names the codes of its own runs
+    /// (their provenance), so a table read so says which code trained what. Naming this
+    /// build's [`RUN_CODE`] among them lets a run that no code has train now under this build's
+    /// code (what trains the rows a table gained since the committed runs, and only those);
+    /// naming it alone is the ordinary runner. An error if `code` is not 16 hex digits or the
+    /// runner has no cache.
     pub fn reading_runs_of(mut self, code: &str) -> Result<Self> {
         if code.len() != 16 || !code.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::invalid(
@@ -215,21 +222,38 @@ impl Runner {
             ));
         }
         let code = code.to_ascii_lowercase();
-        self.runs_of = (code != RUN_CODE).then_some(code);
+        if !self.runs_of.contains(&code) {
+            self.runs_of.push(code);
+        }
         Ok(self)
     }
 
-    /// The run code whose runs this runner reads: this build's [`RUN_CODE`] unless
-    /// [`Runner::reading_runs_of`] named another.
-    pub fn run_code(&self) -> &str {
-        self.runs_of.as_deref().unwrap_or(RUN_CODE)
+    /// The run codes whose runs this runner reads, in the order it looks for a run: this
+    /// build's [`RUN_CODE`] unless [`Runner::reading_runs_of`] named others.
+    pub fn run_codes(&self) -> Vec<&str> {
+        if self.runs_of.is_empty() {
+            vec![RUN_CODE]
+        } else {
+            self.runs_of.iter().map(String::as_str).collect()
+        }
     }
 
-    /// Whether a run missing from the cache trains now (`false` for a runner reading another
-    /// code's runs). A measurement that trains outside the runner (SSR's replicates) must
-    /// refuse to run beside a runner that does not train, or its table would mix two codes.
+    /// [`Runner::run_codes`] as one text, joined by `+` (one code for an ordinary runner).
+    pub fn run_code(&self) -> String {
+        self.run_codes().join("+")
+    }
+
+    /// Whether a run missing from the cache trains now: `false` for a runner reading other
+    /// codes' runs unless this build's [`RUN_CODE`] is among them.
     pub fn trains(&self) -> bool {
-        self.runs_of.is_none()
+        self.run_codes().contains(&RUN_CODE)
+    }
+
+    /// Whether this runner reads this build's runs only, training what is missing. A
+    /// measurement that trains outside the runner (SSR's replicates) must refuse to run beside
+    /// any other runner, or its table would mix codes it cannot name.
+    pub fn reads_this_build_only(&self) -> bool {
+        self.run_codes() == [RUN_CODE]
     }
 
     /// The error for a run that a runner reading another code's runs does not find.
@@ -243,8 +267,9 @@ impl Runner {
             format!(
                 "`{label}`: no run of run code {}{dir}; runs of another code than this \
                  build's ({RUN_CODE}) are read back, never trained (`scripts/standard_runs.sh \
-                 load` unpacks the committed standard runs; to train, leave out the run code)",
-                self.run_code()
+                 load` unpacks the committed standard runs; to train what they lack, name this \
+                 build's code too; to train everything, leave out the run codes)",
+                self.run_codes().join(" or ")
             ),
         )
     }
@@ -272,63 +297,72 @@ impl Runner {
         Ok((config, recipe))
     }
 
-    /// The file name (without extension) of the run keyed `recipe`: the hash of the recipe,
-    /// the crate version and the run code ([`Runner::run_code`]).
-    fn key_name(&self, recipe: &str) -> String {
+    /// The file name (without extension) of the run keyed `recipe` trained by the run code
+    /// `code`: the hash of the recipe, the crate version and the code.
+    fn key_name(code: &str, recipe: &str) -> String {
         let key = format!(
-            "rankwise {} code {}\n{recipe}",
+            "rankwise {} code {code}\n{recipe}",
             env!("CARGO_PKG_VERSION"),
-            self.run_code()
         );
         format!("{:016x}", fnv1a(key.as_bytes()))
     }
 
-    /// Where the result of the recipe keyed `recipe` is cached (`None` without a cache).
-    fn result_path(&self, recipe: &str) -> Option<PathBuf> {
+    /// Where the result of the recipe keyed `recipe`, trained by `code`, is cached (`None`
+    /// without a cache).
+    fn result_path(&self, code: &str, recipe: &str) -> Option<PathBuf> {
         self.cache_dir
             .as_ref()
-            .map(|d| d.join(format!("{}.json", self.key_name(recipe))))
+            .map(|d| d.join(format!("{}.json", Self::key_name(code, recipe))))
     }
 
-    /// Where the run keyed `recipe` keeps its selected epoch's test embeddings
-    /// ([`keeps_test_embeddings`]): beside its result in the cache, or without a cache in the
-    /// system's temporary folder (as [`Runner::pretrained_backbone`]'s weights).
-    fn embeddings_path(&self, recipe: &str) -> PathBuf {
+    /// Where the run keyed `recipe`, trained by `code`, keeps its selected epoch's test
+    /// embeddings ([`keeps_test_embeddings`]): beside its result in the cache, or without a
+    /// cache in the system's temporary folder (as [`Runner::pretrained_backbone`]'s weights).
+    fn embeddings_path(&self, code: &str, recipe: &str) -> PathBuf {
         let dir = match &self.cache_dir {
             Some(d) => d.clone(),
             None => std::env::temp_dir().join("rankwise-test-embeddings"),
         };
-        dir.join(format!("{}.{EMBEDDINGS_SUFFIX}", self.key_name(recipe)))
+        dir.join(format!(
+            "{}.{EMBEDDINGS_SUFFIX}",
+            Self::key_name(code, recipe)
+        ))
     }
 
-    /// The result of `spec`: from the cache if the same recipe was run by the same code
-    /// ([`Runner::run_code`]), otherwise trained now (and cached) — or, reading another code's
-    /// runs, an error. A fold run of a cross-validation ([`keeps_test_embeddings`]) also keeps
-    /// its selected epoch's test embeddings ([`Runner::selected_test_embeddings`]); its cached
-    /// result without them is a miss.
+    /// The result of `spec`: from the cache if the same recipe was run by one of the codes read
+    /// ([`Runner::run_codes`], the first that has it), otherwise trained now (and cached) by
+    /// this build — or, when this build's code is not among them, an error. A fold run of a
+    /// cross-validation ([`keeps_test_embeddings`]) also keeps its selected epoch's test
+    /// embeddings ([`Runner::selected_test_embeddings`]); its cached result without them is a
+    /// miss.
     pub fn run(&self, spec: &RunSpec) -> Result<RunResult> {
         let (config, recipe) = Self::keyed(spec)?;
-        let path = self.result_path(&recipe);
         let keeps = keeps_test_embeddings(&config);
-        let embeddings = self.embeddings_path(&recipe);
-        if !keeps || embeddings.is_file() {
-            if let Some(hit) = self.cached(path.as_deref(), spec, &recipe)? {
-                return Ok(hit);
+        let mut without_embeddings = None;
+        for code in self.run_codes() {
+            let path = self.result_path(code, &recipe);
+            let embeddings = self.embeddings_path(code, &recipe);
+            if !keeps || embeddings.is_file() {
+                if let Some(hit) = self.cached(path.as_deref(), spec, &recipe, code)? {
+                    return Ok(hit);
+                }
+            } else if path.as_deref().is_some_and(Path::is_file) {
+                without_embeddings.get_or_insert((code, embeddings));
             }
-        } else if !self.trains() && path.as_deref().is_some_and(Path::is_file) {
-            // Reading another code's runs: say what is missing, not that the run is.
+        }
+        if let (false, Some((code, embeddings))) = (self.trains(), without_embeddings) {
+            // Reading other codes' runs: say what is missing, not that the run is.
             return Err(Error::file(
                 &embeddings,
                 format!(
-                    "`{}`: the cached fold run of run code {} has no test embeddings beside its \
-                     result, and runs of another code than this build's are read back, never \
-                     trained",
+                    "`{}`: the cached fold run of run code {code} has no test embeddings \
+                     beside its result, and runs of another code than this build's are read \
+                     back, never trained",
                     spec.label,
-                    self.run_code()
                 ),
             ));
         }
-        let (result, trainer) = self.train(spec, config, recipe)?;
+        let (result, trainer) = self.train(spec, config, recipe.clone())?;
         if keeps {
             // Written before the result: a cached result of a fold run has its embeddings.
             let (epoch, kept) = trainer.selected_test_embeddings().ok_or_else(|| {
@@ -340,9 +374,14 @@ impl Runner {
                     ),
                 )
             })?;
-            save_embeddings(&embeddings, kept, epoch, &result.label)?;
+            save_embeddings(
+                &self.embeddings_path(RUN_CODE, &recipe),
+                kept,
+                epoch,
+                &result.label,
+            )?;
         }
-        store(path.as_deref(), &result)?;
+        store(self.result_path(RUN_CODE, &recipe).as_deref(), &result)?;
         Ok(result)
     }
 
@@ -352,7 +391,7 @@ impl Runner {
     /// them ([`keeps_test_embeddings`]); an error names the run and the file when they are
     /// missing or unreadable.
     pub fn selected_test_embeddings(&self, run: &RunResult) -> Result<(u64, TestEmbeddings)> {
-        let path = self.embeddings_path(&run.recipe);
+        let path = self.embeddings_path(&run.code, &run.recipe);
         if !path.is_file() {
             return Err(Error::file(
                 &path,
@@ -372,19 +411,24 @@ impl Runner {
     /// result cached, so its curve can be read back), and its backbone written as safetensors
     /// with the names [`crate::models::pretrained::load_backbone`] reads, to
     /// `<cache>/backbones/<key>.safetensors` (without a cache, the system's temporary folder).
-    /// The next call with the same recipe and code returns that file without training.
+    /// The next call with the same recipe and one of the codes read ([`Runner::run_codes`], the
+    /// first that has it) returns that file without training.
     pub fn pretrained_backbone(&self, spec: &RunSpec) -> Result<PathBuf> {
         let (config, recipe) = Self::keyed(spec)?;
-        let path = self.result_path(&recipe);
         let dir = match &self.cache_dir {
             Some(d) => d.join("backbones"),
             None => std::env::temp_dir().join("rankwise-backbones"),
         };
-        let weights = dir.join(format!("{}.safetensors", self.key_name(&recipe)));
-        if weights.is_file() && self.cached(path.as_deref(), spec, &recipe)?.is_some() {
-            return Ok(weights);
+        let weights_of = |code| dir.join(format!("{}.safetensors", Self::key_name(code, &recipe)));
+        for code in self.run_codes() {
+            let (weights, path) = (weights_of(code), self.result_path(code, &recipe));
+            if weights.is_file() && self.cached(path.as_deref(), spec, &recipe, code)?.is_some() {
+                return Ok(weights);
+            }
         }
-        let (result, trainer) = self.train(spec, config, recipe)?;
+        let weights = weights_of(RUN_CODE);
+        let path = self.result_path(RUN_CODE, &recipe);
+        let (result, trainer) = self.train(spec, config, recipe.clone())?;
         let backbone: Vec<(String, candle_core::Tensor)> = trainer
             .params()
             .all()
@@ -401,14 +445,14 @@ impl Runner {
         Ok(weights)
     }
 
-    /// The cached result at `path` for `spec` (its own label), if any.
+    /// The cached result at `path` of `code`'s run for `spec` (its own label), if any.
     fn cached(
         &self,
         path: Option<&Path>,
         spec: &RunSpec,
         recipe: &str,
+        code: &str,
     ) -> Result<Option<RunResult>> {
-        let code = self.run_code();
         let Some(hit) = path
             .map(|p| read_cached(p, recipe, code))
             .transpose()?
@@ -842,8 +886,11 @@ mod tests {
         assert!(!reading.trains() && reading.run_code() == old);
         // A run that the old code left in the cache, under its key (not this build's).
         let (_, recipe) = Runner::keyed(&spec).unwrap();
-        let path = reading.result_path(&recipe).unwrap();
-        assert_ne!(Some(&path), this_build.result_path(&recipe).as_ref());
+        let path = reading.result_path(old, &recipe).unwrap();
+        assert_ne!(
+            Some(&path),
+            this_build.result_path(RUN_CODE, &recipe).as_ref()
+        );
         let stored = RunResult {
             label: "as trained".into(),
             recipe: recipe.clone(),
@@ -899,7 +946,11 @@ mod tests {
             recipe: fold_recipe.clone(),
             ..stored.clone()
         };
-        store(reading.result_path(&fold_recipe).as_deref(), &fold_result).unwrap();
+        store(
+            reading.result_path(old, &fold_recipe).as_deref(),
+            &fold_result,
+        )
+        .unwrap();
         let e = reading.run(&fold).unwrap_err().to_string();
         assert!(
             e.contains("test-embeddings.safetensors") && e.contains("no test embeddings"),
@@ -910,7 +961,13 @@ mod tests {
             query_labels: Labels::from_fine(&[0, 1]).unwrap(),
             gallery: None,
         };
-        save_embeddings(&reading.embeddings_path(&fold_recipe), &kept, 3, "fold").unwrap();
+        save_embeddings(
+            &reading.embeddings_path(old, &fold_recipe),
+            &kept,
+            3,
+            "fold",
+        )
+        .unwrap();
         let read = reading.run(&fold).unwrap();
         let (epoch, back) = reading.selected_test_embeddings(&read).unwrap();
         assert_eq!((epoch, back.query_labels), (3, kept.query_labels));
@@ -927,9 +984,10 @@ mod tests {
         // is not its run.
         let mut forged = stored.clone();
         forged.code = "00000000000000bb".into();
-        store(Some(&other.result_path(&recipe).unwrap()), &stored).unwrap();
+        let bb = "00000000000000bb";
+        store(Some(&other.result_path(bb, &recipe).unwrap()), &stored).unwrap();
         assert!(other.run(&spec).is_err());
-        store(Some(&other.result_path(&recipe).unwrap()), &forged).unwrap();
+        store(Some(&other.result_path(bb, &recipe).unwrap()), &forged).unwrap();
         assert!(other.run(&spec).is_ok());
         // This build's code is the ordinary runner; bad codes and a runner without a cache are
         // errors naming what is wrong.
@@ -951,5 +1009,82 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("run cache"), "{e}");
+    }
+
+    #[test]
+    fn a_runner_reads_several_codes_in_order_and_trains_only_what_none_has() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = |label: &str, seed: u64| RunSpec {
+            label: label.into(),
+            config: TrainConfig {
+                seed,
+                ..TrainConfig::default()
+            },
+        };
+        let (old, newer) = ("00000000000000aa", "00000000000000cc");
+        let this_build = Runner::new(Some(dir.path().to_path_buf()), false);
+        let result = |code: &str, recipe: &str, r1: f64| RunResult {
+            label: "as trained".into(),
+            recipe: recipe.into(),
+            metrics: vec![MetricValue {
+                metric: "R@1".into(),
+                level: Some(0),
+                value: r1,
+            }],
+            log: Vec::new(),
+            seconds: 1.0,
+            test_queries: 4,
+            seed: 0,
+            device: "cpu".into(),
+            code: code.into(),
+        };
+        // Run `a` trained by both codes, run `b` by the newer only.
+        let (_, a) = Runner::keyed(&spec("a", 0)).unwrap();
+        let (_, b) = Runner::keyed(&spec("b", 1)).unwrap();
+        for (code, recipe, r1) in [(old, &a, 0.1), (newer, &a, 0.2), (newer, &b, 0.3)] {
+            let path = this_build.result_path(code, recipe).unwrap();
+            store(Some(&path), &result(code, recipe, r1)).unwrap();
+        }
+        let both = this_build
+            .clone()
+            .reading_runs_of(old)
+            .unwrap()
+            .reading_runs_of(newer)
+            .unwrap()
+            .reading_runs_of(old)
+            .unwrap();
+        assert_eq!(both.run_codes(), [old, newer]);
+        assert_eq!(both.run_code(), format!("{old}+{newer}"));
+        assert!(!both.trains() && !both.reads_this_build_only());
+        // The first code named that has the run: `a` from the old code, `b` from the newer.
+        let read = both.run_many(&[spec("a", 0), spec("b", 1)], 2).unwrap();
+        let got: Vec<(&str, f64)> = read
+            .iter()
+            .map(|r| (r.code.as_str(), r.metric("R@1", Some(0)).unwrap()))
+            .collect();
+        assert_eq!(got, [(old, 0.1), (newer, 0.3)]);
+        let reversed = this_build
+            .clone()
+            .reading_runs_of(newer)
+            .unwrap()
+            .reading_runs_of(old)
+            .unwrap();
+        assert_eq!(reversed.run(&spec("a", 0)).unwrap().code, newer);
+        // A run none of them has: an error naming every code, nothing trained.
+        let e = both.run(&spec("c", 2)).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("{old} or {newer}")) && e.contains("never trained"),
+            "{e}"
+        );
+        // With this build's code among them the runner trains, but only what none has: the
+        // cached runs come back without training (a default recipe could not train here).
+        let with_this = both.clone().reading_runs_of(RUN_CODE).unwrap();
+        assert!(with_this.trains() && !with_this.reads_this_build_only());
+        assert_eq!(with_this.run(&spec("b", 1)).unwrap().code, newer);
+        assert!(this_build
+            .clone()
+            .reading_runs_of(RUN_CODE)
+            .unwrap()
+            .reads_this_build_only());
     }
 }

@@ -547,8 +547,8 @@ pub fn measure_in(
     changes: &str,
 ) -> Result<Measurements> {
     // The replicates train here, outside the run cache, by this build: beside a runner that
-    // reads another code's runs they would mix two codes in one table.
-    if !runner.trains() {
+    // reads other codes' runs they would mix codes in one table.
+    if !runner.reads_this_build_only() {
         return Err(Error::invalid(
             "SSR",
             format!(

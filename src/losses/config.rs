@@ -122,6 +122,7 @@ mod tests {
     use crate::losses::fastap::FastAp;
     use crate::losses::happier::{HappierConfig, RelevanceKind};
     use crate::losses::norm_softmax::NormSoftmaxConfig;
+    use crate::losses::proxy_nca_pp::ProxyNcaPpConfig;
     use crate::losses::rambo::{RamboConfig, RamboMetric};
     use crate::losses::roadmap::Roadmap;
     use crate::losses::smooth_ap::SmoothAp;
@@ -168,6 +169,11 @@ mod tests {
                 base: Box::new(LossConfig::NormSoftmax(NormSoftmaxConfig::default())),
                 levels: None,
             }),
+            LossConfig::ProxyNcaPp(ProxyNcaPpConfig::default()),
+            LossConfig::Summed(SummedConfig {
+                base: Box::new(LossConfig::ProxyNcaPp(ProxyNcaPpConfig::default())),
+                levels: None,
+            }),
             LossConfig::Csl(CslConfig::default()),
             LossConfig::Csl(CslConfig {
                 margins: Some(vec![0.1, 0.2]),
@@ -202,7 +208,10 @@ mod tests {
                 LossConfig::Happier(HappierConfig { lambda, .. }) if *lambda > 0.0
             ) || matches!(
                 &config,
-                LossConfig::NormSoftmax(_) | LossConfig::Summed(_) | LossConfig::Csl(_)
+                LossConfig::NormSoftmax(_)
+                    | LossConfig::ProxyNcaPp(_)
+                    | LossConfig::Summed(_)
+                    | LossConfig::Csl(_)
             );
             assert_eq!(proxies, expect, "{}", config.name());
         }

@@ -20,6 +20,7 @@ pub mod happier;
 pub mod norm_softmax;
 mod normalize;
 pub mod pairwise_rows;
+pub mod proxy_nca_pp;
 pub mod rambo;
 pub mod roadmap;
 pub mod smooth_ap;
@@ -50,6 +51,9 @@ config::registry! {
     Triplet(triplet::Triplet),
     /// Normalised softmax over learnable class proxies (NSM); with an angular margin, ArcFace.
     NormSoftmax(norm_softmax::NormSoftmaxConfig),
+    /// ProxyNCA++ (Teh et al., ECCV 2020): the proxy assignment probability at a low
+    /// temperature, the NCA++ baseline of HAPPIER's tables.
+    ProxyNcaPp(proxy_nca_pp::ProxyNcaPpConfig),
     /// The "Σ" hierarchical baselines: the same flat loss at every level, summed.
     Summed(summed_levels::SummedConfig),
     /// CSL (Sun et al., CVPR 2021, as re-implemented by HAPPIER's authors): hierarchical

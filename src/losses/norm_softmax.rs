@@ -129,19 +129,7 @@ impl NormSoftmax {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        if level >= labels.num_levels() {
-            return Err(Error::invalid(
-                "level",
-                format!(
-                    "level {level} does not exist (labels have {})",
-                    labels.num_levels()
-                ),
-            ));
-        }
-        let mut classes = labels.column(level);
-        classes.sort_unstable();
-        classes.dedup();
-        Self::new(&classes, dim, seed, dtype, device)
+        Self::new(&level_classes(labels, level)?, dim, seed, dtype, device)
     }
 
     /// The learnable proxies (`C × D`, one row per class of [`NormSoftmax::classes`]).
@@ -161,12 +149,13 @@ impl NormSoftmax {
 
     /// The cosines `v_iᵀ p_c` (`B × C`), once the temperature is checked.
     fn cosines(&self, embeddings: &Tensor) -> Result<Tensor> {
-        if !self.temperature.is_finite() || self.temperature <= 0.0 {
-            return Err(Error::invalid(
-                "temperature",
-                format!("must be finite and > 0, got {}", self.temperature),
-            ));
-        }
+        check_temperature(self.temperature)?;
+        self.unit_cosines(embeddings)
+    }
+
+    /// The cosines `v_iᵀ p_c` (`B × C`) of the (normalised, see
+    /// [`NormSoftmax::normalize_embeddings`]) embeddings and the normalised proxies.
+    fn unit_cosines(&self, embeddings: &Tensor) -> Result<Tensor> {
         let (_, d) = embeddings.dims2()?;
         let (_, pd) = self.proxies.dims2()?;
         if d != pd {
@@ -214,20 +203,10 @@ impl RankLoss for NormSoftmax {
     /// [`crate::losses::summed_levels`] or `labels.coarsen(l)` for another level).
     fn forward(&self, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
         check_batch(embeddings, labels)?;
-        let rows = self.target_rows(labels)?;
         if self.margin == 0.0 {
-            let cosines = self.cosines(embeddings)?;
-            // On CUDA one op takes the cosines to the mean cross-entropy, the division by σ
-            // included (`device`: a launch-bound step's two dozen launches fewer).
-            if device::applies(&cosines) {
-                return device::mean_cross_entropy(&cosines, rows, 1.0 / self.temperature);
-            }
-            let targets = Tensor::from_vec(rows, labels.len(), embeddings.device())?;
-            return Ok(candle_nn::loss::cross_entropy(
-                &(cosines / self.temperature)?,
-                &targets,
-            )?);
+            return self.cosine_cross_entropy(embeddings, labels, self.temperature);
         }
+        let rows = self.target_rows(labels)?;
         let targets = Tensor::from_vec(rows.clone(), labels.len(), embeddings.device())?;
         let logits = self.with_angular_margin(&self.logits(embeddings)?, &targets)?;
         if device::applies(&logits) {
@@ -238,6 +217,31 @@ impl RankLoss for NormSoftmax {
 }
 
 impl NormSoftmax {
+    /// The mean cross-entropy of the logits `v_iᵀ p_c / temperature` against each item's class
+    /// (column 0 of `labels`), without a margin: NSM at that temperature, whatever
+    /// [`NormSoftmax::temperature`] says — the computation ProxyNCA++ shares
+    /// ([`crate::losses::proxy_nca_pp`]). The batch is checked by the caller.
+    pub(crate) fn cosine_cross_entropy(
+        &self,
+        embeddings: &Tensor,
+        labels: &Labels,
+        temperature: f64,
+    ) -> Result<Tensor> {
+        check_temperature(temperature)?;
+        let rows = self.target_rows(labels)?;
+        let cosines = self.unit_cosines(embeddings)?;
+        // On CUDA one op takes the cosines to the mean cross-entropy, the division by the
+        // temperature included (`device`: a launch-bound step's two dozen launches fewer).
+        if device::applies(&cosines) {
+            return device::mean_cross_entropy(&cosines, rows, 1.0 / temperature);
+        }
+        let targets = Tensor::from_vec(rows, labels.len(), embeddings.device())?;
+        Ok(candle_nn::loss::cross_entropy(
+            &(cosines / temperature)?,
+            &targets,
+        )?)
+    }
+
     /// ArcFace Eq. (3): the logits `cos θ/σ` with each row's target entry replaced by
     /// `cos(θ + m)/σ` (or `(cos θ − m·sin m)/σ` past `θ = π − m`, see the module documentation).
     fn with_angular_margin(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
@@ -262,6 +266,24 @@ impl NormSoftmax {
         debug_assert_eq!(mask.dims2()?, (b, c));
         Ok((logits + mask.broadcast_mul(&delta)?)?)
     }
+}
+
+/// The distinct classes of column `level` of `labels` (0 = fine), in increasing id order: the
+/// classes a proxy loss for that level has one proxy each for.
+pub(crate) fn level_classes(labels: &Labels, level: usize) -> Result<Vec<ClassId>> {
+    if level >= labels.num_levels() {
+        return Err(Error::invalid(
+            "level",
+            format!(
+                "level {level} does not exist (labels have {})",
+                labels.num_levels()
+            ),
+        ));
+    }
+    let mut classes = labels.column(level);
+    classes.sort_unstable();
+    classes.dedup();
+    Ok(classes)
 }
 
 /// `rows × dim` proxies drawn `U(−1/√dim, 1/√dim)` from `seed`, as `nn.Linear` initialises its
@@ -301,6 +323,18 @@ pub struct NormSoftmaxConfig {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+/// A temperature must be finite and > 0 (it divides the logits).
+fn check_temperature(t: f64) -> Result<()> {
+    if t.is_finite() && t > 0.0 {
+        Ok(())
+    } else {
+        Err(Error::invalid(
+            "temperature",
+            format!("must be finite and > 0, got {t}"),
+        ))
+    }
 }
 
 /// An angular margin is an angle in `[0, π)`: past π the target logit would no longer fall

@@ -1470,7 +1470,26 @@ fn reproduce_tiny_writes_one_paper_into_given_folders() {
         e.contains("00000000000000aa") && e.contains("never trained"),
         "{e}"
     );
+    // Two codes, this build's second: every run is this build's and cached, so none trains;
+    // a run removed from the cache is the one that trains (what a table gained since).
+    let both = ["--runs-of", "00000000000000aa", "--runs-of", code];
+    let again = succeeds(&args("smooth_ap", &both));
+    assert!(
+        again.contains("those none has trained now") && !again.contains(": training ("),
+        "{again}"
+    );
+    let one_run = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "json"))
+        .unwrap();
+    std::fs::remove_file(&one_run).unwrap();
+    let again = succeeds(&args("smooth_ap", &both));
+    assert_eq!(again.matches(": training (").count(), 1, "{again}");
+    assert!(one_run.is_file(), "the run trained again is cached again");
     let e = fails(&args("ssr", &["--runs-of", "00000000000000aa"]));
+    assert!(e.contains("SSR") && e.contains("00000000000000aa"), "{e}");
+    let e = fails(&args("ssr", &both));
     assert!(e.contains("SSR") && e.contains("00000000000000aa"), "{e}");
     let e = fails(&args("smooth_ap", &["--runs-of", "not-a-code"]));
     assert!(e.contains("16 hex digits"), "{e}");

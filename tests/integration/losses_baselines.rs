@@ -12,6 +12,7 @@ use rankwise::losses::contrastive::{Contrastive, PairReduction};
 use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::norm_softmax::NormSoftmax;
 use rankwise::losses::pairwise_rows::PairMetric;
+use rankwise::losses::proxy_nca_pp::ProxyNcaPp;
 use rankwise::losses::rambo::{
     Averaging, MarginMode, Rambo, RamboObjective, RecallCount, RecallWeight, ScoreMemory,
 };
@@ -513,11 +514,12 @@ fn triplet_gradient_matches_finite_differences() {
 
 /// The proxies of a normalised softmax as they are stored, flattened.
 fn raw_proxies(loss: &NormSoftmax) -> Vec<f64> {
-    loss.proxies()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap()
+    raw_proxies_of(loss.proxies())
+}
+
+/// Proxies as they are stored, flattened.
+fn raw_proxies_of(proxies: &Var) -> Vec<f64> {
+    proxies.flatten_all().unwrap().to_vec1::<f64>().unwrap()
 }
 
 /// The proxies of a normalised softmax, each row scaled to unit length, flattened.
@@ -620,46 +622,103 @@ fn norm_softmax_matches_a_hand_computed_cross_entropy_and_finite_differences() {
     assert!((got - want).abs() < 1e-12, "{got} vs {want}");
     check_finite_differences(&nsm, &data, D, &labels, 1e-6);
 
-    // Gradient with respect to the proxies, by finite differences through `Var::set`.
-    let e = Tensor::from_vec(data.clone(), (CLASSES.len(), D), &CPU).unwrap();
-    let l = nsm.forward(&e, &labels).unwrap();
+    check_proxy_finite_differences(&nsm, nsm.proxies(), &data, &labels);
+}
+
+/// The gradient of `loss` with respect to its `proxies` (`C × D`) against central finite
+/// differences, through `Var::set` (restored afterwards).
+fn check_proxy_finite_differences(
+    loss: &dyn RankLoss,
+    proxies: &Var,
+    data: &[f64],
+    labels: &Labels,
+) {
+    let e = Tensor::from_vec(data.to_vec(), (labels.len(), D), &CPU).unwrap();
+    let l = loss.forward(&e, labels).unwrap();
     let grads = l.backward().unwrap();
     let gw = grads
-        .get(nsm.proxies())
+        .get(proxies)
         .unwrap()
         .flatten_all()
         .unwrap()
         .to_vec1::<f64>()
         .unwrap();
+    let shape = proxies.dims2().unwrap();
+    let w = proxies.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    let at = |values: Vec<f64>| {
+        proxies
+            .set(&Tensor::from_vec(values, shape, &CPU).unwrap())
+            .unwrap();
+        loss.forward(&e, labels)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    };
     let eps = 1e-6;
     for i in 0..w.len() {
         let mut plus = w.clone();
         let mut minus = w.clone();
         plus[i] += eps;
         minus[i] -= eps;
-        nsm.proxies()
-            .set(&Tensor::from_vec(plus, (5, D), &CPU).unwrap())
-            .unwrap();
-        let fp = nsm
-            .forward(&e, &labels)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        nsm.proxies()
-            .set(&Tensor::from_vec(minus, (5, D), &CPU).unwrap())
-            .unwrap();
-        let fm = nsm
-            .forward(&e, &labels)
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
-        let fd = (fp - fm) / (2.0 * eps);
+        let fd = (at(plus) - at(minus)) / (2.0 * eps);
         assert!(
             (fd - gw[i]).abs() < 1e-6 * gw[i].abs().max(1.0),
             "proxy {i}: {fd} vs {}",
             gw[i]
         );
     }
+    at(w);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProxyNCA++
+
+#[test]
+fn proxy_nca_pp_matches_the_authors_formula_and_finite_differences() {
+    let data = batch(4);
+    let labels = flat(&CLASSES);
+    let loss = ProxyNcaPp::for_level(&labels, 0, D, 11, DType::F64, &CPU).unwrap();
+    assert_eq!(loss.classes(), &[0, 1, 2, 3, 9]);
+    // By hand, as the authors compute it: both unit vectors scaled by 3 = √(1/T), the squared
+    // distance expanded as ‖a‖² + ‖b‖² − 2aᵀb and clamped at 0, then −mean log softmax(−D).
+    let x = normalized_rows(&data, D);
+    let p = normalized_rows(&raw_proxies_of(loss.proxies()), D);
+    let scale = 3.0f64;
+    let mut want = 0.0;
+    for (i, &c) in CLASSES.iter().enumerate() {
+        let logits: Vec<f64> = (0..5)
+            .map(|k| {
+                let (a, b) = (&x[i * D..(i + 1) * D], &p[k * D..(k + 1) * D]);
+                let dot: f64 = a.iter().zip(b).map(|(u, v)| u * v).sum();
+                let sq = |r: &[f64]| r.iter().map(|u| u * u).sum::<f64>();
+                -(scale * scale * (sq(a) + sq(b) - 2.0 * dot)).max(0.0)
+            })
+            .collect();
+        let target = loss.classes().iter().position(|&k| k == c).unwrap();
+        let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
+        want += lse - logits[target];
+    }
+    want /= CLASSES.len() as f64;
+    let got = value(&loss, &data, D, &labels);
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    check_finite_differences(&loss, &data, D, &labels, 1e-6);
+    check_proxy_finite_differences(&loss, loss.proxies(), &data, &labels);
+
+    // Σ NCA++ over two levels: one proxy set per level, each level's own classes.
+    let two = two_level(&CLASSES);
+    let summed = SummedLevels::uniform(2, |level| {
+        Ok(Box::new(ProxyNcaPp::for_level(
+            &two,
+            level,
+            D,
+            level as u64,
+            DType::F64,
+            &CPU,
+        )?))
+    })
+    .unwrap();
+    assert_eq!(summed.trainable_vars().len(), 2);
+    check_finite_differences(&summed, &data, D, &two, 1e-6);
 }
 
 // ---------------------------------------------------------------------------------------------
