@@ -288,7 +288,7 @@ pub(crate) fn level_classes(labels: &Labels, level: usize) -> Result<Vec<ClassId
 
 /// `rows × dim` proxies drawn `U(−1/√dim, 1/√dim)` from `seed`, as `nn.Linear` initialises its
 /// weight (the authors' NSM, HAPPIER's clustering loss and CSL all start their proxies so): the
-/// proxies of every proxy loss here.
+/// proxies of every proxy loss here but ProxyNCA++, whose authors draw `N(0, 1)/8`.
 pub(crate) fn linear_init_proxies(
     rows: usize,
     dim: usize,
