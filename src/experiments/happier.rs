@@ -7,8 +7,9 @@
 //! ([`crate::losses::proxy_nca_pp`], T = 1/9, the authors' code HAPPIER's authors ran), its
 //! proxies trained like NSM's and CSL's by the run's loss group. CSL ([`crate::losses::csl`],
 //! the authors' re-implementation: s = 32, one margin per level) trains with the authors'
-//! margins for the data's depth, 0.25 / 0.35 / 0.45 on the three levels. Table 5's first row (a sigmoid surrogate
-//! "as in [38, 2]" instead of the paper's steps) is not run: its exact form is not specified.
+//! margins for the data's depth, 0.25 / 0.35 / 0.45 on the three levels. Table 5's first row
+//! (a sigmoid surrogate "as in [38, 2]" instead of the paper's steps) is not run: its exact
+//! form is not specified.
 //!
 //! Table 2 applies the DyML protocol to Table 1's runs: each label column (fine class, variant,
 //! family) is one semantic scale with binary labels; mAP, the binary ASI and R@1 of each scale
