@@ -1,7 +1,7 @@
 //! ProxyNCA++ (Teh, DeVries & Taylor, "ProxyNCA++: Revisiting and Revitalizing Proxy
-//! Neighborhood Component Analysis", ECCV 2020; `euwern/proxynca_pp`, whose `ProxyNCA_prob` HAPPIER's
-//! authors ran), the NCA++ baseline of HAPPIER's Tables 1, 3 and 4, alone (fine) and summed over
-//! the levels (Σ NCA++, [`crate::losses::summed_levels`]).
+//! Neighborhood Component Analysis", ECCV 2020; `euwern/proxynca_pp`, whose `ProxyNCA_prob`
+//! HAPPIER's authors ran), the NCA++ baseline of HAPPIER's Tables 1, 3 and 4, alone (fine) and
+//! summed over the levels (Σ NCA++, [`crate::losses::summed_levels`]).
 //!
 //! Each class `c` has a learnable proxy `w_c`. With `x̂_i` and `p̂_c = w_c/‖w_c‖` the
 //! L2-normalised embedding and proxy, the loss is the cross-entropy of the *proxy assignment
@@ -11,10 +11,11 @@
 //!
 //! Two of the paper's changes to ProxyNCA (Movshovitz-Attias et al., 2017) are in this formula:
 //! the positive proxy is in the denominator (a probability, so `L ≥ 0`, where ProxyNCA's ratio
-//! over the other proxies alone goes negative), and the temperature is low, `T = 1/9` (the authors scale
-//! both unit vectors by `3 = √(1/T)` before the squared distance). As `T → 0`, `T·L` tends to
-//! `mean_i (‖x̂_i − p̂_{y_i}‖² − min_c ‖x̂_i − p̂_c‖²)`, the margin by which each item misses
-//! its class under the nearest-proxy rule (0 when every item's nearest proxy is its own; tested).
+//! over the other proxies alone can go negative), and the temperature is low, `T = 1/9` (the
+//! authors scale both unit vectors by `3 = √(1/T)` before the squared distance). As `T → 0`,
+//! `T·L` tends to `mean_i (‖x̂_i − p̂_{y_i}‖² − min_c ‖x̂_i − p̂_c‖²)`, the margin by which each
+//! item misses its class under the nearest-proxy rule (0 when every item's nearest proxy is its
+//! own; tested).
 //! The paper's other changes are not the loss — global max pooling, a proxy learning rate 10⁴
 //! times the network's — and are the run's to choose: HAPPIER's tables here train every proxy
 //! loss with the run's loss group ([`crate::train::OptimizerConfig::loss`]).
