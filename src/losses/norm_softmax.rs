@@ -296,14 +296,27 @@ pub(crate) fn linear_init_proxies(
     dtype: DType,
     device: &Device,
 ) -> Result<Var> {
+    let bound = 1.0 / (dim as f64).sqrt();
+    seeded_proxies(rows, dim, seed, dtype, device, |rng| {
+        rng.random_range(-bound..bound)
+    })
+}
+
+/// `rows × dim` learnable proxies, each coordinate `draw(rng)` in row-major order from one
+/// ChaCha8 stream seeded with `seed`: the proxies of every proxy loss, whatever its law.
+pub(crate) fn seeded_proxies(
+    rows: usize,
+    dim: usize,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+    mut draw: impl FnMut(&mut ChaCha8Rng) -> f64,
+) -> Result<Var> {
     if dim == 0 {
         return Err(Error::invalid("dim", "must be at least 1"));
     }
-    let bound = 1.0 / (dim as f64).sqrt();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let init: Vec<f64> = (0..rows * dim)
-        .map(|_| rng.random_range(-bound..bound))
-        .collect();
+    let init: Vec<f64> = (0..rows * dim).map(|_| draw(&mut rng)).collect();
     let proxies = Tensor::from_vec(init, (rows, dim), device)?.to_dtype(dtype)?;
     Ok(Var::from_tensor(&proxies)?)
 }

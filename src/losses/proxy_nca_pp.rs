@@ -33,11 +33,10 @@
 use crate::error::{Error, Result};
 use crate::hierarchy::{ClassId, Labels};
 use crate::losses::config::{positive, LossContext, LossRecipe};
-use crate::losses::norm_softmax::{level_classes, NormSoftmax};
+use crate::losses::norm_softmax::{level_classes, seeded_proxies, NormSoftmax};
 use crate::losses::{check_batch, RankLoss};
 use candle_core::{DType, Device, Tensor, Var};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use rand_distr::StandardNormal;
 use serde::{Deserialize, Serialize};
 
@@ -171,15 +170,9 @@ fn gaussian_proxies(
     dtype: DType,
     device: &Device,
 ) -> Result<Var> {
-    if dim == 0 {
-        return Err(Error::invalid("dim", "must be at least 1"));
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let init: Vec<f64> = (0..rows * dim)
-        .map(|_| rng.sample::<f64, _>(StandardNormal) / 8.0)
-        .collect();
-    let proxies = Tensor::from_vec(init, (rows, dim), device)?.to_dtype(dtype)?;
-    Ok(Var::from_tensor(&proxies)?)
+    seeded_proxies(rows, dim, seed, dtype, device, |rng| {
+        rng.sample::<f64, _>(StandardNormal) / 8.0
+    })
 }
 
 /// ProxyNCA++'s recipe (`[loss] kind = "proxy_nca_pp"`): its temperature; the proxies are drawn
@@ -233,6 +226,8 @@ impl LossRecipe for ProxyNcaPpConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     const CPU: Device = Device::Cpu;
 
