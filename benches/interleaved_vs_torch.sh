@@ -26,7 +26,7 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ ${#losses[@]} -eq 0 ]]; then
-  losses=(smooth-ap happier roadmap fastap rambo contrastive triplet-semihard nsm proxy-nca-pp csl)
+  losses=(smooth-ap happier roadmap fastap rambo contrastive triplet-semihard nsm proxy-nca-pp proxy-nca csl)
 fi
 
 python="${TORCH_PYTHON:-/work/venv-torch/bin/python}"

@@ -14,7 +14,8 @@
 //! clustering loss), `roadmap` (`Roadmap::default()`: SupAP + the 0.9/0.6 calibration, weights 1/1), `fastap` (10 bins), `rambo` (recall, log log), `contrastive` (0.9/0.6),
 //! `triplet-semihard` (FaceNet semi-hard, margin 0.05), `nsm` (normalised softmax, σ = 0.05, one
 //! proxy per class of the batch), `proxy-nca-pp` (ProxyNCA++, T = 1/9, one proxy per class of the
-//! batch) and `csl` (HAPPIER's CSL baseline: s = 32, margins 0.25 /
+//! batch), `proxy-nca` (ProxyNCA as Roth & Brattoli re-implemented it, scale 3, one proxy per
+//! class of the batch) and `csl` (HAPPIER's CSL baseline: s = 32, margins 0.25 /
 //! 0.45, one proxy per class of the batch). `--batch` is repeatable too.
 //!
 //! Labels: 4 images per fine class (`fine = i / 4`), and 2 coarse classes per batch
@@ -51,6 +52,7 @@ use rankwise::losses::csl::Csl;
 use rankwise::losses::fastap::FastAp;
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::norm_softmax::NormSoftmax;
+use rankwise::losses::proxy_nca::ProxyNca;
 use rankwise::losses::proxy_nca_pp::ProxyNcaPp;
 use rankwise::losses::rambo::{Rambo, RecallWeight};
 use rankwise::losses::roadmap::Roadmap;
@@ -61,7 +63,7 @@ use rankwise::Labels;
 use std::time::Instant;
 
 const DIM: usize = 512;
-const LOSSES: [&str; 10] = [
+const LOSSES: [&str; 11] = [
     "smooth-ap",
     "happier",
     "roadmap",
@@ -71,6 +73,7 @@ const LOSSES: [&str; 10] = [
     "triplet-semihard",
     "nsm",
     "proxy-nca-pp",
+    "proxy-nca",
     "csl",
 ];
 const BATCHES: [usize; 5] = [128, 256, 384, 1024, 4096];
@@ -137,6 +140,7 @@ fn make_loss(name: &str, y: &Labels) -> Result<Box<dyn RankLoss>> {
             DType::F32,
             &Device::Cpu,
         )?),
+        "proxy-nca" => Box::new(ProxyNca::for_level(y, 0, DIM, 0, DType::F32, &Device::Cpu)?),
         "csl" => Box::new(Csl::new(y, DIM, 0, DType::F32, &Device::Cpu)?),
         other => bail!("unknown loss {other}; one of {LOSSES:?}"),
     })
@@ -233,8 +237,8 @@ fn value_and_gradient(
 }
 
 /// Writes a B = 64 `f64` batch with our Smooth-AP, RaMBO (recall, log log: the benchmark's
-/// configuration), ROADMAP, NSM, ProxyNCA++ and CSL values and gradients (with the three proxy
-/// losses' proxies, seed 0, `f64`), for the cross-check in `losses_vs_torch.py`.
+/// configuration), ROADMAP, NSM, ProxyNCA++, ProxyNCA and CSL values and gradients (with the four
+/// proxy losses' proxies, seed 0, `f64`), for the cross-check in `losses_vs_torch.py`.
 fn write_check(path: &str) -> Result<()> {
     let b = 64;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(64);
@@ -250,6 +254,8 @@ fn write_check(path: &str) -> Result<()> {
     let (nsm, nsm_grad) = value_and_gradient(&nsm_loss, &data, &y, b)?;
     let pnca_loss = ProxyNcaPp::for_level(&y, 0, DIM, 0, DType::F64, &Device::Cpu)?;
     let (pnca, pnca_grad) = value_and_gradient(&pnca_loss, &data, &y, b)?;
+    let nca_loss = ProxyNca::for_level(&y, 0, DIM, 0, DType::F64, &Device::Cpu)?;
+    let (nca, nca_grad) = value_and_gradient(&nca_loss, &data, &y, b)?;
     let csl_loss = Csl::new(&y, DIM, 0, DType::F64, &Device::Cpu)?;
     let (csl, csl_grad) = value_and_gradient(&csl_loss, &data, &y, b)?;
     let flat = |v: &Var| -> Result<Vec<f64>> { Ok(v.as_tensor().flatten_all()?.to_vec1::<f64>()?) };
@@ -271,6 +277,9 @@ fn write_check(path: &str) -> Result<()> {
         "proxy_nca_pp_loss": pnca,
         "proxy_nca_pp_grad": pnca_grad,
         "proxy_nca_pp_proxies": flat(pnca_loss.proxies())?,
+        "proxy_nca_loss": nca,
+        "proxy_nca_grad": nca_grad,
+        "proxy_nca_proxies": flat(nca_loss.proxies())?,
         "csl_loss": csl,
         "csl_grad": csl_grad,
         "csl_proxies": flat(csl_loss.proxies())?,
@@ -278,9 +287,10 @@ fn write_check(path: &str) -> Result<()> {
     std::fs::write(path, out.to_string())?;
     println!(
         "{}",
-        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap", "nsm", "proxy-nca-pp", "csl"],
+        serde_json::json!({"check": ["smooth-ap", "rambo", "roadmap", "nsm", "proxy-nca-pp", "proxy-nca", "csl"],
             "B": b, "dtype": "f64", "smooth_ap_loss": smooth_ap, "rambo_loss": rambo,
-            "roadmap_loss": roadmap, "nsm_loss": nsm, "proxy_nca_pp_loss": pnca, "csl_loss": csl,
+            "roadmap_loss": roadmap, "nsm_loss": nsm, "proxy_nca_pp_loss": pnca,
+            "proxy_nca_loss": nca, "csl_loss": csl,
             "written": path})
     );
     Ok(())

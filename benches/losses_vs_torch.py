@@ -87,6 +87,10 @@ Implementations (all take raw embeddings and L2-normalise them first, as rankwis
   authors ran): both the normalised embeddings and the normalised proxies scaled by 3 = sqrt(1/T),
   T = 1/9, their squared distances expanded as |a|^2 + |b|^2 - 2 a.b over the stacked rows and
   clamped at 0, then the cross-entropy of -distance; one proxy per class of the batch.
+* proxy-nca: ProxyNCA as Roth & Brattoli re-implement it (`Deep-Metric-Learning-Baselines`,
+  the "Proxy NCA†" Smooth-AP ran): the normalised embeddings and proxies scaled by 3, each item's
+  squared distance to its own proxy and, stacked per item, to the other classes' proxies, then
+  mean(d_own + logsumexp(-d_others)); proxies N(0, 1) / 8, one per class of the batch.
 * csl: CSL as HAPPIER's authors write it (`csl_loss.py`): s = 32, margins 0.25 / 0.45 for the
   fine and coarse levels; at each level softplus(logsumexp over the other classes' proxies of
   s * cos - s * cos(own proxy) + s * margin), averaged over the batch, summed over the levels;
@@ -105,7 +109,7 @@ import torch
 
 DIM = 512
 LOSSES = ["smooth-ap", "happier", "roadmap", "fastap", "rambo", "contrastive", "triplet-semihard",
-          "nsm", "proxy-nca-pp", "csl"]
+          "nsm", "proxy-nca-pp", "proxy-nca", "csl"]
 BATCHES = [128, 256, 384, 1024, 4096]
 # B^3-sized f32 tensors' worth of memory at the peak of forward + backward, from the peak RSS
 # measured at B = 384 minus the ~516 MiB of `import torch` (9.1, 9.7 and 4.6), rounded up; a
@@ -323,6 +327,18 @@ def proxy_nca_pp(emb, fine, proxies, temperature=1.0 / 9.0):
     return torch.nn.functional.cross_entropy(-dist, fine)
 
 
+def proxy_nca(emb, fine, proxies, scale=3.0):
+    x = scale * torch.nn.functional.normalize(emb, dim=1)
+    p = scale * torch.nn.functional.normalize(proxies, dim=1)
+    # Per item, the other classes' proxies in class order (C - 1 each), as the re-implementation
+    # stacks them (its per-item Python loop, vectorised: index k skips the item's own class).
+    k = torch.arange(p.shape[0] - 1, device=emb.device)[None, :]
+    others = k + (k >= fine[:, None]).long()
+    d_own = (x - p[fine]).pow(2).sum(1)
+    d_others = (x[:, None, :] - p[others]).pow(2).sum(-1)
+    return (d_own + torch.logsumexp(-d_others, dim=1)).mean()
+
+
 def csl(emb, fine, coarse, proxies, scale=32.0, margins=(0.25, 0.45)):
     """Proxy c is fine class c (the batch's classes are 0..C-1); its coarse class is c's."""
     v = torch.nn.functional.normalize(emb, dim=1)
@@ -388,9 +404,9 @@ def make_case(name, b, device="cpu"):
     data = torch.randn(b, DIM, dtype=torch.float32)
     fine, coarse = labels(b)
     proxies = None
-    if name in ("happier", "nsm", "csl", "proxy-nca-pp"):
+    if name in ("happier", "nsm", "csl", "proxy-nca-pp", "proxy-nca"):
         nclass = int(fine.max()) + 1
-        if name == "proxy-nca-pp":  # the authors' draw, N(0, 1) / 8
+        if name in ("proxy-nca-pp", "proxy-nca"):  # the authors' draw, N(0, 1) / 8
             proxies = torch.randn(nclass, DIM) / 8
         else:
             proxies = torch.empty(nclass, DIM).uniform_(-1 / math.sqrt(DIM), 1 / math.sqrt(DIM))
@@ -408,6 +424,7 @@ def make_case(name, b, device="cpu"):
         "triplet-semihard": lambda e: triplet_semihard(e, fine),
         "nsm": lambda e: nsm(e, fine, proxies),
         "proxy-nca-pp": lambda e: proxy_nca_pp(e, fine, proxies),
+        "proxy-nca": lambda e: proxy_nca(e, fine, proxies),
         "csl": lambda e: csl(e, fine, coarse, proxies),
     }
     return data, fns[name]
@@ -646,6 +663,10 @@ def default_reps(b):
 
 
 def needed_gb(name, b):
+    if name == "proxy-nca":
+        # The re-implementation's B x (C - 1) x D differences (C = B / 4), about four such
+        # f32 tensors at the peak (differences, squares and their gradients).
+        return 4 * b * (b // 4) * DIM * 4 / 1e9
     return CUBE_TENSORS.get(name, 0) * b**3 * 4 / 1e9
 
 
@@ -668,6 +689,7 @@ def check(path, dev=torch.device("cpu")):
     checks = [("smooth-ap", "smooth_ap", smooth_ap), ("roadmap", "roadmap", roadmap), ("rambo", "rambo", rambo),
               ("nsm", "nsm", lambda e, f: nsm(e, f, proxies("nsm"))),
               ("proxy-nca-pp", "proxy_nca_pp", lambda e, f: proxy_nca_pp(e, f, proxies("proxy_nca_pp"))),
+              ("proxy-nca", "proxy_nca", lambda e, f: proxy_nca(e, f, proxies("proxy_nca"))),
               ("csl", "csl", lambda e, f: csl(e, f, coarse, proxies("csl")))]
     for name, key, fn in checks:
         if key + "_loss" not in ref:

@@ -39,6 +39,7 @@ use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::happier::{HapLoss, Happier};
 use rankwise::losses::happier::{HappierConfig, RelevanceKind};
 use rankwise::losses::norm_softmax::{NormSoftmax, NormSoftmaxConfig};
+use rankwise::losses::proxy_nca::{ProxyNca, ProxyNcaConfig};
 use rankwise::losses::proxy_nca_pp::{ProxyNcaPp, ProxyNcaPpConfig};
 use rankwise::losses::rambo::{Rambo, RamboWithMemory, RecallWeight};
 use rankwise::losses::rambo::{RamboConfig, RamboMetric};
@@ -412,6 +413,11 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
         "proxy_nca_pp".into(),
         LossConfig::ProxyNcaPp(ProxyNcaPpConfig::default()),
     ));
+    // ProxyNCA: candle ops end to end, the positive's mask built on the device.
+    v.push((
+        "proxy_nca".into(),
+        LossConfig::ProxyNca(ProxyNcaConfig::default()),
+    ));
     v.push(("csl".into(), LossConfig::Csl(CslConfig::default())));
     v.push((
         "summed(triplet)".into(),
@@ -431,11 +437,14 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
 }
 
 /// Losses with learnable f32 class proxies (HAPPIER's clustering term, the normalised softmax,
-/// ProxyNCA++, CSL).
+/// ProxyNCA++, ProxyNCA, CSL).
 fn has_proxies(config: &LossConfig) -> bool {
     match config {
         LossConfig::Happier(c) => c.lambda > 0.0,
-        LossConfig::NormSoftmax(_) | LossConfig::ProxyNcaPp(_) | LossConfig::Csl(_) => true,
+        LossConfig::NormSoftmax(_)
+        | LossConfig::ProxyNcaPp(_)
+        | LossConfig::ProxyNca(_)
+        | LossConfig::Csl(_) => true,
         LossConfig::Summed(s) => has_proxies(&s.base),
         _ => false,
     }
@@ -1525,6 +1534,7 @@ fn bench_loss(name: &str, labels: &Labels, d: usize, dev: &Device) -> Result<Box
         ),
         "nsm" => Box::new(NormSoftmax::for_level(labels, 0, d, 0, DType::F32, dev)?),
         "proxy-nca-pp" => Box::new(ProxyNcaPp::for_level(labels, 0, d, 0, DType::F32, dev)?),
+        "proxy-nca" => Box::new(ProxyNca::for_level(labels, 0, d, 0, DType::F32, dev)?),
         "csl" => Box::new(Csl::new(labels, d, 0, DType::F32, dev)?),
         other => bail!("unknown loss {other}"),
     })
@@ -1628,6 +1638,7 @@ fn bench_losses(report: &mut Report, dev: &Device, args: &Args) -> Result<()> {
         "contrastive",
         "nsm",
         "proxy-nca-pp",
+        "proxy-nca",
         "csl",
         "triplet-semihard-plain",
         "fastap-plain",

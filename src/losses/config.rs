@@ -122,6 +122,7 @@ mod tests {
     use crate::losses::fastap::FastAp;
     use crate::losses::happier::{HappierConfig, RelevanceKind};
     use crate::losses::norm_softmax::NormSoftmaxConfig;
+    use crate::losses::proxy_nca::ProxyNcaConfig;
     use crate::losses::proxy_nca_pp::ProxyNcaPpConfig;
     use crate::losses::rambo::{RamboConfig, RamboMetric};
     use crate::losses::roadmap::Roadmap;
@@ -174,6 +175,7 @@ mod tests {
                 base: Box::new(LossConfig::ProxyNcaPp(ProxyNcaPpConfig::default())),
                 levels: None,
             }),
+            LossConfig::ProxyNca(ProxyNcaConfig::default()),
             LossConfig::Csl(CslConfig::default()),
             LossConfig::Csl(CslConfig {
                 margins: Some(vec![0.1, 0.2]),
@@ -210,6 +212,7 @@ mod tests {
                 &config,
                 LossConfig::NormSoftmax(_)
                     | LossConfig::ProxyNcaPp(_)
+                    | LossConfig::ProxyNca(_)
                     | LossConfig::Summed(_)
                     | LossConfig::Csl(_)
             );

@@ -20,6 +20,7 @@ pub mod happier;
 pub mod norm_softmax;
 mod normalize;
 pub mod pairwise_rows;
+pub mod proxy_nca;
 pub mod proxy_nca_pp;
 pub mod rambo;
 pub mod roadmap;
@@ -54,6 +55,10 @@ config::registry! {
     /// ProxyNCA++ (Teh et al., ECCV 2020): the proxy assignment probability at a low
     /// temperature, the NCA++ baseline of HAPPIER's tables.
     ProxyNcaPp(proxy_nca_pp::ProxyNcaPpConfig),
+    /// ProxyNCA (Movshovitz-Attias et al., ICCV 2017, as Roth & Brattoli re-implemented it):
+    /// the positive proxy's weight over the other proxies', a baseline of Smooth-AP's and
+    /// RaMBO's tables.
+    ProxyNca(proxy_nca::ProxyNcaConfig),
     /// The "Σ" hierarchical baselines: the same flat loss at every level, summed.
     Summed(summed_levels::SummedConfig),
     /// CSL (Sun et al., CVPR 2021, as re-implemented by HAPPIER's authors): hierarchical

@@ -155,7 +155,7 @@ impl NormSoftmax {
 
     /// The cosines `v_iᵀ p_c` (`B × C`) of the (normalised, see
     /// [`NormSoftmax::normalize_embeddings`]) embeddings and the normalised proxies.
-    fn unit_cosines(&self, embeddings: &Tensor) -> Result<Tensor> {
+    pub(crate) fn unit_cosines(&self, embeddings: &Tensor) -> Result<Tensor> {
         let (_, d) = embeddings.dims2()?;
         let (_, pd) = self.proxies.dims2()?;
         if d != pd {
@@ -174,7 +174,7 @@ impl NormSoftmax {
     }
 
     /// The proxy row of every item's class (column 0 of `labels`).
-    fn target_rows(&self, labels: &Labels) -> Result<Vec<u32>> {
+    pub(crate) fn target_rows(&self, labels: &Labels) -> Result<Vec<u32>> {
         let mut targets = Vec::with_capacity(labels.len());
         for i in 0..labels.len() {
             let c = labels.fine(i);

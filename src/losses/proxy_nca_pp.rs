@@ -9,7 +9,7 @@
 //!
 //! `L = −mean_i log( exp(−‖x̂_i − p̂_{y_i}‖²/T) / Σ_c exp(−‖x̂_i − p̂_c‖²/T) )`.
 //!
-//! Two of the paper's changes to ProxyNCA (Movshovitz-Attias et al., 2017) are in this formula:
+//! Two of the paper's changes to ProxyNCA ([`crate::losses::proxy_nca`]) are in this formula:
 //! the positive proxy is in the denominator (a probability, so `L ≥ 0`, where ProxyNCA's ratio
 //! over the other proxies alone can go negative), and the temperature is low, `T = 1/9` (the
 //! authors scale both unit vectors by `3 = √(1/T)` before the squared distance). As `T → 0`,
@@ -123,22 +123,7 @@ impl ProxyNcaPp {
     /// differences themselves (a `B × C × D` tensor): the plain formulation, which the loss's
     /// cross-entropy of cosines at `T/2` equals up to rounding (tested).
     pub fn distance_logits(&self, embeddings: &Tensor) -> Result<Tensor> {
-        positive("temperature", self.temperature)?;
-        let x = crate::losses::l2_normalize(embeddings, "embeddings")?;
-        let p = crate::losses::l2_normalize(self.proxies().as_tensor(), "proxies")?
-            .to_dtype(x.dtype())?;
-        let (b, d) = x.dims2()?;
-        let (c, pd) = p.dims2()?;
-        if d != pd {
-            return Err(Error::Shape(format!(
-                "embeddings have dimension {d} but the proxies {pd}"
-            )));
-        }
-        let diff = x
-            .unsqueeze(1)?
-            .broadcast_as((b, c, d))?
-            .broadcast_sub(&p.unsqueeze(0)?)?;
-        Ok((diff.sqr()?.sum(2)? * (-1.0 / self.temperature))?)
+        distance_logits(embeddings, self.proxies(), self.temperature)
     }
 }
 
@@ -161,9 +146,34 @@ impl RankLoss for ProxyNcaPp {
     }
 }
 
+/// `−‖x̂_i − p̂_c‖²/T` (`B × C`) of the L2-normalised embeddings and `proxies`, from the
+/// differences themselves (a `B × C × D` tensor): the formula as the proxy NCA papers write it,
+/// which ProxyNCA++ and ProxyNCA ([`crate::losses::proxy_nca`]) are tested against.
+pub(crate) fn distance_logits(
+    embeddings: &Tensor,
+    proxies: &Var,
+    temperature: f64,
+) -> Result<Tensor> {
+    positive("temperature", temperature)?;
+    let x = crate::losses::l2_normalize(embeddings, "embeddings")?;
+    let p = crate::losses::l2_normalize(proxies.as_tensor(), "proxies")?.to_dtype(x.dtype())?;
+    let (b, d) = x.dims2()?;
+    let (c, pd) = p.dims2()?;
+    if d != pd {
+        return Err(Error::Shape(format!(
+            "embeddings have dimension {d} but the proxies {pd}"
+        )));
+    }
+    let diff = x
+        .unsqueeze(1)?
+        .broadcast_as((b, c, d))?
+        .broadcast_sub(&p.unsqueeze(0)?)?;
+    Ok((diff.sqr()?.sum(2)? * (-1.0 / temperature))?)
+}
+
 /// `rows × dim` proxies drawn `N(0, 1)/8` per coordinate from `seed`, as the authors'
-/// `torch.randn(nb_classes, sz_embed) / 8`.
-fn gaussian_proxies(
+/// `torch.randn(nb_classes, sz_embed) / 8` (Roth & Brattoli's ProxyNCA draws them so too).
+pub(crate) fn gaussian_proxies(
     rows: usize,
     dim: usize,
     seed: u64,

@@ -12,6 +12,7 @@ use rankwise::losses::contrastive::{Contrastive, PairReduction};
 use rankwise::losses::fastap::{FastAp, FastApGradient};
 use rankwise::losses::norm_softmax::NormSoftmax;
 use rankwise::losses::pairwise_rows::PairMetric;
+use rankwise::losses::proxy_nca::ProxyNca;
 use rankwise::losses::proxy_nca_pp::ProxyNcaPp;
 use rankwise::losses::rambo::{
     Averaging, MarginMode, Rambo, RamboObjective, RecallCount, RecallWeight, ScoreMemory,
@@ -670,6 +671,13 @@ fn check_proxy_finite_differences(
     at(w);
 }
 
+/// `f(x̂_i, p̂_k)` for every proxy row `k` of `p` (rows of `D` values, as `normalized_rows` gives
+/// them): one item's terms in the proxy losses' formulas written by hand.
+fn item_to_proxies(x: &[f64], p: &[f64], i: usize, f: impl Fn(&[f64], &[f64]) -> f64) -> Vec<f64> {
+    let item = &x[i * D..(i + 1) * D];
+    p.chunks(D).map(|proxy| f(item, proxy)).collect()
+}
+
 // ---------------------------------------------------------------------------------------------
 // ProxyNCA++
 
@@ -686,14 +694,11 @@ fn proxy_nca_pp_matches_the_authors_formula_and_finite_differences() {
     let scale = 3.0f64;
     let mut want = 0.0;
     for (i, &c) in CLASSES.iter().enumerate() {
-        let logits: Vec<f64> = (0..5)
-            .map(|k| {
-                let (a, b) = (&x[i * D..(i + 1) * D], &p[k * D..(k + 1) * D]);
-                let dot: f64 = a.iter().zip(b).map(|(u, v)| u * v).sum();
-                let sq = |r: &[f64]| r.iter().map(|u| u * u).sum::<f64>();
-                -(scale * scale * (sq(a) + sq(b) - 2.0 * dot)).max(0.0)
-            })
-            .collect();
+        let logits = item_to_proxies(&x, &p, i, |a, b| {
+            let dot: f64 = a.iter().zip(b).map(|(u, v)| u * v).sum();
+            let sq = |r: &[f64]| r.iter().map(|u| u * u).sum::<f64>();
+            -(scale * scale * (sq(a) + sq(b) - 2.0 * dot)).max(0.0)
+        });
         let target = loss.classes().iter().position(|&k| k == c).unwrap();
         let lse = logits.iter().map(|l| l.exp()).sum::<f64>().ln();
         want += lse - logits[target];
@@ -719,6 +724,40 @@ fn proxy_nca_pp_matches_the_authors_formula_and_finite_differences() {
     .unwrap();
     assert_eq!(summed.trainable_vars().len(), 2);
     check_finite_differences(&summed, &data, D, &two, 1e-6);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ProxyNCA (Roth & Brattoli's re-implementation)
+
+#[test]
+fn proxy_nca_matches_the_re_implementations_formula_and_finite_differences() {
+    let data = batch(4);
+    let labels = flat(&CLASSES);
+    let loss = ProxyNca::for_level(&labels, 0, D, 13, DType::F64, &CPU).unwrap();
+    assert_eq!(loss.classes(), &[0, 1, 2, 3, 9]);
+    // By hand, as Roth & Brattoli compute it: both unit vectors scaled by 3, the squared
+    // distances from the differences, then mean(d_pos + logsumexp(−d_neg)) over the other
+    // classes' proxies.
+    let x = normalized_rows(&data, D);
+    let p = normalized_rows(&raw_proxies_of(loss.proxies()), D);
+    let scale = 3.0f64;
+    let mut want = 0.0;
+    for (i, &c) in CLASSES.iter().enumerate() {
+        let d = item_to_proxies(&x, &p, i, |a, b| {
+            a.iter()
+                .zip(b)
+                .map(|(u, v)| (scale * u - scale * v).powi(2))
+                .sum()
+        });
+        let target = loss.classes().iter().position(|&k| k == c).unwrap();
+        let neg: f64 = (0..5).filter(|&k| k != target).map(|k| (-d[k]).exp()).sum();
+        want += d[target] + neg.ln();
+    }
+    want /= CLASSES.len() as f64;
+    let got = value(&loss, &data, D, &labels);
+    assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+    check_finite_differences(&loss, &data, D, &labels, 1e-6);
+    check_proxy_finite_differences(&loss, loss.proxies(), &data, &labels);
 }
 
 // ---------------------------------------------------------------------------------------------
