@@ -1,7 +1,7 @@
 //! ProxyNCA (Movshovitz-Attias et al., "No Fuss Distance Metric Learning using Proxies", ICCV
 //! 2017) as Roth & Brattoli re-implemented it (`Confusezius/Deep-Metric-Learning-Baselines`):
-//! the "Proxy NCA†" row of Smooth-AP's Table 3 (right; the re-implementation [55], one proxy per
-//! training class) and the Proxy NCA row of RaMBO's Table 2.
+//! the "Proxy NCA†" row of Smooth-AP's Table 3 (right; the re-implementation \[55\], one proxy
+//! per training class) and the Proxy NCA row of RaMBO's Table 2.
 //!
 //! Each class `c` has a learnable proxy `w_c`. With `x̂_i` and `p̂_c = w_c/‖w_c‖` the
 //! L2-normalised embedding and proxy, and `d_ic = ‖x̂_i − p̂_c‖²/T`, the loss is Movshovitz-Attias
