@@ -4,9 +4,11 @@
 # see the same state of the machine. The 2-core VM has windows of seconds to minutes in which a
 # 2-thread step runs up to twice as slow; a single run per side can fall on either side of one.
 #
-#   benches/interleaved_vs_torch.sh [--batch B] [--rounds N] [LOSS ...]
+#   benches/interleaved_vs_torch.sh [--batch B] [--rounds N] [--baseline BIN] [LOSS ...]
 #
-# Defaults: B = 256, 5 rounds, every loss. Needs the bench binary
+# Defaults: B = 256, 5 rounds, every loss. --baseline BIN: a loss_bench binary of other code (an
+# earlier commit's, copied aside before rebuilding) run first in every round, for a before/after
+# beside the anchor in the same rounds. Needs the bench binary
 # (`cargo bench --bench loss_bench --no-run`) and PyTorch (TORCH_PYTHON, default
 # /work/venv-torch/bin/python, else python3). Prints one line per round and, per loss, the
 # median and the range of PyTorch ÷ rankwise; the JSON lines go to target/interleaved/.
@@ -15,12 +17,14 @@ cd "$(dirname "$0")/.."
 
 batch=256
 rounds=5
+baseline=
 losses=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --batch) batch="$2"; shift 2 ;;
     --rounds) rounds="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --baseline) baseline="$2"; shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     -*) echo "interleaved_vs_torch.sh: unknown option '$1'" >&2; exit 2 ;;
     *) losses+=("$1"); shift ;;
   esac
@@ -38,6 +42,9 @@ for l in sys.stdin:
     if m.get('reason')=='compiler-artifact' and m['target']['name']=='loss_bench' and m.get('executable'):
         print(m['executable'])")
 [[ -x "$bench" ]] || { echo "interleaved_vs_torch.sh: no loss_bench binary" >&2; exit 1; }
+if [[ -n "$baseline" && ! -x "$baseline" ]]; then
+  echo "interleaved_vs_torch.sh: --baseline '$baseline' is not an executable" >&2; exit 2
+fi
 out=target/interleaved
 mkdir -p "$out"
 stamp=$(date +%Y%m%d-%H%M%S)
@@ -45,6 +52,10 @@ stamp=$(date +%Y%m%d-%H%M%S)
 for loss in "${losses[@]}"; do
   log="$out/$loss-$batch-$stamp.jsonl"
   for r in $(seq "$rounds"); do
+    if [[ -n "$baseline" ]]; then
+      RAYON_NUM_THREADS=2 "$baseline" --loss "$loss" --batch "$batch" 2>/dev/null | tail -n 1 \
+        | sed 's/"impl":"rankwise"/"impl":"baseline"/' >> "$log"
+    fi
     RAYON_NUM_THREADS=2 "$bench" --loss "$loss" --batch "$batch" 2>/dev/null | tail -n 1 >> "$log"
     "$python" benches/losses_vs_torch.py --one "$loss" "$batch" 2>/dev/null | tail -n 1 >> "$log"
   done
@@ -53,12 +64,20 @@ import json, statistics, sys
 path, loss, batch = sys.argv[1:]
 lines = [json.loads(l) for l in open(path) if l.strip()]
 ours = [l["seconds"] * 1e3 for l in lines if l["impl"] == "rankwise"]
-torch = [l["seconds"] * 1e3 for l in lines if l["impl"] != "rankwise"]
+torch = [l["seconds"] * 1e3 for l in lines if l["impl"] not in ("rankwise", "baseline")]
+before = [l["seconds"] * 1e3 for l in lines if l["impl"] == "baseline"]
 ratios = [t / o for o, t in zip(ours, torch)]
 for i, (o, t) in enumerate(zip(ours, torch), 1):
-    print(f"{loss} B={batch} round {i}: rankwise {o:.3f} ms, PyTorch {t:.3f} ms, {t / o:.2f}x")
+    b = f"baseline {before[i - 1]:.3f} ms, " if before else ""
+    print(f"{loss} B={batch} round {i}: {b}rankwise {o:.3f} ms, PyTorch {t:.3f} ms, {t / o:.2f}x")
 print(f"{loss} B={batch}: rankwise median {statistics.median(ours):.3f} ms, PyTorch median "
       f"{statistics.median(torch):.3f} ms; PyTorch / rankwise median {statistics.median(ratios):.2f}x "
       f"(range {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} rounds)")
+if before:
+    was = [t / b for b, t in zip(before, torch)]
+    speedup = [b / o for b, o in zip(before, ours)]
+    print(f"{loss} B={batch}: baseline median {statistics.median(before):.3f} ms, PyTorch / baseline "
+          f"median {statistics.median(was):.2f}x; baseline / rankwise median "
+          f"{statistics.median(speedup):.2f}x (range {min(speedup):.2f}-{max(speedup):.2f})")
 EOF
 done

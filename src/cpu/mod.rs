@@ -26,6 +26,8 @@
 //! * `losses::pairwise_rows`: the row-loss engine of FastAP, RaMBO, contrastive and triplet; on
 //!   the CPU with the batch in one chunk its `fused` path runs each pass in one hand-off
 //!   (`work_phases`, `host_sums`).
+//! * `losses::normalize`: every loss's L2 normalisation, its gradient one pass per row
+//!   (`host_sums`).
 //! * `models::conv`, `models::cpu_ops`: the CPU convolution and fused layers ([`gemm`],
 //!   `with_values`).
 //! * The binary, the trainer's examples and the notebooks call [`alloc::tune_allocator`] and
