@@ -33,6 +33,9 @@ if [[ ${#losses[@]} -eq 0 ]]; then
   losses=(smooth-ap happier roadmap fastap rambo contrastive triplet-semihard nsm proxy-nca-pp proxy-nca csl)
 fi
 
+if [[ -n "$baseline" && ! -x "$baseline" ]]; then
+  echo "interleaved_vs_torch.sh: --baseline '$baseline' is not an executable" >&2; exit 2
+fi
 python="${TORCH_PYTHON:-/work/venv-torch/bin/python}"
 [[ -x "$python" ]] || python=python3
 bench=$(cargo bench --bench loss_bench --no-run --message-format=json 2>/dev/null \
@@ -42,9 +45,6 @@ for l in sys.stdin:
     if m.get('reason')=='compiler-artifact' and m['target']['name']=='loss_bench' and m.get('executable'):
         print(m['executable'])")
 [[ -x "$bench" ]] || { echo "interleaved_vs_torch.sh: no loss_bench binary" >&2; exit 1; }
-if [[ -n "$baseline" && ! -x "$baseline" ]]; then
-  echo "interleaved_vs_torch.sh: --baseline '$baseline' is not an executable" >&2; exit 2
-fi
 out=target/interleaved
 mkdir -p "$out"
 stamp=$(date +%Y%m%d-%H%M%S)
