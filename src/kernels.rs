@@ -87,13 +87,31 @@ pub(crate) fn on_cuda(x: &candle_core::Tensor) -> bool {
         && enabled()
 }
 
+/// Checks that an op was given a contiguous `rows × cols` matrix (the kernels' ops, and the
+/// CPU implementations beside some of them).
+pub(crate) fn check_matrix(
+    op: &str,
+    l: &candle_core::Layout,
+    rows: usize,
+    cols: usize,
+) -> candle_core::Result<()> {
+    if l.dims() != [rows, cols] || !l.is_contiguous() {
+        return Err(candle_core::Error::Msg(format!(
+            "{op}: input {:?} (contiguous: {}), expected a contiguous {rows} × {cols} matrix",
+            l.dims(),
+            l.is_contiguous()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(feature = "cuda")]
 pub(crate) mod loss_op;
 
 #[cfg(feature = "cuda")]
 pub(crate) use cuda::{
-    check_elementwise, check_matrix, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx,
-    run_into_new, view, Float,
+    check_elementwise, dtype_error, instance, not_on_cpu, per_entry, per_row, ptx, run_into_new,
+    view, Float,
 };
 
 #[cfg(feature = "cuda")]
@@ -182,23 +200,6 @@ mod cuda {
     /// The error of a kernel's op given another dtype than `f32` or `f64`.
     pub(crate) fn dtype_error(op: &str, d: candle_core::DType) -> candle_core::Error {
         candle_core::Error::Msg(format!("{op}: f32 or f64 input, not {d:?}"))
-    }
-
-    /// Checks that a kernel's op was given a contiguous `rows × cols` matrix.
-    pub(crate) fn check_matrix(
-        op: &str,
-        l: &Layout,
-        rows: usize,
-        cols: usize,
-    ) -> candle_core::Result<()> {
-        if l.dims() != [rows, cols] || !l.is_contiguous() {
-            return Err(candle_core::Error::Msg(format!(
-                "{op}: input {:?} (contiguous: {}), expected a contiguous {rows} × {cols} matrix",
-                l.dims(),
-                l.is_contiguous()
-            )));
-        }
-        Ok(())
     }
 
     /// Checks the operands of an elementwise kernel over `n` values (the in-place updates,

@@ -28,6 +28,7 @@
 
 use crate::cpu::host_sums::{dot, vectorised};
 use crate::error::Result;
+use crate::kernels::check_matrix;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Shape, Tensor, WithDType};
 use rayon::prelude::*;
@@ -67,18 +68,6 @@ fn dims(op: &str, x: &Layout, n: &Layout) -> candle_core::Result<(usize, usize)>
     check_matrix(op, x, rows, d)?;
     check_matrix(op, n, rows, 1)?;
     Ok((rows, d))
-}
-
-/// Checks that an op was given a contiguous `rows × cols` matrix.
-fn check_matrix(op: &str, l: &Layout, rows: usize, cols: usize) -> candle_core::Result<()> {
-    if l.dims() != [rows, cols] || !l.is_contiguous() {
-        candle_core::bail!(
-            "{op}: input {:?} (contiguous: {}), expected a contiguous {rows} × {cols} matrix",
-            l.dims(),
-            l.is_contiguous()
-        );
-    }
-    Ok(())
 }
 
 /// Below this many values a pass stays on the calling thread: a rayon hand-off costs tens of

@@ -220,26 +220,9 @@ impl LossRecipe for ProxyNcaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
-    use rand_chacha::ChaCha8Rng;
-    use rand_distr::StandardNormal;
+    use crate::losses::proxy_nca_pp::tests::{batch, scalar};
 
     const CPU: Device = Device::Cpu;
-
-    /// A seeded batch of `b × d` embeddings and their classes `7i mod classes`.
-    fn batch(b: usize, d: usize, classes: i64, seed: u64) -> (Tensor, Labels) {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let x: Vec<f64> = (0..b * d).map(|_| rng.sample(StandardNormal)).collect();
-        let y: Vec<i64> = (0..b as i64).map(|i| (i * 7) % classes).collect();
-        (
-            Tensor::from_vec(x, (b, d), &CPU).unwrap(),
-            Labels::from_fine(&y).unwrap(),
-        )
-    }
-
-    fn scalar(t: Tensor) -> f64 {
-        t.to_scalar::<f64>().unwrap()
-    }
 
     /// Row `i`'s proxy index.
     fn own(loss: &ProxyNca, y: &Labels, i: usize) -> usize {

@@ -234,15 +234,16 @@ impl LossRecipe for ProxyNcaPpConfig {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
     const CPU: Device = Device::Cpu;
 
-    /// A seeded batch of `b × d` embeddings and their classes `i mod classes`.
-    fn batch(b: usize, d: usize, classes: i64, seed: u64) -> (Tensor, Labels) {
+    /// A seeded batch of `b × d` embeddings and their classes `7i mod classes` (shared with
+    /// ProxyNCA's tests).
+    pub(crate) fn batch(b: usize, d: usize, classes: i64, seed: u64) -> (Tensor, Labels) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let x: Vec<f64> = (0..b * d).map(|_| rng.sample(StandardNormal)).collect();
         let y: Vec<i64> = (0..b as i64).map(|i| (i * 7) % classes).collect();
@@ -252,7 +253,7 @@ mod tests {
         )
     }
 
-    fn scalar(t: Tensor) -> f64 {
+    pub(crate) fn scalar(t: Tensor) -> f64 {
         t.to_scalar::<f64>().unwrap()
     }
 
