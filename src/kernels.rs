@@ -42,8 +42,9 @@ pub fn set_enabled(on: bool) {
     SWITCH.set(on);
 }
 
-/// The default bound on the work of one call of the cubic kernels (the smooth-rank losses'
-/// `Q · N²`, the triplet minings' and RaMBO's `B³`): `2³⁶`, B = 4096, where the kernels were
+/// The default bound on the work of one call of the kernels that scan a row per pair (the
+/// smooth-rank losses' `Σ_q P_q · N` and the triplet minings' `B · Σ_a P_a`, `P` the positives
+/// of a query or anchor; RaMBO's `B³`): `2³⁶` — RaMBO at B = 4096, where the kernels were
 /// written to take over from the host engines; beyond it, the host engines' sorted algorithms.
 pub const DEFAULT_MAX_WORK: usize = 1 << 36;
 

@@ -31,8 +31,8 @@
 //!   chunk.
 //!
 //! On a CUDA device, [`Engine::Streaming`] hands the queries to the kernels of [`device`]
-//! (the same quantities, one GPU thread per query and item, no host pass) up to
-//! [`crate::kernels::max_work`] pairs.
+//! (the same quantities, a GPU thread per (query, positive) and per (query, item), no host pass)
+//! while their work `Σ_q P_q · N` is at most [`crate::kernels::max_work`].
 //!
 //! Both engines return the per-query values together with the exact Jacobian of each query's
 //! AP with respect to its own row of scores (a query's AP depends on no other row); the
@@ -43,7 +43,7 @@
 //! similarity matrix (normalisation, matmul, the network) with ordinary candle autograd.
 
 use crate::error::{Error, Result};
-use crate::hierarchy::{level_counts, Labels, Relevance};
+use crate::hierarchy::{ClassId, Labels, Relevance};
 use crate::losses::surrogate::{Piece, PieceFn, StepSurrogate, Surrogate, Upper};
 use candle_core::{DType, Device, Tensor, Var};
 use rayon::prelude::*;
@@ -158,10 +158,11 @@ impl RankProblem {
                 num_levels + 1
             )));
         }
-        if let Some(i) = levels
-            .iter()
-            .position(|&l| l != EXCLUDED && l as usize > num_levels)
-        {
+        // A pass without an early exit (it vectorises: every training step builds a problem)
+        // finds whether any level is out of range; the search for which one only then.
+        let out_of_range = |l: u8| l != EXCLUDED && usize::from(l) > num_levels;
+        if levels.iter().fold(false, |bad, &l| bad | out_of_range(l)) {
+            let i = levels.iter().position(|&l| out_of_range(l)).unwrap_or(0);
             return Err(Error::invalid(
                 "levels",
                 format!(
@@ -203,15 +204,15 @@ impl RankProblem {
     /// positive sets (similarity `s_qq`, a positive at rank ≈ 1).
     pub fn binary(labels: &Labels, include_self: bool) -> Result<Self> {
         let b = labels.len();
+        let fine = dense(&labels.column(0));
         let mut levels = Vec::with_capacity(b * b);
-        for q in 0..b {
-            for j in 0..b {
-                levels.push(if q == j && !include_self {
-                    EXCLUDED
-                } else {
-                    u8::from(labels.fine(q) == labels.fine(j))
-                });
-            }
+        // Row by row as one comparison of the class column (which vectorises): this runs on
+        // every training step, before any kernel of the loss can start.
+        for &fq in &fine {
+            levels.extend(fine.iter().map(|&f| u8::from(f == fq)));
+        }
+        if !include_self {
+            exclude_diagonal(&mut levels, b);
         }
         let relevance = [0.0, 1.0].repeat(b);
         Self::new(b, b, 1, levels, relevance)
@@ -229,19 +230,38 @@ impl RankProblem {
         let b = labels.len();
         let num_levels = labels.num_levels();
         relevance.validate(num_levels)?;
-        let mut levels = Vec::with_capacity(b * b);
+        let columns: Vec<Vec<u32>> = (0..num_levels).map(|l| dense(&labels.column(l))).collect();
+        let mut levels = vec![0u8; b * b];
         let mut rel = Vec::with_capacity(b * (num_levels + 1));
-        let mut others = Vec::with_capacity(b);
-        for q in 0..b {
-            others.clear();
-            for j in 0..b {
-                let l = labels.level(q, j);
-                levels.push(if q == j && !include_self { EXCLUDED } else { l });
-                if j != q {
-                    others.push(l);
+        let mut alive = vec![0u8; b];
+        let mut at_least = vec![0usize; num_levels + 1];
+        let mut counts = vec![0usize; num_levels + 1];
+        for (q, row) in levels.chunks_exact_mut(b.max(1)).enumerate().take(b) {
+            // `labels.level(q, j)` for every `j` at once: the columns from the coarsest down,
+            // each item's level counting the columns it still matches (`match_level`), in
+            // passes over the batch that vectorise; `at_least[k]` counts the items at level
+            // `k` or above in the same passes.
+            alive.fill(1);
+            at_least[0] = b;
+            for (k, col) in columns.iter().rev().enumerate() {
+                let cq = col[q];
+                let mut matching = 0u32;
+                for ((a, l), &c) in alive.iter_mut().zip(row.iter_mut()).zip(col) {
+                    *a &= u8::from(c == cq);
+                    *l += *a;
+                    matching += u32::from(*a);
                 }
+                at_least[k + 1] = matching as usize;
             }
-            rel.extend(relevance.level_values(&level_counts(&others, num_levels)));
+            // The populations of the levels among the others (the query is at level L).
+            for l in 0..=num_levels {
+                counts[l] = at_least[l] - at_least.get(l + 1).copied().unwrap_or(0);
+            }
+            counts[num_levels] -= 1;
+            rel.extend(relevance.level_values(&counts));
+        }
+        if !include_self {
+            exclude_diagonal(&mut levels, b);
         }
         Self::new(b, b, num_levels, levels, rel)
     }
@@ -279,6 +299,25 @@ impl RankProblem {
         self.levels_row(q)
             .iter()
             .any(|&l| l != EXCLUDED && l > 0 && rel[l as usize] > 0.0)
+    }
+}
+
+/// Each class id of `column` as the index of its first item (`u32`: the comparisons of the
+/// batch builders then vectorise four times wider than over `i64` ids).
+fn dense(column: &[ClassId]) -> Vec<u32> {
+    let mut first = std::collections::HashMap::with_capacity(column.len());
+    column
+        .iter()
+        .enumerate()
+        .map(|(i, c)| *first.entry(*c).or_insert(i as u32))
+        .collect()
+}
+
+/// Marks each item of a `B × B` batch problem as outside its own query's retrieval set (the
+/// papers' protocol).
+fn exclude_diagonal(levels: &mut [u8], b: usize) {
+    for q in 0..b {
+        levels[q * b + q] = EXCLUDED;
     }
 }
 
@@ -359,10 +398,10 @@ pub fn smooth_average_precision(
         // On a GPU the streaming engine's host pass is replaced by the device kernels, which
         // compute the same values and Jacobian (see `device`); the chunk bounds only the
         // memory of the other engines.
-        Engine::Streaming if device::applies(scores) => {
-            device::run(scores, problem, surrogates, need_grad)?
-        }
-        Engine::Streaming => streaming(scores, problem, surrogates, chunk, need_grad)?,
+        Engine::Streaming => match device::plan(scores, problem) {
+            Some(positives) => device::run(scores, problem, positives, surrogates, need_grad)?,
+            None => streaming(scores, problem, surrogates, chunk, need_grad)?,
+        },
         Engine::Autograd => autograd(scores, problem, surrogates, chunk, need_grad)?,
     };
     let ap = attach(values, jacobian, scores)?;
@@ -1101,5 +1140,58 @@ mod tests {
         let p = RankProblem::binary(&y, true).unwrap();
         assert_eq!(p.levels_row(2), &[0, 0, 1]);
         assert!(p.has_positive(2));
+    }
+
+    #[test]
+    fn batch_problems_equal_their_definition_pair_by_pair() {
+        // The builders compare whole columns at once; the definition is `labels.level(q, j)`,
+        // the query left out (or not), and each query's relevance from the level populations
+        // of the others.
+        let mut s = 7u64;
+        let mut draw = |k: u64| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) % k) as i64
+        };
+        for levels in 1..=3usize {
+            for b in [1usize, 2, 13, 40] {
+                // Each coarser class groups two finer ones: items of other fine classes match
+                // at every level below.
+                let rows: Vec<Vec<i64>> = (0..b)
+                    .map(|_| {
+                        let fine = draw(9);
+                        (0..levels).map(|l| fine >> l).collect()
+                    })
+                    .collect();
+                let labels = Labels::new(rows).unwrap();
+                let rel = Relevance::default();
+                for include_self in [false, true] {
+                    let out = |q: usize, j: usize, l: u8| {
+                        if q == j && !include_self {
+                            EXCLUDED
+                        } else {
+                            l
+                        }
+                    };
+                    let h = RankProblem::hierarchical(&labels, include_self, &rel).unwrap();
+                    let bin = RankProblem::binary(&labels, include_self).unwrap();
+                    for q in 0..b {
+                        let want: Vec<u8> = (0..b).map(|j| out(q, j, labels.level(q, j))).collect();
+                        assert_eq!(h.levels_row(q), want, "L={levels} B={b} q={q}");
+                        let others: Vec<u8> = (0..b)
+                            .filter(|&j| j != q)
+                            .map(|j| labels.level(q, j))
+                            .collect();
+                        let counts = crate::hierarchy::level_counts(&others, levels);
+                        assert_eq!(h.relevance_row(q), rel.level_values(&counts));
+                        let fine: Vec<u8> = (0..b)
+                            .map(|j| out(q, j, u8::from(labels.fine(q) == labels.fine(j))))
+                            .collect();
+                        assert_eq!(bin.levels_row(q), fine);
+                    }
+                }
+            }
+        }
     }
 }

@@ -188,7 +188,7 @@ impl RankLoss for Triplet {
             ));
         }
         // On a GPU: the mining by a kernel, the cost by autograd, on the device (see `device`).
-        if device::applies(self, embeddings) {
+        if device::applies(self, embeddings, labels) {
             return device::forward(self, embeddings, labels);
         }
         let chunk = chunk_size(self.query_chunk, labels.len())?;

@@ -4,7 +4,8 @@
 // usage: triplet INPUT   (stdout: the B x B counts, the B x B partial sums, the loss, the divisor,
 //                         then the B x B gradient with respect to x, as doubles)
 // INPUT: u32 B, mining (0 all, 1 semi-hard, 2 easy positive), f32 (0/1); f64 margin;
-// the B x B distances (f32 or f64); the B class ids (u32); the incoming gradient (one f32 or f64).
+// the B x B distances (f32 or f64); u32 C; the B class ids, the C + 1 offsets of the class lists
+// and the B items listed by class (u32); the incoming gradient (one f32 or f64).
 #include "launch.hpp"
 
 #include "../../src/losses/triplet/device.cu"
@@ -18,7 +19,10 @@ static void run(rw_input& in, unsigned int b, unsigned int mining, double margin
                 Easy easy, Total total, Grad grad) {
   const size_t bb = (size_t)b * b;
   std::vector<T> x = in.take<T>(bb);
+  const unsigned int classes = in.take<unsigned int>(1)[0];
   std::vector<unsigned int> cls = in.take<unsigned int>(b);
+  std::vector<unsigned int> class_start = in.take<unsigned int>((size_t)classes + 1);
+  std::vector<unsigned int> class_items = in.take<unsigned int>(b);
   std::vector<T> g = in.take<T>(1);
   in.finish();
   std::vector<double> counts(bb, 0.0), partial(bb, 0.0);
@@ -29,7 +33,8 @@ static void run(rw_input& in, unsigned int b, unsigned int mining, double margin
     });
   else
     rw_launch(rw_dim3{b, (b + BLOCK - 1) / BLOCK, 1}, block, [&] {
-      pairs(x.data(), cls.data(), b, margin, (int)mining, counts.data(), partial.data());
+      pairs(x.data(), cls.data(), class_start.data(), class_items.data(), b, margin, (int)mining,
+            counts.data(), partial.data());
     });
   // Filled with NaN: a value a kernel fails to write shows in the output.
   const double nan = std::nan("");

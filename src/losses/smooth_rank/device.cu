@@ -1,7 +1,8 @@
-// The smooth-rank AP of `losses::smooth_rank` on a CUDA device, one thread per (query, item):
-// the module documentation of `device.rs` beside this file gives the formulas. Compiled at
-// run time by NVRTC (no include, no host code), and on the host by the emulation test of that
-// module, which defines `__global__`, `__device__`, the launch indices and the math functions.
+// The smooth-rank AP of `losses::smooth_rank` on a CUDA device, one thread per (query, positive),
+// then one per (query, item): the module documentation of `device.rs` beside this file gives the
+// formulas. Compiled at run time by NVRTC (no include, no host code), and on the host by the
+// emulation test of that module, which defines `__global__`, `__device__`, the launch indices and
+// the math functions.
 //
 // The pieces of each of the six surrogates (rank: lower, equal, higher; H-rank: the same) come
 // as `RW_SLOT_LEN` doubles: the number of pieces, then per piece
@@ -56,26 +57,29 @@ __device__ __forceinline__ int rw_category(unsigned char lj, unsigned char lk) {
   return lj < lk ? 0 : (lj == lk ? 1 : 2);
 }
 
-// Pass 1, thread (q, k): for a positive k of query q, rank(k), H-rank(k) and the derivative of
-// H-rank(k) / rank(k) with respect to s_k itself (G). Other items get rank 1, H-rank 0, G 0.
+// The positives of every query, listed on the host: query q's are the items
+// pos_item[pos_start[q] .. pos_start[q + 1]] (level >= 1, in the retrieval set), in increasing
+// order, and entry e belongs to the query pos_query[e]. A thread then visits only the pairs that
+// enter the formulas: O(P N) per query, P its positives, where a thread per item scanning every
+// item was O(N^2) with most threads idle (a batch of m images per class has P = m - 1).
+
+// Pass 1, thread e (an entry of the lists): for the positive k = pos_item[e] of the query
+// q = pos_query[e], rank(k), H-rank(k) and the derivative of H-rank(k) / rank(k) with respect to
+// s_k itself (G), at entry e of the outputs.
 template <typename T>
 __device__ void rw_pass1(const T* scores, const unsigned char* levels, const double* rel,
-                         const double* pieces, unsigned int nq, unsigned int n, unsigned int nl,
-                         double* rank_out, double* hrank_out, double* self_out) {
-  const unsigned int q = blockIdx.x;
-  const unsigned int k = blockIdx.y * blockDim.x + threadIdx.x;
-  if (q >= nq || k >= n) return;
+                         const double* pieces, const unsigned int* pos_query,
+                         const unsigned int* pos_item, unsigned int n_pos, unsigned int n,
+                         unsigned int nl, double* rank_out, double* hrank_out, double* self_out) {
+  const unsigned int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= n_pos) return;
+  const unsigned int q = pos_query[e];
+  const unsigned int k = pos_item[e];
   const unsigned long long row = (unsigned long long)q * n;
   const T* s = scores + row;
   const unsigned char* lv = levels + row;
   const double* r = rel + (unsigned long long)q * (nl + 1);
   const unsigned char lk = lv[k];
-  if (lk == RW_EXCLUDED || lk == 0) {
-    rank_out[row + k] = 1.0;
-    hrank_out[row + k] = 0.0;
-    self_out[row + k] = 0.0;
-    return;
-  }
   const double sk = (double)s[k];
   const double rk = r[lk];
   double rank = 1.0, hrank = rk, drank = 0.0, dhrank = 0.0;
@@ -95,20 +99,22 @@ __device__ void rw_pass1(const T* scores, const unsigned char* levels, const dou
       dhrank += w * d;
     }
   }
-  rank_out[row + k] = rank;
-  hrank_out[row + k] = hrank;
+  rank_out[e] = rank;
+  hrank_out[e] = hrank;
   // t = s_j - s_k, so d/ds_k of each sum is minus the sum of the derivatives.
-  self_out[row + k] = -dhrank / rank + hrank * drank / (rank * rank);
+  self_out[e] = -dhrank / rank + hrank * drank / (rank * rank);
 }
 
 // Pass 2, thread (q, j): the derivative of the query's AP with respect to s_j,
 // (1/Z) [sum over positives k != j of d(H-rank(k)/rank(k))/ds_j, plus G(j) if j is a positive],
-// Z the sum of the relevances of the positives (0 when Z is not > 0).
+// Z the sum of the relevances of the positives (0 when Z is not > 0). The positives are visited
+// in increasing order, so the sums are those of a scan of every item that skips the others.
 template <typename T>
 __device__ void rw_pass2(const T* scores, const unsigned char* levels, const double* rel,
-                         const double* pieces, unsigned int nq, unsigned int n, unsigned int nl,
-                         const double* rank_in, const double* hrank_in, const double* self_in,
-                         T* jac) {
+                         const double* pieces, const unsigned int* pos_start,
+                         const unsigned int* pos_item, unsigned int nq, unsigned int n,
+                         unsigned int nl, const double* rank_in, const double* hrank_in,
+                         const double* self_in, T* jac) {
   const unsigned int q = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (q >= nq || j >= n) return;
@@ -118,45 +124,49 @@ __device__ void rw_pass2(const T* scores, const unsigned char* levels, const dou
   const double* r = rel + (unsigned long long)q * (nl + 1);
   const unsigned char lj = lv[j];
   const double sj = (double)s[j];
-  double z = 0.0, acc = 0.0;
-  for (unsigned int k = 0; k < n; ++k) {
+  double z = 0.0, acc = 0.0, own = 0.0;
+  const unsigned int end = pos_start[q + 1];
+  for (unsigned int e = pos_start[q]; e < end; ++e) {
+    const unsigned int k = pos_item[e];
     const unsigned char lk = lv[k];
-    if (lk == RW_EXCLUDED || lk == 0) continue;
     z += r[lk];
-    if (k == j || lj == RW_EXCLUDED) continue;
+    if (k == j) {
+      own = self_in[e];
+      continue;
+    }
+    if (lj == RW_EXCLUDED) continue;
     const int cat = rw_category(lj, lk);
     const double t = sj - (double)s[k];
-    const double rank = rank_in[row + k];
+    const double rank = rank_in[e];
     double v, d;
     rw_surrogate<T>(pieces + cat * RW_SLOT_LEN, t, &v, &d);
-    acc -= hrank_in[row + k] * d / (rank * rank);
+    acc -= hrank_in[e] * d / (rank * rank);
     if (lj >= 1) {
       const double w = fmin(r[lk], r[lj]);
       rw_surrogate<T>(pieces + (3 + cat) * RW_SLOT_LEN, t, &v, &d);
       acc += w * d / rank;
     }
   }
-  if (lj != RW_EXCLUDED && lj >= 1) acc += self_in[row + j];
+  if (lj != RW_EXCLUDED && lj >= 1) acc += own;
   jac[row + j] = (T)(z > 0.0 ? acc / z : 0.0);
 }
 
 // Thread q: the query's AP, sum over its positives of H-rank / rank, over Z (0 when Z is not
 // > 0: no positive).
 template <typename T>
-__device__ void rw_values(const unsigned char* levels, const double* rel, unsigned int nq,
-                          unsigned int n, unsigned int nl, const double* rank_in,
+__device__ void rw_values(const unsigned char* levels, const double* rel,
+                          const unsigned int* pos_start, const unsigned int* pos_item,
+                          unsigned int nq, unsigned int n, unsigned int nl, const double* rank_in,
                           const double* hrank_in, T* values) {
   const unsigned int q = blockIdx.x * blockDim.x + threadIdx.x;
   if (q >= nq) return;
-  const unsigned long long row = (unsigned long long)q * n;
-  const unsigned char* lv = levels + row;
+  const unsigned char* lv = levels + (unsigned long long)q * n;
   const double* r = rel + (unsigned long long)q * (nl + 1);
   double z = 0.0, total = 0.0;
-  for (unsigned int k = 0; k < n; ++k) {
-    const unsigned char lk = lv[k];
-    if (lk == RW_EXCLUDED || lk == 0) continue;
-    z += r[lk];
-    total += hrank_in[row + k] / rank_in[row + k];
+  const unsigned int end = pos_start[q + 1];
+  for (unsigned int e = pos_start[q]; e < end; ++e) {
+    z += r[lv[pos_item[e]]];
+    total += hrank_in[e] / rank_in[e];
   }
   values[q] = (T)(z > 0.0 ? total / z : 0.0);
 }
@@ -187,20 +197,24 @@ __device__ void rw_mean_loss_grad(const unsigned char* valid, const T* g, T* dap
 #define RW_KERNELS(T, SUFFIX)                                                                  \
   extern "C" __global__ void rankwise_smooth_rank_pass1_##SUFFIX(                              \
       const T* scores, const unsigned char* levels, const double* rel, const double* pieces,   \
-      unsigned int nq, unsigned int n, unsigned int nl, double* rank_out, double* hrank_out,   \
-      double* self_out) {                                                                      \
-    rw_pass1<T>(scores, levels, rel, pieces, nq, n, nl, rank_out, hrank_out, self_out);        \
+      const unsigned int* pos_query, const unsigned int* pos_item, unsigned int n_pos,         \
+      unsigned int n, unsigned int nl, double* rank_out, double* hrank_out, double* self_out) { \
+    rw_pass1<T>(scores, levels, rel, pieces, pos_query, pos_item, n_pos, n, nl, rank_out,      \
+                hrank_out, self_out);                                                          \
   }                                                                                            \
   extern "C" __global__ void rankwise_smooth_rank_pass2_##SUFFIX(                              \
       const T* scores, const unsigned char* levels, const double* rel, const double* pieces,   \
-      unsigned int nq, unsigned int n, unsigned int nl, const double* rank_in,                 \
-      const double* hrank_in, const double* self_in, T* jac) {                                 \
-    rw_pass2<T>(scores, levels, rel, pieces, nq, n, nl, rank_in, hrank_in, self_in, jac);     \
+      const unsigned int* pos_start, const unsigned int* pos_item, unsigned int nq,            \
+      unsigned int n, unsigned int nl, const double* rank_in, const double* hrank_in,          \
+      const double* self_in, T* jac) {                                                         \
+    rw_pass2<T>(scores, levels, rel, pieces, pos_start, pos_item, nq, n, nl, rank_in,          \
+                hrank_in, self_in, jac);                                                       \
   }                                                                                            \
   extern "C" __global__ void rankwise_smooth_rank_values_##SUFFIX(                             \
-      const unsigned char* levels, const double* rel, unsigned int nq, unsigned int n,         \
-      unsigned int nl, const double* rank_in, const double* hrank_in, T* values) {             \
-    rw_values<T>(levels, rel, nq, n, nl, rank_in, hrank_in, values);                           \
+      const unsigned char* levels, const double* rel, const unsigned int* pos_start,           \
+      const unsigned int* pos_item, unsigned int nq, unsigned int n, unsigned int nl,          \
+      const double* rank_in, const double* hrank_in, T* values) {                              \
+    rw_values<T>(levels, rel, pos_start, pos_item, nq, n, nl, rank_in, hrank_in, values);     \
   }                                                                                            \
   extern "C" __global__ void rankwise_smooth_rank_mean_##SUFFIX(                               \
       const T* ap, const unsigned char* valid, unsigned int nq, double n_valid, T* loss) {      \

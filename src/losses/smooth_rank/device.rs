@@ -20,11 +20,18 @@
 //!
 //! — HAPPIER Eq. (3) and its derivative, Smooth-AP Eq. (5)–(7) when the levels are binary,
 //! the same definitions as the streaming engine (including the empty cases: no positive, or
-//! `Z ≤ 0`, gives AP 0 and a zero row). Each thread does `O(N)` work, `O(Q N²)` in all, with none
-//! of the streaming engine's sorting and counting: that is a few milliseconds of the GPU up to
-//! a few thousand items, so the kernels are used when `Q · N² ≤` [`crate::kernels::max_work`]
-//! (`2³⁶` unless `RANKWISE_KERNEL_MAX_WORK` says otherwise) and the streaming engine beyond. Sums are in `f64` like the host's; the sigmoid's `exp` is in the
-//! scores' type.
+//! `Z ≤ 0`, gives AP 0 and a zero row). Only the pairs with a positive enter these sums, so the
+//! host lists each query's positives (`Positives`) and the kernels visit those alone: pass 1
+//! is one thread per (query, positive) scanning the `N` items, pass 2 one thread per (query,
+//! item) scanning the query's positives — `O(P N)` work per query, `P` its positives, with none
+//! of the streaming engine's sorting and counting. With binary labels and `m` images per class
+//! in the batch, `P = m − 1`: Smooth-AP at B = 16,384 and 4 per class is `8 · 10⁸` pairs, where a
+//! thread per item scanning every item (the first version of these kernels) was `Q N² = 4.4 ·
+//! 10¹²`, most of its threads idle. HAPPIER's hierarchical positives (every item of the query's
+//! coarse class: half the batch with two coarse classes per batch) keep it near `Q N² / 2`. The kernels are used when `Σ_q P_q · N ≤`
+//! [`crate::kernels::max_work`] (`2³⁶` unless `RANKWISE_KERNEL_MAX_WORK` says otherwise) and the
+//! streaming engine beyond. Sums are in `f64` like the host's, each in the order of a scan of
+//! every item; the sigmoid's `exp` is in the scores' type.
 //!
 //! **Switch.** `RANKWISE_DEVICE_KERNELS=0` ([`crate::kernels::set_enabled`]) sends everything
 //! back to the streaming engine: the same binary measures both.
@@ -51,17 +58,64 @@ const PIECE_LEN: usize = 6;
 /// Doubles per surrogate (`RW_SLOT_LEN`).
 pub(crate) const SLOT_LEN: usize = 1 + MAX_PIECES * PIECE_LEN;
 
-/// Whether the smooth APs of `scores` (`Q × N`) are computed by the kernels: a build with the
-/// `cuda` feature, scores on a CUDA device in `f32` or `f64`, [`crate::kernels::enabled`], and
-/// `Q · N² ≤` [`crate::kernels::max_work`].
-pub fn applies(scores: &Tensor) -> bool {
-    let Ok((q, n)) = scores.dims2() else {
-        return false;
-    };
-    crate::kernels::on_cuda(scores)
-        && q.checked_mul(n)
-            .and_then(|qn| qn.checked_mul(n))
-            .is_some_and(|p| p <= crate::kernels::max_work())
+/// Whether the smooth APs of `scores` (`Q × N`) for `problem` are computed by the kernels: a
+/// build with the `cuda` feature, scores on a CUDA device in `f32` or `f64`,
+/// [`crate::kernels::enabled`], and the work `Σ_q P_q · N` (the queries' positives times the
+/// items) at most [`crate::kernels::max_work`].
+pub fn applies(scores: &Tensor, problem: &RankProblem) -> bool {
+    plan(scores, problem).is_some()
+}
+
+/// Every query's positives (level ≥ 1, in the retrieval set), in increasing item order: query
+/// `q`'s are `item[start[q]..start[q + 1]]`, and entry `e` belongs to query `query[e]`. The
+/// kernels' threads visit these pairs only.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Positives {
+    pub(crate) start: Vec<u32>,
+    pub(crate) query: Vec<u32>,
+    pub(crate) item: Vec<u32>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Positives {
+    /// The lists of `problem`, or `None` when they hold more than `u32::MAX` entries (the
+    /// kernels index them with 32-bit integers).
+    pub(crate) fn of(problem: &RankProblem) -> Option<Self> {
+        let (q, n) = (problem.queries, problem.items);
+        let mut start = Vec::with_capacity(q + 1);
+        let (mut query, mut item) = (Vec::new(), Vec::new());
+        start.push(0);
+        if n > 0 {
+            for (qi, row) in problem.levels.chunks_exact(n).enumerate() {
+                for (j, &l) in row.iter().enumerate() {
+                    if l != EXCLUDED && l >= 1 {
+                        query.push(qi as u32);
+                        item.push(j as u32);
+                    }
+                }
+                start.push(u32::try_from(item.len()).ok()?);
+            }
+        }
+        start.resize(q + 1, item.len() as u32);
+        Some(Positives { start, query, item })
+    }
+
+    /// The lists of `problem` when the kernels' work, `Σ_q P_q · N`, is within
+    /// [`crate::kernels::max_work`].
+    pub(crate) fn within_bound(problem: &RankProblem) -> Option<Self> {
+        Positives::within(problem, crate::kernels::max_work())
+    }
+
+    /// The lists of `problem` when `Σ_q P_q · N ≤ bound`.
+    fn within(problem: &RankProblem, bound: usize) -> Option<Self> {
+        let p = Positives::of(problem)?;
+        p.item
+            .len()
+            .checked_mul(problem.items)
+            .is_some_and(|w| w <= bound)
+            .then_some(p)
+    }
 }
 
 /// The six surrogates (rank: lower, equal, higher; H-rank: the same), `SLOT_LEN` doubles each,
@@ -109,21 +163,23 @@ pub(crate) fn encode_surrogates(sur: &PairSurrogates) -> Result<Vec<f64>> {
 /// The inputs of the kernels besides the scores.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 #[derive(Debug, Clone)]
-pub(crate) struct KernelProblem {
-    pub(crate) queries: usize,
-    pub(crate) items: usize,
-    pub(crate) num_levels: usize,
-    /// `Q × N`, [`EXCLUDED`] outside the retrieval set.
-    pub(crate) levels: Vec<u8>,
-    /// `Q × (L + 1)`.
-    pub(crate) relevance: Vec<f64>,
+pub(crate) struct KernelProblem<'a> {
+    /// The levels (`Q × N`, [`EXCLUDED`] outside the retrieval set) and relevances
+    /// (`Q × (L + 1)`).
+    pub(crate) problem: &'a RankProblem,
+    /// Every query's positives.
+    pub(crate) positives: Positives,
     /// [`encode_surrogates`].
     pub(crate) pieces: Vec<f64>,
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-impl KernelProblem {
-    pub(crate) fn new(problem: &RankProblem, sur: &PairSurrogates) -> Result<Self> {
+impl<'a> KernelProblem<'a> {
+    pub(crate) fn new(
+        problem: &'a RankProblem,
+        positives: Positives,
+        sur: &PairSurrogates,
+    ) -> Result<Self> {
         // `device.cu` takes the sizes as 32-bit integers.
         for (what, v) in [("queries", problem.queries), ("items", problem.items)] {
             if u32::try_from(v).is_err() {
@@ -134,14 +190,22 @@ impl KernelProblem {
             }
         }
         debug_assert!(problem.num_levels < EXCLUDED as usize);
+        debug_assert_eq!(positives.start.len(), problem.queries + 1);
         Ok(KernelProblem {
-            queries: problem.queries,
-            items: problem.items,
-            num_levels: problem.num_levels,
-            levels: problem.levels.clone(),
-            relevance: problem.relevance.clone(),
+            problem,
+            positives,
             pieces: encode_surrogates(sur)?,
         })
+    }
+}
+
+/// The positives of `problem` when the kernels compute the smooth APs of `scores`
+/// ([`applies`]), `None` when the streaming engine does.
+pub(super) fn plan(scores: &Tensor, problem: &RankProblem) -> Option<Positives> {
+    if crate::kernels::on_cuda(scores) {
+        Positives::within_bound(problem)
+    } else {
+        None
     }
 }
 
@@ -151,12 +215,13 @@ impl KernelProblem {
 pub(super) fn run(
     scores: &Tensor,
     problem: &RankProblem,
+    positives: Positives,
     sur: &PairSurrogates,
     need_grad: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let (q, n) = scores.dims2()?;
     let op = cuda::SmoothRankOp {
-        problem: KernelProblem::new(problem, sur)?,
+        problem: KernelProblem::new(problem, positives, sur)?,
         need_grad,
     };
     // One buffer: the Jacobian's `Q × N` values (when asked), then the `Q` APs.
@@ -203,6 +268,7 @@ pub(super) fn mean_loss(_: &Tensor, _: &[bool], _: usize) -> Result<Tensor> {
 pub(super) fn run(
     _: &Tensor,
     _: &RankProblem,
+    _: Positives,
     _: &PairSurrogates,
     _: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
@@ -228,52 +294,67 @@ mod cuda {
     /// The module's name in candle's cache of loaded modules.
     const MODULE: &str = "rankwise_smooth_rank";
 
-    pub(super) struct SmoothRankOp {
-        pub(super) problem: KernelProblem,
+    pub(super) struct SmoothRankOp<'a> {
+        pub(super) problem: KernelProblem<'a>,
         pub(super) need_grad: bool,
     }
 
-    impl SmoothRankOp {
+    impl SmoothRankOp<'_> {
         fn launch<T: Float>(
             &self,
             dev: &CudaDevice,
             scores: &CudaView<T>,
         ) -> candle_core::Result<CudaSlice<T>> {
-            let p = &self.problem;
-            let (q, n) = (p.queries, p.items);
-            let (nq, nn, nl) = (q as u32, n as u32, p.num_levels as u32);
+            let (p, pos) = (self.problem.problem, &self.problem.positives);
+            let (q, n, n_pos) = (p.queries, p.items, pos.item.len());
+            let (nq, nn, nl, npos) = (q as u32, n as u32, p.num_levels as u32, n_pos as u32);
             let ptx = ptx(MODULE, SOURCE)?;
             let func = |name: &str| {
                 let name = instance::<T>(&format!("rankwise_smooth_rank_{name}"));
                 dev.get_or_load_custom_func(&name, MODULE, ptx)
             };
+            // A list of no positive is uploaded as one unread value (no buffer of length 0).
+            let upload = |v: &Vec<u32>| {
+                if v.is_empty() {
+                    dev.clone_htod(&vec![0u32])
+                } else {
+                    dev.clone_htod(v)
+                }
+            };
             let levels = dev.clone_htod(&p.levels)?;
             let rel = dev.clone_htod(&p.relevance)?;
-            let pieces = dev.clone_htod(&p.pieces)?;
+            let pieces = dev.clone_htod(&self.problem.pieces)?;
+            let pos_start = dev.clone_htod(&pos.start)?;
+            let pos_query = upload(&pos.query)?;
+            let pos_item = upload(&pos.item)?;
             // SAFETY (the four allocations, not zeroed: a launch each saved): pass 1 writes
-            // every (query, item) of rank, H-rank and G, pass 2 every value of the Jacobian,
-            // the values kernel every query's AP (the emulation test fills them with NaN first).
-            let mut rank = unsafe { dev.alloc::<f64>(q * n)? };
-            let mut hrank = unsafe { dev.alloc::<f64>(q * n)? };
-            let mut own = unsafe { dev.alloc::<f64>(q * n)? };
+            // every positive's rank, H-rank and G, pass 2 every value of the Jacobian, the
+            // values kernel every query's AP (the emulation test fills them with NaN first).
+            let mut rank = unsafe { dev.alloc::<f64>(n_pos.max(1))? };
+            let mut hrank = unsafe { dev.alloc::<f64>(n_pos.max(1))? };
+            let mut own = unsafe { dev.alloc::<f64>(n_pos.max(1))? };
             let jac_len = if self.need_grad { q * n } else { 0 };
             let mut out = unsafe { dev.alloc::<T>(jac_len + q)? };
-            let rows = per_entry(q, n);
-            let pass1 = func("pass1")?;
-            let mut b = pass1.builder();
-            b.arg(scores)
-                .arg(&levels)
-                .arg(&rel)
-                .arg(&pieces)
-                .arg(&nq)
-                .arg(&nn)
-                .arg(&nl)
-                .arg(&mut rank)
-                .arg(&mut hrank)
-                .arg(&mut own);
-            // SAFETY: every buffer holds the `Q × N` (levels, scores, scratch), `Q × (L + 1)`
-            // (relevances) or `6 × SLOT_LEN` (pieces) values the kernel indexes.
-            unsafe { b.launch(rows) }.w()?;
+            if n_pos > 0 {
+                let pass1 = func("pass1")?;
+                let mut b = pass1.builder();
+                b.arg(scores)
+                    .arg(&levels)
+                    .arg(&rel)
+                    .arg(&pieces)
+                    .arg(&pos_query)
+                    .arg(&pos_item)
+                    .arg(&npos)
+                    .arg(&nn)
+                    .arg(&nl)
+                    .arg(&mut rank)
+                    .arg(&mut hrank)
+                    .arg(&mut own);
+                // SAFETY: the scores and levels hold `Q × N` values, the relevances
+                // `Q × (L + 1)`, the pieces `6 × SLOT_LEN`, the lists and the three outputs one
+                // value per positive, and the lists name queries below `Q` and items below `N`.
+                unsafe { b.launch(per_row(n_pos)) }.w()?;
+            }
             if self.need_grad {
                 let pass2 = func("pass2")?;
                 let mut jac = out.slice_mut(0..jac_len);
@@ -282,6 +363,8 @@ mod cuda {
                     .arg(&levels)
                     .arg(&rel)
                     .arg(&pieces)
+                    .arg(&pos_start)
+                    .arg(&pos_item)
                     .arg(&nq)
                     .arg(&nn)
                     .arg(&nl)
@@ -289,8 +372,9 @@ mod cuda {
                     .arg(&hrank)
                     .arg(&own)
                     .arg(&mut jac);
-                // SAFETY: as pass 1; `jac` holds `Q × N` values.
-                unsafe { b.launch(rows) }.w()?;
+                // SAFETY: as pass 1; `pos_start` holds `Q + 1` offsets into the lists, `jac`
+                // `Q × N` values.
+                unsafe { b.launch(per_entry(q, n)) }.w()?;
             }
             {
                 let values_fn = func("values")?;
@@ -298,15 +382,16 @@ mod cuda {
                 let mut b = values_fn.builder();
                 b.arg(&levels)
                     .arg(&rel)
+                    .arg(&pos_start)
+                    .arg(&pos_item)
                     .arg(&nq)
                     .arg(&nn)
                     .arg(&nl)
                     .arg(&rank)
                     .arg(&hrank)
                     .arg(&mut values);
-                let per_query = per_row(q);
-                // SAFETY: `values` holds `Q` values; the rest as pass 1.
-                unsafe { b.launch(per_query) }.w()?;
+                // SAFETY: `values` holds `Q` values; the rest as pass 2.
+                unsafe { b.launch(per_row(q)) }.w()?;
             }
             Ok(out)
         }
@@ -376,7 +461,7 @@ mod cuda {
         }
     }
 
-    impl CustomOp1 for SmoothRankOp {
+    impl CustomOp1 for SmoothRankOp<'_> {
         fn name(&self) -> &'static str {
             "rankwise-smooth-rank"
         }
@@ -390,7 +475,7 @@ mod cuda {
             s: &CudaStorage,
             l: &Layout,
         ) -> candle_core::Result<(CudaStorage, Shape)> {
-            let p = &self.problem;
+            let p = self.problem.problem;
             check_matrix(self.name(), l, p.queries, p.items)?;
             let dev = s.device().clone();
             let len = if self.need_grad {
@@ -426,14 +511,24 @@ mod tests {
     /// Runs the kernels of `device.cu` on the host (the harness emulates the launch grid with a
     /// block of 7 threads, so partial blocks are exercised) and returns the APs and the
     /// Jacobian in `f64`.
-    fn emulate(scores: &[f64], f32_scores: bool, p: &KernelProblem) -> (Vec<f64>, Vec<f64>) {
+    fn emulate(scores: &[f64], f32_scores: bool, kp: &KernelProblem) -> (Vec<f64>, Vec<f64>) {
+        let (p, pos) = (kp.problem, &kp.positives);
         let mut input = Vec::new();
-        for v in [p.queries, p.items, p.num_levels, usize::from(f32_scores)] {
+        for v in [
+            p.queries,
+            p.items,
+            p.num_levels,
+            usize::from(f32_scores),
+            pos.item.len(),
+        ] {
             input.extend((v as u32).to_le_bytes());
         }
         crate::kernels::emulation::push_values(&mut input, scores, f32_scores);
         input.extend(&p.levels);
-        for v in p.relevance.iter().chain(&p.pieces) {
+        for v in pos.start.iter().chain(&pos.query).chain(&pos.item) {
+            input.extend(v.to_le_bytes());
+        }
+        for v in p.relevance.iter().chain(&kp.pieces) {
             input.extend(v.to_le_bytes());
         }
         let v = crate::kernels::emulation::run("smooth_rank", &input);
@@ -489,7 +584,7 @@ mod tests {
     fn check(name: &str, problem: &RankProblem, sur: &PairSurrogates, seed: u64) {
         let (q, n) = (problem.queries(), problem.items());
         let s = scores(q, n, seed);
-        let kp = KernelProblem::new(problem, sur).unwrap();
+        let kp = KernelProblem::new(problem, Positives::of(problem).unwrap(), sur).unwrap();
         let (want_v, want_j) = streaming(&s, q, problem, sur);
         let (v, j) = emulate(&s, false, &kp);
         assert_close(&format!("{name} f64 AP"), &v, &want_v, 1e-12);
@@ -552,7 +647,7 @@ mod tests {
         let l = labels(&[&[0, 1, 2, 3, 3]]);
         let p = RankProblem::binary(&l, false).unwrap();
         let sur = PairSurrogates::uniform(Surrogate::Sigmoid(Sigmoid { tau: 0.01 }));
-        let kp = KernelProblem::new(&p, &sur).unwrap();
+        let kp = KernelProblem::new(&p, Positives::of(&p).unwrap(), &sur).unwrap();
         let s = scores(5, 5, 9);
         let (v, j) = emulate(&s, false, &kp);
         for q in 0..3 {
@@ -560,6 +655,12 @@ mod tests {
             assert!(j[q * 5..(q + 1) * 5].iter().all(|&x| x == 0.0));
         }
         assert!(v[3] > 0.0 && v[4] > 0.0);
+        // No query with a positive: no pass 1 launch, every AP 0 and every row 0.
+        let p = RankProblem::binary(&labels(&[&[0, 1, 2, 3]]), false).unwrap();
+        let kp = KernelProblem::new(&p, Positives::of(&p).unwrap(), &sur).unwrap();
+        assert!(kp.positives.item.is_empty());
+        let (v, j) = emulate(&scores(4, 4, 10), false, &kp);
+        assert!(v.iter().chain(&j).all(|&x| x == 0.0));
     }
 
     #[test]
@@ -648,6 +749,54 @@ mod tests {
         assert!(!mean_applies(
             &Tensor::zeros(3, DType::F32, &Device::Cpu).unwrap()
         ));
-        assert!(!applies(&s));
+        let p = RankProblem::binary(&labels(&[&[0, 0, 1, 1]]), false).unwrap();
+        assert!(!applies(&s, &p));
+        assert_eq!(plan(&s, &p), None);
+    }
+
+    #[test]
+    fn the_positive_lists_hold_every_positive_of_every_query_in_order() {
+        // Two levels: fine classes {0, 1}, {2}, {3, 4, 5}; coarse {0, 1, 2}, {3, 4, 5}. Query 2
+        // has coarse positives only; with the query left out, the self pair is excluded.
+        let hier = labels(&[&[0, 0, 1, 2, 2, 2], &[0, 0, 0, 1, 1, 1]]);
+        let singletons = labels(&[&[0, 1, 2, 3, 3]]);
+        let rel = crate::hierarchy::Relevance::default();
+        for p in [
+            RankProblem::hierarchical(&hier, false, &rel).unwrap(),
+            RankProblem::hierarchical(&hier, true, &rel).unwrap(),
+            RankProblem::binary(&singletons, false).unwrap(),
+        ] {
+            let pos = Positives::of(&p).unwrap();
+            assert_eq!(pos.start.len(), p.queries + 1);
+            assert_eq!(pos.query.len(), pos.item.len());
+            for q in 0..p.queries {
+                let want: Vec<u32> = (0..p.items as u32)
+                    .filter(|&j| {
+                        let l = p.levels_row(q)[j as usize];
+                        l != EXCLUDED && l >= 1
+                    })
+                    .collect();
+                let entries = pos.start[q] as usize..pos.start[q + 1] as usize;
+                assert_eq!(pos.item[entries.clone()], want[..], "query {q}");
+                assert!(pos.query[entries].iter().all(|&e| e == q as u32));
+            }
+        }
+        // Query 0 of the hierarchy without itself: its fine twin and the coarse item 2.
+        let p = RankProblem::hierarchical(&hier, false, &rel).unwrap();
+        let pos = Positives::of(&p).unwrap();
+        assert_eq!(pos.item[..pos.start[1] as usize], [1, 2]);
+        // The singletons' queries 0..3 have none.
+        let p = RankProblem::binary(&singletons, false).unwrap();
+        assert_eq!(Positives::of(&p).unwrap().start, [0, 0, 0, 0, 1, 2]);
+    }
+
+    #[test]
+    fn the_kernels_take_a_problem_whose_positives_times_items_is_within_the_bound() {
+        // 6 items, 3 pairs: every query has one positive (itself left out), so the work is
+        // 6 positives × 6 items = 36, where a thread per item scanning every item was 216.
+        let p = RankProblem::binary(&labels(&[&[0, 0, 1, 1, 2, 2]]), false).unwrap();
+        assert!(Positives::within(&p, 36).is_some());
+        assert_eq!(Positives::within(&p, 35), None);
+        assert_eq!(Positives::within(&p, 36), Positives::of(&p));
     }
 }

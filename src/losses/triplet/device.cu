@@ -19,30 +19,45 @@ __device__ __forceinline__ bool rw_triplet_active(double xp, double xn, double m
   return true;
 }
 
-// Thread (a, j), mining all or semi-hard: j's active triplets with anchor a.
+// Thread (a, j), mining all or semi-hard: j's active triplets with anchor a. A positive j pairs
+// with every negative (a scan of the row that skips the positives), a negative j with the
+// positives of a alone: the items of a's class, listed on the host (class c's are
+// class_items[class_start[c] .. class_start[c + 1]], in increasing order), so a negative's thread
+// does O(P) work, not O(B) — in a batch of m images per class, most threads are negatives'.
 template <typename T>
-__device__ void rw_triplet_pairs(const T* x, const unsigned int* cls, unsigned int b,
-                                 double margin, int mining, double* counts, double* partial) {
+__device__ void rw_triplet_pairs(const T* x, const unsigned int* cls,
+                                 const unsigned int* class_start,
+                                 const unsigned int* class_items, unsigned int b, double margin,
+                                 int mining, double* counts, double* partial) {
   const unsigned int a = blockIdx.x;
   const unsigned int j = blockIdx.y * blockDim.x + threadIdx.x;
   if (a >= b || j >= b || j == a) return;
   const unsigned long long row = (unsigned long long)a * b;
   const unsigned int ca = cls[a];
-  const bool positive = cls[j] == ca;
   const double xj = (double)x[row + j];
   double k = 0.0, sum = 0.0;
-  for (unsigned int i = 0; i < b; ++i) {
-    if (i == a || (cls[i] == ca) == positive) continue;
-    const double xi = (double)x[row + i];
-    const double xp = positive ? xj : xi;
-    const double xn = positive ? xi : xj;
-    if (rw_triplet_active(xp, xn, margin, mining)) {
-      k += 1.0;
-      sum += (xp - xn) + margin;
+  if (cls[j] == ca) {
+    for (unsigned int i = 0; i < b; ++i) {
+      if (cls[i] == ca) continue;
+      const double xn = (double)x[row + i];
+      if (rw_triplet_active(xj, xn, margin, mining)) {
+        k += 1.0;
+        sum += (xj - xn) + margin;
+      }
     }
+    counts[row + j] = k;
+    partial[row + j] = sum;
+  } else {
+    const unsigned int end = class_start[ca + 1];
+    for (unsigned int e = class_start[ca]; e < end; ++e) {
+      const unsigned int i = class_items[e];
+      if (i == a) continue;
+      const double xp = (double)x[row + i];
+      if (rw_triplet_active(xp, xj, margin, mining)) k += 1.0;
+    }
+    counts[row + j] = -k;
+    partial[row + j] = 0.0;
   }
-  counts[row + j] = positive ? k : -k;
-  partial[row + j] = positive ? sum : 0.0;
 }
 
 // Thread a, easy positive / semi-hard negative: the closest positive p (first column on ties),
@@ -138,9 +153,10 @@ extern "C" __global__ void rankwise_triplet_rows(const double* counts, const dou
 
 #define RW_TRIPLET_KERNELS(T, SUFFIX)                                                          \
   extern "C" __global__ void rankwise_triplet_pairs_##SUFFIX(                                  \
-      const T* x, const unsigned int* cls, unsigned int b, double margin, int mining,          \
+      const T* x, const unsigned int* cls, const unsigned int* class_start,                    \
+      const unsigned int* class_items, unsigned int b, double margin, int mining,              \
       double* counts, double* partial) {                                                       \
-    rw_triplet_pairs<T>(x, cls, b, margin, mining, counts, partial);                           \
+    rw_triplet_pairs<T>(x, cls, class_start, class_items, b, margin, mining, counts, partial);  \
   }                                                                                            \
   extern "C" __global__ void rankwise_triplet_easy_##SUFFIX(                                   \
       const T* x, const unsigned int* cls, unsigned int b, double margin, double* counts,      \

@@ -23,9 +23,12 @@
 //! kernel writing `∂x = g (k⁺ − k⁻) / max(K, 1)` from the counts and the divisor that the op
 //! keeps on the device (the counts carry no gradient: the mining is piecewise constant), instead
 //! of a dozen candle operations for the reduction and the Jacobian; autograd takes `∂x` through
-//! `x = −Ê Êᵀ` and the normalisation to the embeddings, on the device. All-or-semi-hard mining is `O(B³)` work (one
-//! thread per pair, `O(B)` each), so the kernels are used up to `B³ ≤`
-//! [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
+//! `x = −Ê Êᵀ` and the normalisation to the embeddings, on the device. All-or-semi-hard mining
+//! is one thread per pair: a positive's thread scans the anchor's row for its negatives, a
+//! negative's the anchor's positives alone (the batch's items listed by class on the host), so
+//! the work is `O(B · Σ_a P_a)`, `P_a` the positives of anchor `a` — `O(B² m)` for `m` images per
+//! class, where scanning the whole row for every pair was `O(B³)` — and the kernels are used while
+//! `B · Σ_a P_a ≤` [`crate::kernels::max_work`], the easy-positive mining (`O(B²)`) up to `B ≤`
 //! [`MAX_EASY_BATCH`]; beyond, the row engine.
 //! Cosine similarity only (the Euclidean distance's gradient at a duplicate pair would not be
 //! torch's through autograd).
@@ -46,21 +49,54 @@ use candle_core::Tensor;
 pub const MAX_EASY_BATCH: usize = 1 << 16;
 
 /// Whether `loss` on `embeddings` runs on the device: [`crate::kernels::on_cuda`], cosine
-/// similarity, no query chunk asked, and the batch within the mining's bound.
-pub(super) fn applies(loss: &Triplet, embeddings: &Tensor) -> bool {
+/// similarity, no query chunk asked, and the batch within the mining's bound (all and semi-hard:
+/// the work `B · Σ_a P_a`, `P_a` the positives of anchor `a`, at most
+/// [`crate::kernels::max_work`]).
+pub(super) fn applies(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> bool {
     let Ok(b) = embeddings.dim(0) else {
         return false;
     };
     let within = match loss.mining {
         TripletMining::EasyPositiveSemiHardNegative => b <= MAX_EASY_BATCH,
-        TripletMining::All | TripletMining::SemiHard => b
-            .checked_pow(3)
-            .is_some_and(|t| t <= crate::kernels::max_work()),
+        TripletMining::All | TripletMining::SemiHard => {
+            work(&dense_fine_ids(labels)).is_some_and(|w| w <= crate::kernels::max_work())
+        }
     };
     loss.metric == PairMetric::Cosine
         && loss.query_chunk.is_none()
         && within
         && crate::kernels::on_cuda(embeddings)
+}
+
+/// The all-or-semi-hard mining's work on the batch of dense class ids `ids`: `B · Σ_a P_a`
+/// (each anchor's positives scan the `B` items; as many (anchor, negative) threads scan the
+/// anchor's positives), `None` on overflow.
+fn work(ids: &[u32]) -> Option<usize> {
+    let (start, _) = class_lists(ids);
+    let size = |c: u32| (start[c as usize + 1] - start[c as usize]) as usize;
+    let pairs: usize = ids.iter().map(|&c| size(c) - 1).sum();
+    pairs.checked_mul(ids.len())
+}
+
+/// The items of each class of the dense ids `ids` (`0..C`), in increasing order: class `c`'s
+/// are `items[start[c]..start[c + 1]]` (a counting sort) — the positives the mining kernel's
+/// negative threads visit.
+fn class_lists(ids: &[u32]) -> (Vec<u32>, Vec<u32>) {
+    let classes = ids.iter().max().map_or(0, |&m| m as usize + 1);
+    let mut start = vec![0u32; classes + 1];
+    for &c in ids {
+        start[c as usize + 1] += 1;
+    }
+    for c in 0..classes {
+        start[c + 1] += start[c];
+    }
+    let mut next = start.clone();
+    let mut items = vec![0u32; ids.len()];
+    for (i, &c) in ids.iter().enumerate() {
+        items[next[c as usize] as usize] = i as u32;
+        next[c as usize] += 1;
+    }
+    (start, items)
 }
 
 /// The mining's code in `device.cu`.
@@ -165,17 +201,23 @@ mod cuda {
                 // SAFETY: `x`, `counts` and `partial` hold `B × B` values, `cls` `B`.
                 unsafe { l.launch(per_row(b)) }.w()?;
             } else {
+                let (class_start, class_items) = super::class_lists(&self.ids);
+                let class_start = dev.clone_htod(&class_start)?;
+                let class_items = dev.clone_htod(&class_items)?;
                 let f = func(&instance::<T>("rankwise_triplet_pairs"))?;
                 let mining = self.mining as i32;
                 let mut l = f.builder();
                 l.arg(x)
                     .arg(&cls)
+                    .arg(&class_start)
+                    .arg(&class_items)
                     .arg(&nb)
                     .arg(&self.margin)
                     .arg(&mining)
                     .arg(&mut counts)
                     .arg(&mut partial);
-                // SAFETY: as above.
+                // SAFETY: as above; `class_start` holds `C + 1` offsets into `class_items`, the
+                // `B` items listed by class, and the ids are below `C`.
                 unsafe { l.launch(per_entry(b, b)) }.w()?;
             }
             // SAFETY (the three allocations): the row kernel writes all 2 B row sums, the total
@@ -262,7 +304,9 @@ mod tests {
         }
         input.extend(margin.to_le_bytes());
         crate::kernels::emulation::push_values(&mut input, x, f32_x);
-        for &c in ids {
+        let (start, items) = class_lists(ids);
+        input.extend((start.len() as u32 - 1).to_le_bytes());
+        for &c in ids.iter().chain(&start).chain(&items) {
             input.extend(c.to_le_bytes());
         }
         crate::kernels::emulation::push_values(&mut input, &[g], f32_x);
@@ -496,7 +540,21 @@ mod tests {
     #[test]
     fn the_device_path_applies_only_on_cuda_with_cosine_and_no_chunk() {
         let x = Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap();
-        assert!(!applies(&Triplet::default(), &x));
+        let labels = Labels::from_fine(&[0, 0, 1, 1, 2, 2, 3, 3]).unwrap();
+        assert!(!applies(&Triplet::default(), &x, &labels));
         assert_eq!(mining_code(TripletMining::SemiHard), 1);
+    }
+
+    #[test]
+    fn the_class_lists_hold_each_class_in_order_and_the_work_counts_the_positives() {
+        let ids = [2, 0, 2, 1, 0, 2, 3];
+        let (start, items) = class_lists(&ids);
+        assert_eq!(start, [0, 2, 3, 6, 7]);
+        assert_eq!(items, [1, 4, 3, 0, 2, 5, 6]);
+        // Positives: 1 for each item of class 0, 0 for class 1, 2 for each of class 2, 0 for
+        // class 3: 8 (anchor, positive) pairs, each against the 7 items.
+        assert_eq!(work(&ids), Some(8 * 7));
+        assert_eq!(class_lists(&[]), (vec![0], vec![]));
+        assert_eq!(work(&[]), Some(0));
     }
 }
