@@ -126,6 +126,9 @@ pub struct RankProblem {
     levels: Vec<u8>,
     /// Row-major `Q × (L + 1)`.
     relevance: Vec<f64>,
+    /// The (query, item) pairs at a level ≥ 1 (`Σ_q P_q`): the work of the device kernels is
+    /// this times `N`, known before they list the pairs.
+    positive_pairs: usize,
 }
 
 impl RankProblem {
@@ -158,10 +161,21 @@ impl RankProblem {
                 num_levels + 1
             )));
         }
-        // A pass without an early exit (it vectorises: every training step builds a problem)
-        // finds whether any level is out of range; the search for which one only then.
+        // Passes without an early exit (they vectorise: every training step builds a problem)
+        // find whether any level is out of range, the search for which one only then, and count
+        // the positive pairs.
         let out_of_range = |l: u8| l != EXCLUDED && usize::from(l) > num_levels;
-        if levels.iter().fold(false, |bad, &l| bad | out_of_range(l)) {
+        let bad = levels.iter().fold(false, |bad, &l| bad | out_of_range(l));
+        // `1 ≤ l < EXCLUDED` as one unsigned comparison, summed in `u32` lanes per block.
+        let positive_pairs = levels
+            .chunks(1 << 24)
+            .map(|c| {
+                c.iter()
+                    .map(|&l| u32::from(l.wrapping_sub(1) < EXCLUDED - 1))
+                    .sum::<u32>() as usize
+            })
+            .sum();
+        if bad {
             let i = levels.iter().position(|&l| out_of_range(l)).unwrap_or(0);
             return Err(Error::invalid(
                 "levels",
@@ -193,6 +207,7 @@ impl RankProblem {
             num_levels,
             levels,
             relevance,
+            positive_pairs,
         })
     }
 

@@ -28,9 +28,9 @@
 //! in the batch, `P = m − 1`: Smooth-AP at B = 16,384 and 4 per class is `8 · 10⁸` pairs, where a
 //! thread per item scanning every item (the first version of these kernels) was `Q N² = 4.4 ·
 //! 10¹²`, most of its threads idle. HAPPIER's hierarchical positives (every item of the query's
-//! coarse class: half the batch with two coarse classes per batch) keep it near `Q N² / 2`. The kernels are used when `Σ_q P_q · N ≤`
-//! [`crate::kernels::max_work`] (`2³⁶` unless `RANKWISE_KERNEL_MAX_WORK` says otherwise) and the
-//! streaming engine beyond. Sums are in `f64` like the host's, each in the order of a scan of
+//! coarse class: half the batch with two coarse classes per batch) keep it near `Q N² / 2`. The
+//! kernels are used when `Σ_q P_q · N ≤` [`crate::kernels::max_work`] (`2³⁶` unless
+//! `RANKWISE_KERNEL_MAX_WORK` says otherwise) and the streaming engine beyond. Sums are in `f64` like the host's, each in the order of a scan of
 //! every item; the sigmoid's `exp` is in the scores' type.
 //!
 //! **Switch.** `RANKWISE_DEVICE_KERNELS=0` ([`crate::kernels::set_enabled`]) sends everything
@@ -107,14 +107,16 @@ impl Positives {
         Positives::within(problem, crate::kernels::max_work())
     }
 
-    /// The lists of `problem` when `Σ_q P_q · N ≤ bound`.
+    /// The lists of `problem` when `Σ_q P_q · N ≤ bound` (checked before they are built: a
+    /// hierarchical batch of 16,384 would list 10⁸ pairs only to find them beyond it).
     fn within(problem: &RankProblem, bound: usize) -> Option<Self> {
+        let work = problem.positive_pairs.checked_mul(problem.items)?;
+        if work > bound {
+            return None;
+        }
         let p = Positives::of(problem)?;
-        p.item
-            .len()
-            .checked_mul(problem.items)
-            .is_some_and(|w| w <= bound)
-            .then_some(p)
+        debug_assert_eq!(p.item.len(), problem.positive_pairs);
+        Some(p)
     }
 }
 
@@ -768,6 +770,7 @@ mod tests {
         ] {
             let pos = Positives::of(&p).unwrap();
             assert_eq!(pos.start.len(), p.queries + 1);
+            assert_eq!(pos.item.len(), p.positive_pairs);
             assert_eq!(pos.query.len(), pos.item.len());
             for q in 0..p.queries {
                 let want: Vec<u32> = (0..p.items as u32)
