@@ -56,16 +56,20 @@ pub(super) fn applies(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> b
     let Ok(b) = embeddings.dim(0) else {
         return false;
     };
-    let within = match loss.mining {
+    // The device and the options first: the work is counted from the labels only for a batch
+    // that could take the kernels.
+    if loss.metric != PairMetric::Cosine
+        || loss.query_chunk.is_some()
+        || !crate::kernels::on_cuda(embeddings)
+    {
+        return false;
+    }
+    match loss.mining {
         TripletMining::EasyPositiveSemiHardNegative => b <= MAX_EASY_BATCH,
         TripletMining::All | TripletMining::SemiHard => {
             work(&dense_fine_ids(labels)).is_some_and(|w| w <= crate::kernels::max_work())
         }
-    };
-    loss.metric == PairMetric::Cosine
-        && loss.query_chunk.is_none()
-        && within
-        && crate::kernels::on_cuda(embeddings)
+    }
 }
 
 /// The all-or-semi-hard mining's work on the batch of dense class ids `ids`: `B · Σ_a P_a`
