@@ -194,9 +194,14 @@ fn mean_nonzero_in_place(losses: &Tensor) -> Result<Tensor> {
 /// The fine classes of a batch as dense `u32` ids in order of first appearance (the comparison
 /// kernels of every device and the CUDA kernels of the losses take `u32`).
 pub(crate) fn dense_fine_ids(labels: &Labels) -> Vec<u32> {
-    let mut dense = std::collections::HashMap::new();
-    labels
-        .column(0)
+    dense_ids(&labels.column(0))
+}
+
+/// The class ids of one column as dense `u32` ids `0..C` in order of first appearance (equal
+/// exactly where the ids are; comparisons over them vectorise four times wider than over `i64`).
+pub(crate) fn dense_ids(column: &[crate::hierarchy::ClassId]) -> Vec<u32> {
+    let mut dense = std::collections::HashMap::with_capacity(column.len());
+    column
         .iter()
         .map(|c| {
             let next = dense.len() as u32;
@@ -277,13 +282,57 @@ pub(crate) fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
 /// `u8` row-major. The losses turn it into masks and relevances.
 pub fn batch_levels(labels: &Labels) -> Vec<u8> {
     let b = labels.len();
-    let mut out = Vec::with_capacity(b * b);
-    for q in 0..b {
-        for j in 0..b {
-            out.push(labels.level(q, j));
-        }
+    let mut out = vec![0u8; b * b];
+    let mut rows = BatchLevels::new(labels);
+    for (q, row) in out.chunks_exact_mut(b.max(1)).enumerate().take(b) {
+        rows.row(q, row);
     }
     out
+}
+
+/// The levels of match inside a batch one query's row at a time (`labels.level(q, j)` for
+/// every `j`), by whole-column comparisons of dense ids that vectorise: every training step of
+/// a hierarchical loss builds them before any kernel can start.
+pub(crate) struct BatchLevels {
+    /// Each level's dense ids, finest first.
+    columns: Vec<Vec<u32>>,
+    /// Per item, whether it still matches the query at the columns passed so far.
+    alive: Vec<u8>,
+    /// `at_least[k]`: the items at level `k` or above (the query included), `k = 0..=L`.
+    at_least: Vec<usize>,
+}
+
+impl BatchLevels {
+    pub(crate) fn new(labels: &Labels) -> Self {
+        let num_levels = labels.num_levels();
+        BatchLevels {
+            columns: (0..num_levels)
+                .map(|l| dense_ids(&labels.column(l)))
+                .collect(),
+            alive: vec![0; labels.len()],
+            at_least: vec![0; num_levels + 1],
+        }
+    }
+
+    /// Writes query `q`'s levels of match into `row` (`B` values) and returns `at_least`: the
+    /// columns from the coarsest down, each item's level counting the columns it still matches
+    /// (`match_level`), the items still matching counted in the same passes.
+    pub(crate) fn row(&mut self, q: usize, row: &mut [u8]) -> &[usize] {
+        row.fill(0);
+        self.alive.fill(1);
+        self.at_least[0] = row.len();
+        for (k, col) in self.columns.iter().rev().enumerate() {
+            let cq = col[q];
+            let mut matching = 0u32;
+            for ((a, l), &c) in self.alive.iter_mut().zip(row.iter_mut()).zip(col) {
+                *a &= u8::from(c == cq);
+                *l += *a;
+                matching += u32::from(*a);
+            }
+            self.at_least[k + 1] = matching as usize;
+        }
+        &self.at_least
+    }
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@
 //! similarity matrix (normalisation, matmul, the network) with ordinary candle autograd.
 
 use crate::error::{Error, Result};
-use crate::hierarchy::{ClassId, Labels, Relevance};
+use crate::hierarchy::{Labels, Relevance};
 use crate::losses::surrogate::{Piece, PieceFn, StepSurrogate, Surrogate, Upper};
 use candle_core::{DType, Device, Tensor, Var};
 use rayon::prelude::*;
@@ -219,7 +219,7 @@ impl RankProblem {
     /// positive sets (similarity `s_qq`, a positive at rank ≈ 1).
     pub fn binary(labels: &Labels, include_self: bool) -> Result<Self> {
         let b = labels.len();
-        let fine = dense(&labels.column(0));
+        let fine = super::dense_fine_ids(labels);
         let mut levels = Vec::with_capacity(b * b);
         // Row by row as one comparison of the class column (which vectorises): this runs on
         // every training step, before any kernel of the loss can start.
@@ -245,29 +245,12 @@ impl RankProblem {
         let b = labels.len();
         let num_levels = labels.num_levels();
         relevance.validate(num_levels)?;
-        let columns: Vec<Vec<u32>> = (0..num_levels).map(|l| dense(&labels.column(l))).collect();
         let mut levels = vec![0u8; b * b];
         let mut rel = Vec::with_capacity(b * (num_levels + 1));
-        let mut alive = vec![0u8; b];
-        let mut at_least = vec![0usize; num_levels + 1];
+        let mut rows = super::BatchLevels::new(labels);
         let mut counts = vec![0usize; num_levels + 1];
         for (q, row) in levels.chunks_exact_mut(b.max(1)).enumerate().take(b) {
-            // `labels.level(q, j)` for every `j` at once: the columns from the coarsest down,
-            // each item's level counting the columns it still matches (`match_level`), in
-            // passes over the batch that vectorise; `at_least[k]` counts the items at level
-            // `k` or above in the same passes.
-            alive.fill(1);
-            at_least[0] = b;
-            for (k, col) in columns.iter().rev().enumerate() {
-                let cq = col[q];
-                let mut matching = 0u32;
-                for ((a, l), &c) in alive.iter_mut().zip(row.iter_mut()).zip(col) {
-                    *a &= u8::from(c == cq);
-                    *l += *a;
-                    matching += u32::from(*a);
-                }
-                at_least[k + 1] = matching as usize;
-            }
+            let at_least = rows.row(q, row);
             // The populations of the levels among the others (the query is at level L).
             for l in 0..=num_levels {
                 counts[l] = at_least[l] - at_least.get(l + 1).copied().unwrap_or(0);
@@ -315,17 +298,6 @@ impl RankProblem {
             .iter()
             .any(|&l| l != EXCLUDED && l > 0 && rel[l as usize] > 0.0)
     }
-}
-
-/// Each class id of `column` as the index of its first item (`u32`: the comparisons of the
-/// batch builders then vectorise four times wider than over `i64` ids).
-fn dense(column: &[ClassId]) -> Vec<u32> {
-    let mut first = std::collections::HashMap::with_capacity(column.len());
-    column
-        .iter()
-        .enumerate()
-        .map(|(i, c)| *first.entry(*c).or_insert(i as u32))
-        .collect()
 }
 
 /// Marks each item of a `B × B` batch problem as outside its own query's retrieval set (the

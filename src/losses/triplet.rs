@@ -188,8 +188,8 @@ impl RankLoss for Triplet {
             ));
         }
         // On a GPU: the mining by a kernel, the cost by autograd, on the device (see `device`).
-        if device::applies(self, embeddings, labels) {
-            return device::forward(self, embeddings, labels);
+        if let Some(ids) = device::plan(self, embeddings, labels) {
+            return device::forward(self, embeddings, labels, ids);
         }
         let chunk = chunk_size(self.query_chunk, labels.len())?;
         let rows = TripletRows {

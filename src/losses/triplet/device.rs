@@ -48,28 +48,28 @@ use candle_core::Tensor;
 /// Largest batch for the easy-positive mining on the device (`O(B²)` work and memory).
 pub const MAX_EASY_BATCH: usize = 1 << 16;
 
-/// Whether `loss` on `embeddings` runs on the device: [`crate::kernels::on_cuda`], cosine
-/// similarity, no query chunk asked, and the batch within the mining's bound (all and semi-hard:
-/// the work `B · Σ_a P_a`, `P_a` the positives of anchor `a`, at most
-/// [`crate::kernels::max_work`]).
-pub(super) fn applies(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> bool {
-    let Ok(b) = embeddings.dim(0) else {
-        return false;
-    };
+/// The batch's dense class ids when `loss` on `embeddings` runs on the device, `None` when the
+/// row engine does. The device takes it on [`crate::kernels::on_cuda`], with cosine similarity,
+/// no query chunk asked, and the batch within the mining's bound (all and semi-hard: the work
+/// `B · Σ_a P_a`, `P_a` the positives of anchor `a`, at most [`crate::kernels::max_work`]).
+pub(super) fn plan(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> Option<Vec<u32>> {
+    let b = embeddings.dim(0).ok()?;
     // The device and the options first: the work is counted from the labels only for a batch
     // that could take the kernels.
     if loss.metric != PairMetric::Cosine
         || loss.query_chunk.is_some()
         || !crate::kernels::on_cuda(embeddings)
     {
-        return false;
+        return None;
     }
-    match loss.mining {
+    let ids = dense_fine_ids(labels);
+    let within = match loss.mining {
         TripletMining::EasyPositiveSemiHardNegative => b <= MAX_EASY_BATCH,
         TripletMining::All | TripletMining::SemiHard => {
-            work(&dense_fine_ids(labels)).is_some_and(|w| w <= crate::kernels::max_work())
+            work(&ids).is_some_and(|w| w <= crate::kernels::max_work())
         }
-    }
+    };
+    within.then_some(ids)
 }
 
 /// The all-or-semi-hard mining's work on the batch of dense class ids `ids`: `B · Σ_a P_a`
@@ -119,11 +119,16 @@ fn distances(embeddings: &Tensor) -> Result<Tensor> {
     PairMetric::Cosine.distance_matrix(&e.matmul(&e.t()?)?)
 }
 
-/// The triplet loss with the mining on the device (see the module documentation).
-pub(super) fn forward(loss: &Triplet, embeddings: &Tensor, labels: &Labels) -> Result<Tensor> {
+/// The triplet loss with the mining on the device (see the module documentation), `ids` the
+/// batch's dense class ids ([`plan`]).
+pub(super) fn forward(
+    loss: &Triplet,
+    embeddings: &Tensor,
+    labels: &Labels,
+    ids: Vec<u32>,
+) -> Result<Tensor> {
     super::check_candidates(labels)?;
     let x = distances(embeddings)?;
-    let ids = dense_fine_ids(labels);
     mined_cost(&x, ids, loss.margin, loss.mining)
 }
 
@@ -545,7 +550,7 @@ mod tests {
     fn the_device_path_applies_only_on_cuda_with_cosine_and_no_chunk() {
         let x = Tensor::zeros((8, 4), DType::F32, &Device::Cpu).unwrap();
         let labels = Labels::from_fine(&[0, 0, 1, 1, 2, 2, 3, 3]).unwrap();
-        assert!(!applies(&Triplet::default(), &x, &labels));
+        assert_eq!(plan(&Triplet::default(), &x, &labels), None);
         assert_eq!(mining_code(TripletMining::SemiHard), 1);
     }
 
