@@ -258,6 +258,16 @@ fn normal(n: usize, seed: u64) -> Vec<f64> {
     (0..n).map(|_| StandardNormal.sample(&mut rng)).collect()
 }
 
+/// The suffix of a loss check's name that labels its batch with [`four_classes`].
+const FOUR_CLASSES: &str = "four_classes";
+
+/// One level: 4 classes of `b / 4` images, as `batch_labels`' fine classes are spread.
+fn four_classes(b: usize) -> Result<Labels> {
+    Ok(Labels::from_fine(
+        &(0..b as i64).map(|i| (i / 4) % 4).collect::<Vec<_>>(),
+    )?)
+}
+
 /// Two levels: 4 images per fine class, fine classes spread over `coarse` super-classes.
 fn batch_labels(b: usize, coarse: i64) -> Result<Labels> {
     Ok(Labels::new(
@@ -324,6 +334,14 @@ fn loss_variants() -> Vec<(String, LossConfig)> {
         LossConfig::Rambo(RamboConfig {
             metric: RamboMetric::Ap,
             half_normal_margin: true,
+            ..RamboConfig::default()
+        }),
+    ));
+    // Four classes of B/4: relevant groups that the backward pass sorts in several merges.
+    v.push((
+        format!("rambo ap {FOUR_CLASSES}"),
+        LossConfig::Rambo(RamboConfig {
+            metric: RamboMetric::Ap,
             ..RamboConfig::default()
         }),
     ));
@@ -583,6 +601,7 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool, families: &[Stri
     let batches: &[usize] = if small { &[64] } else { &[64, 1024] };
     for &b in batches {
         let labels = batch_labels(b, 4)?;
+        let large_classes = four_classes(b)?;
         let data = normal(b * d, b as u64);
         let warmup = vec![
             normal(b * d, 1000 + b as u64),
@@ -603,7 +622,11 @@ fn check_losses(report: &mut Report, dev: &Device, small: bool, families: &[Stri
                     &[]
                 };
                 let case = LossCase {
-                    labels: &labels,
+                    labels: if name.ends_with(FOUR_CLASSES) {
+                        &large_classes
+                    } else {
+                        &labels
+                    },
                     data: &data,
                     warmup: warm,
                     b,

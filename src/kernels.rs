@@ -44,8 +44,9 @@ pub fn set_enabled(on: bool) {
 
 /// The default bound on the work of one call of the kernels that scan a row per pair (the
 /// smooth-rank losses' `Σ_q P_q · N` and the triplet minings' `B · Σ_a P_a`, `P` the positives
-/// of a query or anchor; RaMBO's `B³`): `2³⁶` — RaMBO at B = 4096, where the kernels were
-/// written to take over from the host engines; beyond it, the host engines' sorted algorithms.
+/// of a query or anchor) or sort the rows (RaMBO's `B² (32 + ⌈log₂ B⌉²)`): `2³⁶` — `B³` at
+/// B = 4096, where the first, cubic kernels were written to take over from the host engines;
+/// beyond it, the host engines' sorted algorithms.
 pub const DEFAULT_MAX_WORK: usize = 1 << 36;
 
 /// The bound on the work of one call of the cubic kernels: [`DEFAULT_MAX_WORK`], or the value
