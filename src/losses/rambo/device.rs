@@ -351,39 +351,31 @@ mod cuda {
         rel: CudaSlice<u32>,
     }
 
-    /// Merges the runs of `first` entries of `rows` rows (`stride` entries apart, `len` each or
-    /// `rel[q]` when `per_row`) until a run holds `longest` entries: the sorted rows.
-    #[allow(clippy::too_many_arguments)]
+    /// Merges runs of `first.width` entries of `rows` rows (laid out and sized as `first`
+    /// says) until a run holds `longest` entries: the sorted rows.
     fn merge_runs(
         dev: &CudaDevice,
         mut sorted: Sorted,
         cls: &CudaSlice<u32>,
         rel: &CudaSlice<u32>,
         rows: usize,
-        stride: usize,
-        (len, per_row, longest): (u32, i32, u32),
-        (first, include_self): (u32, i32),
+        longest: u32,
+        first: Merge,
     ) -> candle_core::Result<Sorted> {
-        if first >= longest {
+        if first.width >= longest {
             return Ok(sorted);
         }
         let module = ptx(MODULE, SOURCE)?;
         let f = dev.get_or_load_custom_func("rankwise_rambo_merge", MODULE, module)?;
+        let len = rows * first.stride as usize;
         // SAFETY: each pass writes every entry of the rows' first `len` (or `rel[q]`) entries, a
         // permutation of the entries it reads; nothing reads the rest.
         let mut spare = Sorted {
-            key: unsafe { dev.alloc::<f64>(rows * stride)? },
-            col: unsafe { dev.alloc::<u32>(rows * stride)? },
+            key: unsafe { dev.alloc::<f64>(len)? },
+            col: unsafe { dev.alloc::<u32>(len)? },
         };
-        let mut width = first;
-        while width < longest {
-            let m = Merge {
-                stride: stride as u32,
-                width,
-                len,
-                per_row,
-                include_self,
-            };
+        let mut m: Merge = first;
+        while m.width < longest {
             let mut l = f.builder();
             l.arg(&sorted.key)
                 .arg(&sorted.col)
@@ -396,7 +388,7 @@ mod cuda {
             // row has more than `longest ≤ stride` entries.
             unsafe { l.launch(per_entry(rows, longest as usize)) }.w()?;
             std::mem::swap(&mut sorted, &mut spare);
-            width = width.saturating_mul(2);
+            m.width = m.width.saturating_mul(2);
         }
         Ok(sorted)
     }
@@ -460,16 +452,15 @@ mod cuda {
                 unsafe { l.launch(per_entry(b, b)) }.w()?;
             }
             let nb = b as u32;
-            let sorted = merge_runs(
-                dev,
-                runs,
-                &cls,
-                &rel,
-                b,
-                b,
-                (nb, 0, nb),
-                (p.tile, p.include_self),
-            )?;
+            // Every row whole: `B` entries.
+            let whole = Merge {
+                stride: nb,
+                width: p.tile,
+                len: nb,
+                per_row: 0,
+                include_self: p.include_self,
+            };
+            let sorted = merge_runs(dev, runs, &cls, &rel, b, nb, whole)?;
             {
                 let (mut ranks, y) = stats.split_at_mut(2 * bb);
                 let (mut rank, mut rank_rel) = ranks.split_at_mut(bb);
@@ -580,16 +571,15 @@ mod cuda {
                 // runs `B × stride`, and no row has more than `longest ≤ stride` relevant items.
                 unsafe { l.launch(per_entry(b, longest as usize)) }.w()?;
             }
-            let zsorted = merge_runs(
-                dev,
-                runs,
-                &saved.cls,
-                &saved.rel,
-                b,
-                stride,
-                (0, 1, longest),
-                (p.tile, p.include_self),
-            )?;
+            // Each row's relevant group: `rel[q]` entries.
+            let groups = Merge {
+                stride: zstride,
+                width: p.tile,
+                len: 0,
+                per_row: 1,
+                include_self: p.include_self,
+            };
+            let zsorted = merge_runs(dev, runs, &saved.cls, &saved.rel, b, longest, groups)?;
             let f = dev.get_or_load_custom_func(
                 &instance::<T>("rankwise_rambo_blackbox"),
                 MODULE,
